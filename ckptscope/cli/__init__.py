@@ -1,0 +1,77 @@
+"""The ``ckptscope`` command line: stdout carries data, stderr carries logs and errors.
+
+Every user-facing failure is a ``CkptError`` turned into one line on stderr and exit code 2;
+nothing a user types should ever end in a traceback (set ``CKPTSCOPE_DEBUG=1`` to see one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+import click
+
+from ckptscope import __version__
+from ckptscope.core.errors import CkptError
+
+EXIT_TROUBLE = 2
+
+
+def _fail(message: str) -> "None":
+    click.echo(f"ckptscope: error: {message}", err=True)
+    sys.exit(EXIT_TROUBLE)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ckptscope")
+def cli() -> None:
+    """See inside training checkpoints (safetensors, HF dirs, torch files, ...)."""
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the human view.")
+@click.option("--include", multiple=True, metavar="GLOB", help="Only tensors matching GLOB (repeatable).")
+@click.option("--exclude", multiple=True, metavar="GLOB", help="Leave out tensors matching GLOB (repeatable).")
+@click.option("--trust-pickle", is_flag=True,
+              help="Load pickles with real torch.load(weights_only=False). Runs code from the file: only for files you trust.")
+@click.option("--no-collapse", is_flag=True, help="Show every layer instead of collapsing identical ones into ranges.")
+def inspect(path: str, as_json: bool, include: tuple[str, ...], exclude: tuple[str, ...], trust_pickle: bool,
+            no_collapse: bool) -> None:
+    """Summarise a checkpoint: format, files, tensors, parameters, bytes per dtype, module tree."""
+    from ckptscope.ops.inspect import inspect_checkpoint, report_to_json
+
+    report = inspect_checkpoint(path, include=include, exclude=exclude, trust_pickle=trust_pickle)
+    for warning in report.index.warnings:
+        click.echo(f"ckptscope: warning: {warning}", err=True)
+    if as_json:
+        click.echo(json.dumps(report_to_json(report), indent=None if not sys.stdout.isatty() else 2))
+        return
+    from ckptscope.cli.render import print_inspect
+
+    print_inspect(report, collapse=not no_collapse)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console-script entry point."""
+    try:
+        cli.main(args=list(argv) if argv is not None else None, prog_name="ckptscope", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("ckptscope: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_TROUBLE if exc.exit_code == 2 else exc.exit_code)
+    except CkptError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        click.echo("ckptscope: interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception as exc:  # a bug in ckptscope: still one line, but say it is ours
+        if os.environ.get("CKPTSCOPE_DEBUG"):
+            raise
+        _fail(f"internal error: {type(exc).__name__}: {exc} (set CKPTSCOPE_DEBUG=1 for a traceback)")

@@ -1,0 +1,125 @@
+"""Rich rendering of ``inspect`` for humans: a summary table and the collapsed module tree."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from ckptscope.core.units import human_bytes, human_count, shape_str
+from ckptscope.ops.inspect import InspectReport
+from ckptscope.ops.tree import TreeNode
+
+DTYPE_STYLES = {
+    "float32": "cyan", "float64": "blue", "bfloat16": "green", "float16": "yellow",
+    "int64": "magenta", "int32": "magenta", "uint8": "red", "bool": "red",
+}
+
+
+def dtype_style(dtype: str) -> str:
+    if dtype.startswith("float8"):
+        return "bright_red"
+    return DTYPE_STYLES.get(dtype, "white")
+
+
+def print_inspect(report: InspectReport, *, collapse: bool = True, console: Console | None = None) -> None:
+    console = console or Console(highlight=False)
+    console.print(summary_table(report))
+    if report.index.tensors:
+        console.print(render_tree(report, collapse=collapse))
+    if report.index.objects:
+        console.print(objects_table(report))
+
+
+def summary_table(report: InspectReport) -> Table:
+    index = report.index
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("path", index.path)
+    fmt = index.format + (f" ({index.metadata['weights']})" if "weights" in index.metadata else "")
+    table.add_row("format", fmt)
+    if index.iteration is not None:
+        table.add_row("iteration", str(index.iteration))
+    roles = Counter(f.role for f in index.files)
+    total = sum(f.size for f in index.files)
+    table.add_row("files", f"{len(index.files)} ({', '.join(f'{n} {r}' for r, n in roles.items())}), {human_bytes(total)}")
+    shown = f"{len(index)}" if len(index) == report.total_tensors else f"{len(index)} of {report.total_tensors} (filtered)"
+    table.add_row("tensors", shown)
+    table.add_row("parameters", f"{human_count(index.num_params)} ({index.num_params:,})")
+    per_dtype = Text()
+    total_bytes = index.total_bytes or 1
+    for i, (dtype, nbytes) in enumerate(index.bytes_per_dtype().items()):
+        if i:
+            per_dtype.append("  ")
+        per_dtype.append(dtype, style=dtype_style(dtype))
+        per_dtype.append(f" {human_bytes(nbytes)} ({100 * nbytes / total_bytes:.0f}%)")
+    table.add_row("bytes", per_dtype if len(per_dtype) else "0 B")
+    for key in ("architectures", "model_type"):
+        if key in index.metadata:
+            value = index.metadata[key]
+            table.add_row(key, ", ".join(value) if isinstance(value, list) else str(value))
+    for warning in index.warnings:
+        table.add_row(Text("warning", style="bold yellow"), Text(warning, style="yellow"))
+    return table
+
+
+def _node_label(node: TreeNode, label: str) -> Text:
+    text = Text()
+    if node.tensor is not None and not node.children:
+        meta = node.tensor
+        text.append(label, style="bold")
+        if node.is_range:
+            text.append(f"  ×{node.repeat}", style="bold magenta")
+        text.append("  ")
+        text.append(meta.dtype, style=dtype_style(meta.dtype))
+        text.append(f" {shape_str(meta.shape)}", style="dim")
+        text.append(f"  {human_count(node.num_params)}  {human_bytes(node.nbytes)}", style="dim")
+        if len(meta.chunks) > 1:
+            text.append(f"  {len(meta.chunks)} chunks", style="dim")
+        return text
+    text.append(label, style="bold blue")
+    if node.is_range:
+        text.append(f"  ×{node.repeat}", style="bold magenta")
+    text.append(f"  {human_count(node.num_params)} params  {human_bytes(node.nbytes)}", style="dim")
+    return text
+
+
+def render_tree(report: InspectReport, *, collapse: bool = True) -> Tree:
+    root_node = report.tree
+    if not collapse:
+        from ckptscope.ops.tree import build_tree
+
+        root_node = build_tree(report.index.tensors.values(), collapse=False)
+    root = Tree(Text(f"{human_count(root_node.num_params)} params  {human_bytes(root_node.nbytes)}", style="bold"))
+    _add_children(root, root_node)
+    return root
+
+
+def _add_children(branch: Tree, node: TreeNode) -> None:
+    for label, target in node.folded_children():
+        _add_children(branch.add(_node_label(target, label)), target)
+
+
+def objects_table(report: InspectReport) -> Table:
+    table = Table(title="objects", title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column("name", style="bold")
+    table.add_column("type", style="cyan")
+    table.add_column("value")
+    for entry in report.index.objects:
+        table.add_row(entry.name, entry.type, _preview(entry.value))
+    return table
+
+
+def _preview(value: object, limit: int = 80) -> str:
+    if isinstance(value, dict):
+        keys = [k for k in value if k != "__class__"]
+        text = f"{{{len(keys)} keys: {', '.join(keys[:6])}{', ...' if len(keys) > 6 else ''}}}"
+    elif isinstance(value, list):
+        text = f"[{len(value)} items]"
+    else:
+        text = repr(value) if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,97 @@
+"""A logical tensor is a global shape plus the chunks that store it.
+
+A plain safetensors tensor is one chunk covering everything. A tensor sharded over ranks
+(Megatron TP/PP, FSDP, DCP) is several chunks, each at its global offset in its own file. Chunks
+say exactly which bytes hold them, so any region can be read without touching the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+from ckptscope.core.dtypes import DType, dtype_by_name
+
+
+class Encoding(str, Enum):
+    """How a chunk's bytes are laid out in its file."""
+
+    RAW = "raw"
+    """C-order, contiguous, little-endian elements starting at ``byte_offset``."""
+    STRIDED = "strided"
+    """A view into a storage: element strides given by ``Chunk.strides``; ``byte_offset`` is the
+    first element of the view (storage start + storage_offset * itemsize)."""
+    TORCH_ZIP_ITEM = "torch-zip-item"
+    """The byte range is itself a ``torch.save`` zip holding one tensor (DCP ``.distcp`` items)."""
+    LOADED = "loaded"
+    """Only reachable through a trusted ``torch.load`` (``--trust-pickle``); no byte range."""
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One stored piece of a logical tensor."""
+
+    offsets: tuple[int, ...]
+    """Global offset of this chunk's first element along each axis."""
+    shape: tuple[int, ...]
+    """Local shape of the chunk."""
+    file: str
+    """Path of the file holding the bytes, relative to the checkpoint root."""
+    byte_offset: int = 0
+    """Absolute offset in ``file`` of the chunk's first element (or of the zip item)."""
+    byte_length: int = 0
+    """Number of bytes spanned in ``file`` (for strided chunks: up to the last element used)."""
+    encoding: Encoding = Encoding.RAW
+    strides: tuple[int, ...] | None = None
+    """Element strides for ``Encoding.STRIDED``; None means C-contiguous."""
+    big_endian: bool = False
+    """Set for torch files written on big-endian machines; readers swap bytes."""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def byte_range(self) -> tuple[int, int]:
+        return (self.byte_offset, self.byte_offset + self.byte_length)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMeta:
+    """A logical tensor: name, dtype and global shape, stored as one or more chunks."""
+
+    name: str
+    dtype: str
+    """Canonical dtype name (see ``core.dtypes``), e.g. ``"bfloat16"``."""
+    shape: tuple[int, ...]
+    """Global (logical) shape."""
+    chunks: tuple[Chunk, ...] = field(default=())
+    attrs: tuple[tuple[str, str], ...] = field(default=())
+    """Small format-specific facts shown to users (e.g. ``("shares_storage_with", "a.b")``)."""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def dtype_info(self) -> DType:
+        return dtype_by_name(self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the logical tensor (not counting replicas or padding on disk)."""
+        return self.dtype_info.nbytes(self.numel)
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for chunk in self.chunks:
+            seen.setdefault(chunk.file, None)
+        return tuple(seen)
+
+    def attr(self, key: str) -> str | None:
+        for k, v in self.attrs:
+            if k == key:
+                return v
+        return None

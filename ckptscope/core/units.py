@@ -1,0 +1,25 @@
+"""Human-readable numbers shared by the CLI and the TUI."""
+
+from __future__ import annotations
+
+
+def human_bytes(n: int) -> str:
+    """``1536`` -> ``1.5 KiB`` (binary units, as ``du -h`` and most users' dashboards)."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_count(n: int) -> str:
+    """``7_241_732_096`` -> ``7.24B``; parameter counts are decimal."""
+    for div, suffix in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{suffix}" if n / div < 100 else f"{n / div:.1f}{suffix}"
+    return str(n)
+
+
+def shape_str(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"

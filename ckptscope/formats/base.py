@@ -1,0 +1,174 @@
+"""``CheckpointReader``: the contract every format implements, and the shared byte reader.
+
+A reader sniffs (``supports``), lists metadata without touching tensor bytes (``index``), and
+reads any region of any tensor on demand (``read``) by memory-mapping only the files involved.
+Chunk assembly lives here once, so a sharded format only has to describe its chunks.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ckptscope.core.errors import CkptError, MissingTensor
+from ckptscope.core.index import CheckpointIndex
+from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
+Region = Sequence[slice]
+"""A box inside a tensor: one ``slice(start, stop)`` per leading axis (step 1); missing axes are whole."""
+
+
+def normalize_region(shape: tuple[int, ...], region: Region | None) -> tuple[tuple[int, int], ...]:
+    """Turn a region into explicit ``(start, stop)`` bounds for every axis, validating it."""
+    region = tuple(region or ())
+    if len(region) > len(shape):
+        raise CkptError(f"region has {len(region)} axes but the tensor has {len(shape)}")
+    bounds = []
+    for axis, size in enumerate(shape):
+        sl = region[axis] if axis < len(region) else slice(None)
+        if not isinstance(sl, slice):
+            raise CkptError("a region is a tuple of slices")
+        start, stop, step = sl.indices(size)
+        if step != 1:
+            raise CkptError("region slices must have step 1")
+        bounds.append((start, max(start, stop)))
+    return tuple(bounds)
+
+
+class CheckpointReader(ABC):
+    """One checkpoint format. Subclasses describe chunks; this class reads them."""
+
+    format_name: ClassVar[str]
+    """Short stable identifier shown to users and in ``--json`` (``"safetensors"``)."""
+    priority: ClassVar[int]
+    """Detection order (FORMATS.md §0): lower runs first, the first ``supports`` wins."""
+
+    def __init__(self, path: Path, *, trust_pickle: bool = False) -> None:
+        self.path = Path(path)
+        self.trust_pickle = trust_pickle
+        self._index: CheckpointIndex | None = None
+        self._maps: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    # --- what a format implements ----------------------------------------------------------
+
+    @classmethod
+    @abstractmethod
+    def supports(cls, path: Path) -> bool:
+        """Cheap sniff: suffix, marker file or magic bytes. Never raises."""
+
+    @abstractmethod
+    def _build_index(self) -> CheckpointIndex:
+        """Read metadata only. Must not read tensor bytes."""
+
+    # --- the public API --------------------------------------------------------------------
+
+    def index(self) -> CheckpointIndex:
+        with self._lock:
+            if self._index is None:
+                self._index = self._build_index()
+            return self._index
+
+    def meta(self, name: str) -> TensorMeta:
+        try:
+            return self.index().tensors[name]
+        except KeyError:
+            raise MissingTensor(f"no tensor named {name!r}", self.path) from None
+
+    def read(self, name: str, region: Region | None = None) -> "np.ndarray":
+        """Read one tensor, or the box ``region`` of it, as a numpy array (bf16/fp8 via ml_dtypes).
+
+        Only the bytes of the chunks that overlap the region are touched.
+        """
+        import numpy as np
+
+        meta = self.meta(name)
+        bounds = normalize_region(meta.shape, region)
+        dtype = meta.dtype_info.numpy()
+        out_shape = tuple(stop - start for start, stop in bounds)
+        if len(meta.chunks) == 1 and meta.chunks[0].shape == meta.shape:
+            return self._read_chunk(meta, meta.chunks[0], bounds)
+        out = np.zeros(out_shape, dtype=dtype)
+        if out.size == 0:
+            return out
+        for chunk in meta.chunks:
+            local, target = [], []
+            for (start, stop), off, size in zip(bounds, chunk.offsets, chunk.shape):
+                lo, hi = max(start, off), min(stop, off + size)
+                if lo >= hi:
+                    break
+                local.append((lo - off, hi - off))
+                target.append(slice(lo - start, hi - start))
+            else:
+                out[tuple(target)] = self._read_chunk(meta, chunk, tuple(local))
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            for mapped in self._maps.values():
+                if isinstance(mapped, mmap.mmap):
+                    try:
+                        mapped.close()
+                    except BufferError:  # a caller still holds a view; the GC closes it later
+                        pass
+            self._maps.clear()
+
+    def __enter__(self) -> "CheckpointReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- byte access shared by all formats ---------------------------------------------------
+
+    def _file_path(self, rel: str) -> Path:
+        return self.path / rel if self.path.is_dir() else self.path.parent / rel
+
+    def _buffer(self, rel: str) -> Any:
+        """A read-only memory map of one file, opened once and shared."""
+        with self._lock:
+            mapped = self._maps.get(rel)
+            if mapped is None:
+                path = self._file_path(rel)
+                try:
+                    with open(path, "rb") as handle:
+                        size = os.fstat(handle.fileno()).st_size
+                        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+                except OSError as exc:
+                    raise CkptError(f"cannot read: {exc.strerror or exc}", path) from None
+                self._maps[rel] = mapped
+            return mapped
+
+    def _read_chunk(self, meta: TensorMeta, chunk: Chunk, local: tuple[tuple[int, int], ...]) -> "np.ndarray":
+        """Read the box ``local`` (chunk-relative bounds) of one chunk into a fresh array."""
+        import numpy as np
+
+        if chunk.encoding not in (Encoding.RAW, Encoding.STRIDED):
+            raise CkptError(f"{meta.name}: {chunk.encoding.value} chunks are not readable by {self.format_name}")
+        dtype = meta.dtype_info.numpy()
+        if chunk.big_endian:
+            dtype = dtype.newbyteorder(">")
+        buf = self._buffer(chunk.file)
+        strides = None
+        if chunk.encoding is Encoding.STRIDED and chunk.strides is not None:
+            strides = tuple(s * dtype.itemsize for s in chunk.strides)
+        if chunk.byte_offset + chunk.byte_length > len(buf):
+            raise CkptError(
+                f"{meta.name}: bytes {chunk.byte_offset}-{chunk.byte_offset + chunk.byte_length} "
+                f"lie beyond the end of the file ({len(buf)} bytes); the file is truncated",
+                self._file_path(chunk.file),
+            )
+        if chunk.numel == 0 or len(buf) == 0:
+            return np.zeros(tuple(hi - lo for lo, hi in local), dtype=dtype.newbyteorder("="))
+        view = np.ndarray(chunk.shape, dtype=dtype, buffer=buf, offset=chunk.byte_offset, strides=strides)
+        part = view[tuple(slice(lo, hi) for lo, hi in local)]
+        result = np.array(part, dtype=dtype.newbyteorder("="), copy=True)
+        return result

@@ -1,0 +1,1 @@
+"""HF <-> Megatron-Core name tables and reversible transforms (filled by the convert/diff issues)."""

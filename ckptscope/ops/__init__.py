@@ -1,0 +1,1 @@
+"""Operations on checkpoints (inspect, ...): pure functions and dataclasses, no UI imports."""

@@ -1,0 +1,65 @@
+"""``inspect``: open a checkpoint, filter its tensors, and describe it as data (tree, JSON)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckptscope.core.index import CheckpointIndex
+from ckptscope.core.names import select
+from ckptscope.formats import open_checkpoint
+from ckptscope.ops.tree import TreeNode, build_tree
+
+
+@dataclass(slots=True)
+class InspectReport:
+    index: CheckpointIndex
+    """The checkpoint's index restricted to the selected tensors."""
+    tree: TreeNode
+    total_tensors: int
+    """Tensors in the checkpoint before ``--include``/``--exclude``."""
+    filters: dict[str, list[str]] = field(default_factory=dict)
+
+
+def inspect_checkpoint(path: str | Path, *, include: tuple[str, ...] = (), exclude: tuple[str, ...] = (),
+                       trust_pickle: bool = False) -> InspectReport:
+    with open_checkpoint(path, trust_pickle=trust_pickle) as reader:
+        full = reader.index()
+    names = select(full.tensors, include, exclude)
+    index = CheckpointIndex(
+        path=full.path, format=full.format, tensors={n: full.tensors[n] for n in names},
+        objects=list(full.objects), metadata=dict(full.metadata), files=list(full.files),
+        warnings=list(full.warnings),
+    )
+    return InspectReport(index=index, tree=build_tree(index.tensors.values()), total_tensors=len(full.tensors),
+                         filters={"include": list(include), "exclude": list(exclude)})
+
+
+def report_to_json(report: InspectReport) -> dict[str, Any]:
+    """The ``inspect --json`` document: stored names and stored global shapes."""
+    index = report.index
+    metadata = dict(index.metadata)
+    metadata.update({
+        "files": [{"path": f.path, "size": f.size, "role": f.role} for f in index.files],
+        "num_tensors": len(index),
+        "num_params": index.num_params,
+        "bytes_per_dtype": index.bytes_per_dtype(),
+        "warnings": list(index.warnings),
+    })
+    return {
+        "path": index.path,
+        "format": index.format,
+        "tensors": [
+            {
+                "name": t.name,
+                "dtype": t.dtype,
+                "shape": list(t.shape),
+                "nbytes": t.nbytes,
+                "chunks": [{"offsets": list(c.offsets), "shape": list(c.shape), "file": c.file} for c in t.chunks],
+            }
+            for t in index.tensors.values()
+        ],
+        "objects": [{"name": o.name, "type": o.type} for o in index.objects],
+        "metadata": metadata,
+    }
