@@ -8,8 +8,19 @@ from ckptscope.core.index import CheckpointIndex, FileInfo
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import register_reader
 from ckptscope.formats.torch_trusted import TrustedReadMixin, TrustedTorchFile
-from ckptscope.formats.torch_pickle import build_torch_index, is_torch_zip, read_torch_zip
+from ckptscope.formats.torch_pickle import ZIP_MAGIC, build_torch_index, is_torch_zip, read_torch_zip
 
+
+
+TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+
+
+def _starts_with_zip_magic(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == ZIP_MAGIC
+    except OSError:
+        return False
 
 
 @register_reader
@@ -19,7 +30,13 @@ class TorchZipReader(TrustedReadMixin, CheckpointReader):
 
     @classmethod
     def supports(cls, path: Path) -> bool:
-        return path.is_file() and is_torch_zip(path)
+        """A zip with ``<prefix>/data.pkl``; a torch-named zip that is corrupt is ours too, so
+        the user hears "corrupt torch zip" rather than "unknown format"."""
+        if not path.is_file():
+            return False
+        if path.suffix in TORCH_SUFFIXES and _starts_with_zip_magic(path):
+            return True
+        return is_torch_zip(path)
 
     def _build_index(self) -> CheckpointIndex:
         index = CheckpointIndex(path=str(self.path), format=self.format_name)

@@ -1,0 +1,46 @@
+"""The layering is a rule: checked by import-linter and by importing the back-end alone."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_import_linter_contracts_hold():
+    exe = shutil.which("lint-imports")
+    if exe is None:
+        pytest.fail("import-linter is a dev dependency; install with .[dev]")
+    result = subprocess.run([exe, "--config", str(REPO / "pyproject.toml")], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "broken" not in result.stdout.lower() or " 0 broken" in result.stdout.lower()
+
+
+def test_backend_imports_without_ui_or_torch():
+    code = (
+        "import sys\n"
+        "import ckptscope.core, ckptscope.formats, ckptscope.mappings, ckptscope.ops.inspect, ckptscope.ops.tree\n"
+        "from ckptscope.formats import registered_readers; registered_readers()\n"
+        "bad = [m for m in ('textual', 'ckptscope.tui', 'ckptscope.cli', 'torch') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_cli_inspect_never_imports_torch_or_textual(samples):
+    code = (
+        "import sys\n"
+        "from ckptscope.cli import main\n"
+        "try:\n"
+        f"    main(['inspect', '--json', {str(samples['hf_llama_sharded'])!r}])\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "bad = [m for m in ('torch', 'textual', 'megatron') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, capture_output=True)

@@ -1,0 +1,157 @@
+"""Bad input: one clear line on stderr naming the file and the problem, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+
+import pytest
+import torch
+
+
+def assert_one_line_error(result, *fragments: str) -> None:
+    assert result.code == 2, (result.code, result.out, result.err)
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1, result.err
+    assert "Traceback" not in result.err
+    assert lines[0].startswith("ckptscope: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert result.out == ""
+
+
+def test_truncated_safetensors(samples, tmp_path, cli):
+    data = samples["dtypes.safetensors"].read_bytes()
+    path = tmp_path / "cut.safetensors"
+    path.write_bytes(data[: len(data) - 10])
+    assert_one_line_error(cli("inspect", str(path)), str(path), "truncated safetensors file")
+
+
+def test_header_cut_short(samples, tmp_path, cli):
+    data = samples["dtypes.safetensors"].read_bytes()
+    path = tmp_path / "cut.safetensors"
+    path.write_bytes(data[:40])
+    assert_one_line_error(cli("inspect", str(path)), str(path), "header needs")
+
+
+def test_garbage_safetensors(tmp_path, cli):
+    path = tmp_path / "garbage.safetensors"
+    path.write_bytes(os.urandom(4096))
+    assert_one_line_error(cli("inspect", str(path)), str(path), "not a safetensors file")
+
+
+def test_bad_header_json(tmp_path, cli):
+    header = b'{"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]'  # missing closing brace
+    path = tmp_path / "badjson.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)
+    assert_one_line_error(cli("inspect", str(path)), str(path), "bad safetensors header JSON")
+
+
+def test_header_sizes_inconsistent(tmp_path, cli):
+    header = json.dumps({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}).encode()
+    path = tmp_path / "sizes.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)
+    assert_one_line_error(cli("inspect", str(path)), "'w' spans 8 bytes", "needs 12")
+
+
+def test_unknown_dtype(tmp_path, cli):
+    header = json.dumps({"w": {"dtype": "F7", "shape": [1], "data_offsets": [0, 1]}}).encode()
+    path = tmp_path / "dtype.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0")
+    assert_one_line_error(cli("inspect", str(path)), "unknown safetensors dtype 'F7'")
+
+
+def test_index_names_missing_shard(samples, tmp_path, cli):
+    ckpt = tmp_path / "hf"
+    shutil.copytree(samples["hf_llama_sharded"], ckpt)
+    (ckpt / "model-00002-of-00004.safetensors").unlink()
+    assert_one_line_error(cli("inspect", str(ckpt)), "model.safetensors.index.json",
+                          "model-00002-of-00004.safetensors, which is missing")
+
+
+def test_index_places_tensor_in_wrong_shard(samples, tmp_path, cli):
+    ckpt = tmp_path / "hf"
+    shutil.copytree(samples["hf_llama_sharded"], ckpt)
+    index_path = ckpt / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    name, shard = next(iter(index["weight_map"].items()))
+    other = next(s for s in sorted(set(index["weight_map"].values())) if s != shard)
+    index["weight_map"][name] = other
+    index_path.write_text(json.dumps(index))
+    assert_one_line_error(cli("inspect", str(ckpt)), repr(name), f"in {other}, which does not contain it")
+
+
+def test_garbage_shard_in_hf_dir(samples, tmp_path, cli):
+    ckpt = tmp_path / "hf"
+    shutil.copytree(samples["hf_llama_sharded"], ckpt)
+    (ckpt / "model-00003-of-00004.safetensors").write_bytes(b"\xff" * 100)
+    assert_one_line_error(cli("inspect", str(ckpt)), "model-00003-of-00004.safetensors")
+
+
+def test_empty_directory(tmp_path, cli):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_one_line_error(cli("inspect", str(empty)), str(empty), "empty directory")
+
+
+def test_unrecognised_file_names_what_was_tried(tmp_path, cli):
+    path = tmp_path / "notes.txt"
+    path.write_text("hello")
+    assert_one_line_error(cli("inspect", str(path)), str(path), "tried: ", "safetensors", "torch")
+
+
+def test_missing_path_and_broken_symlink(tmp_path, cli):
+    assert_one_line_error(cli("inspect", str(tmp_path / "nope")), "no such file or directory")
+    link = tmp_path / "dangling.safetensors"
+    link.symlink_to(tmp_path / "gone.safetensors")
+    assert_one_line_error(cli("inspect", str(link)), "broken symbolic link")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can read files without read permission")
+def test_unreadable_file(samples, tmp_path, cli):
+    path = tmp_path / "locked.safetensors"
+    path.write_bytes(samples["dtypes.safetensors"].read_bytes())
+    path.chmod(0)
+    assert_one_line_error(cli("inspect", str(path)), str(path), "ermission denied")
+
+
+def test_truncated_torch_zip(samples, tmp_path, cli):
+    data = samples["megatron_style.pt"].read_bytes()
+    path = tmp_path / "cut.pt"
+    path.write_bytes(data[: len(data) // 2])
+    assert_one_line_error(cli("inspect", str(path)), str(path), "corrupt torch zip file")
+
+
+def test_truncated_legacy_file(samples, tmp_path, cli):
+    data = samples["legacy_format.pt"].read_bytes()
+    path = tmp_path / "cut_legacy.pt"
+    path.write_bytes(data[:-20])
+    assert_one_line_error(cli("inspect", str(path)), str(path), "truncated legacy torch file")
+
+
+def test_torchscript_is_refused_clearly(tmp_path, cli):
+    path = tmp_path / "scripted.pt"
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), path)
+    assert_one_line_error(cli("inspect", str(path)), "TorchScript archive")
+
+
+def test_bad_option_is_exit_2(cli, samples):
+    result = cli("inspect", "--no-such-flag", str(samples["dtypes.safetensors"]))
+    assert result.code == 2 and "Traceback" not in result.err
+
+
+def test_source_files_are_never_modified(samples, tmp_path, cli):
+    """Reading is read-only: every byte and mtime of the checkpoint is unchanged."""
+    ckpt = tmp_path / "hf"
+    shutil.copytree(samples["hf_llama_sharded"], ckpt)
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in ckpt.iterdir()}
+    assert cli("inspect", "--json", str(ckpt)).code == 0
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in ckpt.iterdir()} == before
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="needs Linux procfs")
+def test_file_whose_read_fails(cli):
+    """/proc/self/mem exists but reading its first byte fails with EIO, even for root."""
+    assert_one_line_error(cli("inspect", "/proc/self/mem"), "/proc/self/mem", "cannot read")
