@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 
-import torch
 from safetensors.torch import load_file
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 import subprocess
+import sys
 
 import numpy as np
-import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file

@@ -17,10 +17,9 @@ from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import register_reader
-from ckptscope.formats.torch_trusted import TrustedReadMixin, TrustedTorchFile
 from ckptscope.formats.safe_pickle import SafeUnpickler, StorageRef
 from ckptscope.formats.torch_pickle import StoragePlacement, build_torch_index
-
+from ckptscope.formats.torch_trusted import TrustedReadMixin, TrustedTorchFile
 
 MAGIC_PREFIX = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C

@@ -7,10 +7,8 @@ from pathlib import Path
 from ckptscope.core.index import CheckpointIndex, FileInfo
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import register_reader
-from ckptscope.formats.torch_trusted import TrustedReadMixin, TrustedTorchFile
 from ckptscope.formats.torch_pickle import ZIP_MAGIC, build_torch_index, is_torch_zip, read_torch_zip
-
-
+from ckptscope.formats.torch_trusted import TrustedReadMixin, TrustedTorchFile
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
