@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,36 +98,47 @@ def plan_rename(src: str | Path, dst: str | Path, *, subs: Sequence[tuple[str, s
     return plan
 
 
-def execute_rename(plan: RenamePlan, progress: Progress | None = None) -> None:
-    """Write the destination atomically. The source is only ever read."""
+def execute_rename(plan: RenamePlan, progress: Progress | None = None, *, workers: int | None = None) -> None:
+    """Write the destination atomically. The source is only ever read.
+
+    Files are written in parallel (the range copies release the GIL and run in the kernel), which
+    is how a rename of a sharded checkpoint keeps up with ``cp``.
+    """
     check_destination(plan.src, plan.dst, overwrite=plan.overwrite)
     total, done = plan.total_bytes, 0
+    lock = threading.Lock()
 
     def advance(n: int) -> None:
         nonlocal done
-        done += n
-        if progress:
-            progress(done, total)
+        with lock:
+            done += n
+            if progress:
+                progress(done, total)
 
     new_names = {old: new for old in _all_names(plan) if (new := plan.changes.new_name(old)) is not None}
     directory = plan.format == "hf"
     with atomic_output(plan.dst, directory=directory, overwrite=plan.overwrite) as staging:
         weight_map: dict[str, str] = {}
-        for action in plan.files:
+
+        def write_one(action: FileAction) -> None:
             src_file = plan.src / action.path if directory else plan.src
             out_file = staging / action.path if directory else staging
             if action.action == "rewrite-header":
                 header = parse_safetensors_header(src_file, action.path)
                 write_renamed(src_file, header, new_names, out_file, copy_range, advance)
-                for old in header.tensors:
-                    if old in new_names:
-                        weight_map[new_names[old]] = action.path
+                with lock:
+                    weight_map.update({new_names[o]: action.path for o in header.tensors if o in new_names})
             elif action.action == "copy":
                 if src_file.is_dir():
                     shutil.copytree(src_file, out_file)
                 else:
                     shutil.copy2(src_file, out_file)
                 advance(action.nbytes)
+
+        jobs = [a for a in plan.files if a.action in ("rewrite-header", "copy")]
+        with ThreadPoolExecutor(max_workers=workers or min(4, len(jobs) or 1)) as pool:
+            for future in [pool.submit(write_one, a) for a in jobs]:
+                future.result()
         for action in plan.files:
             if action.action == "regenerate":
                 _write_index(plan.src / action.path, staging / action.path, weight_map, plan, new_names)
