@@ -178,3 +178,12 @@ def test_indexing_never_imports_torch_or_numpy(samples):
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_trusted_and_safe_reads_agree_on_bin_shards(samples):
+    safe = open_checkpoint(samples["hf_llama_bin"])
+    trusted = open_checkpoint(samples["hf_llama_bin"], trust_pickle=True)
+    assert set(safe.index().tensors) == set(trusted.index().tensors)
+    for name in safe.index().tensors:
+        assert safe.read(name).tobytes() == trusted.read(name).tobytes()
+        assert safe.read(name, (slice(1, 2),)).tobytes() == trusted.read(name, (slice(1, 2),)).tobytes()

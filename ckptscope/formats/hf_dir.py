@@ -68,6 +68,11 @@ class HFDirReader(CheckpointReader):
     format_name = "hf"
     priority = 60
 
+    def __init__(self, path: Path, *, trust_pickle: bool = False) -> None:
+        super().__init__(path, trust_pickle=trust_pickle)
+        self._trusted_shards: dict[str, TrustedTorchFile] = {}
+        """Shards loaded with torch when the user passed --trust-pickle."""
+
     @classmethod
     def supports(cls, path: Path) -> bool:
         if not path.is_dir():
@@ -165,12 +170,6 @@ class HFDirReader(CheckpointReader):
         if index_file is not None:
             self._check_total_size(index, index_meta, index_file)
 
-    @property
-    def _trusted_shards(self) -> dict[str, TrustedTorchFile]:
-        if not hasattr(self, "_shards_cache"):
-            self._shards_cache: dict[str, TrustedTorchFile] = {}
-        return self._shards_cache
-
     def _read_chunk(self, meta: TensorMeta, chunk: Any, local: tuple[tuple[int, int], ...]) -> Any:
         trusted = self._trusted_shards.get(chunk.file)
         if trusted is not None:
@@ -204,7 +203,7 @@ class HFDirReader(CheckpointReader):
             name = path.name
             if name in data_files:
                 role = "data"
-            elif name.endswith(".index.json") or ".index." in name and name.endswith(".json"):
+            elif name.endswith(".json") and ".index" in name:
                 role = "index"
             elif name in _CONFIG_FILES:
                 role = "config"
