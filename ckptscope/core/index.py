@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ckptscope.core.tensor import TensorMeta
@@ -45,6 +45,12 @@ class CheckpointIndex:
     """Format metadata: safetensors ``__metadata__``, index metadata, iteration, ..."""
     files: list[FileInfo] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    views: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """Logical per-layer names derived from stored tensors: ``view name -> (stored name, index on
+    axis 0)``. Megatron torch_dist stores all layers of a homogeneous stack as one tensor with a
+    leading layer axis (``decoder.layers.mlp.linear_fc2.weight`` ``[L, H, F]``); its views are
+    ``decoder.layers.{i}.mlp.linear_fc2.weight`` ``[H, F]``. Views are never in ``tensors``: counts
+    and bytes stay those of what is stored. ``CheckpointReader.meta``/``read`` accept view names."""
 
     def __iter__(self) -> Iterator[TensorMeta]:
         return iter(self.tensors.values())
@@ -68,6 +74,42 @@ class CheckpointIndex:
         for t in self.tensors.values():
             counts[t.dtype] += t.nbytes
         return dict(counts.most_common())
+
+    def view_meta(self, name: str) -> TensorMeta:
+        """The ``TensorMeta`` of a per-layer view: the stored tensor without its leading axis.
+
+        Its chunks are the stored chunks that hold layer ``i``, with the layer axis dropped; their
+        file and byte fields still describe the stored chunk (exact when the stored chunk holds a
+        single layer, as Megatron writes them). Reading goes through the stored tensor.
+        """
+        stored_name, layer = self.views[name]
+        stored = self.tensors[stored_name]
+        chunks = tuple(
+            replace(c, offsets=c.offsets[1:], shape=c.shape[1:])
+            for c in stored.chunks
+            if c.offsets[0] <= layer < c.offsets[0] + c.shape[0]
+        )
+        attrs = tuple((k, v) for k, v in stored.attrs if k != "view_of")
+        attrs += (("view_of", stored_name), ("layer", str(layer)))
+        return TensorMeta(name=name, dtype=stored.dtype, shape=stored.shape[1:], chunks=chunks, attrs=attrs)
+
+    def logical_tensors(self) -> dict[str, TensorMeta]:
+        """Stored tensors with every stacked tensor replaced by its per-layer views (in order).
+
+        This is the name space to compare or convert with (it matches per-layer checkpoints);
+        ``tensors`` stays the name space of what is on disk.
+        """
+        by_stored: dict[str, list[str]] = {}
+        for view, (stored_name, _) in self.views.items():
+            by_stored.setdefault(stored_name, []).append(view)
+        out: dict[str, TensorMeta] = {}
+        for name, meta in self.tensors.items():
+            if name in by_stored:
+                for view in by_stored[name]:
+                    out[view] = self.view_meta(view)
+            else:
+                out[name] = meta
+        return out
 
     @property
     def iteration(self) -> int | None:

@@ -78,10 +78,14 @@ class CheckpointReader(ABC):
             return self._index
 
     def meta(self, name: str) -> TensorMeta:
-        try:
-            return self.index().tensors[name]
-        except KeyError:
-            raise MissingTensor(f"no tensor named {name!r}", self.path) from None
+        """A stored tensor's metadata, or a per-layer view's (``CheckpointIndex.views``)."""
+        index = self.index()
+        meta = index.tensors.get(name)
+        if meta is not None:
+            return meta
+        if name in index.views:
+            return index.view_meta(name)
+        raise MissingTensor(f"no tensor named {name!r}", self.path)
 
     def read(self, name: str, region: Region | None = None) -> "np.ndarray":
         """Read one tensor, or the box ``region`` of it, as a numpy array (bf16/fp8 via ml_dtypes).
@@ -90,6 +94,9 @@ class CheckpointReader(ABC):
         """
         import numpy as np
 
+        index = self.index()
+        if name not in index.tensors and name in index.views:
+            return self._read_view(name, region)
         meta = self.meta(name)
         bounds = normalize_region(meta.shape, region)
         dtype = meta.dtype_info.numpy()
@@ -110,6 +117,14 @@ class CheckpointReader(ABC):
             else:
                 out[tuple(target)] = self._read_chunk(meta, chunk, tuple(local))
         return out
+
+    def _read_view(self, name: str, region: Region | None) -> "np.ndarray":
+        """A per-layer view is the box ``[layer, region...]`` of its stored tensor, layer axis dropped."""
+        stored_name, layer = self.index().views[name]
+        stored = self.meta(stored_name)
+        bounds = normalize_region(stored.shape[1:], region)
+        box = (slice(layer, layer + 1),) + tuple(slice(lo, hi) for lo, hi in bounds)
+        return self.read(stored_name, box)[0]
 
     def close(self) -> None:
         with self._lock:

@@ -65,4 +65,4 @@ def _load_builtin_readers() -> None:
     if _loaded:
         return
     _loaded = True
-    from ckptscope.formats import hf_dir, safetensors_file, torch_legacy, torch_zip  # noqa: F401
+    from ckptscope.formats import dcp, hf_dir, megatron_dist, safetensors_file, torch_legacy, torch_zip  # noqa: F401

@@ -31,6 +31,7 @@ def inspect_checkpoint(path: str | Path, *, include: tuple[str, ...] = (), exclu
         path=full.path, format=full.format, tensors={n: full.tensors[n] for n in names},
         objects=list(full.objects), metadata=dict(full.metadata), files=list(full.files),
         warnings=list(full.warnings),
+        views={v: ref for v, ref in full.views.items() if ref[0] in names},
     )
     return InspectReport(index=index, tree=build_tree(index.tensors.values()), total_tensors=len(full.tensors),
                          filters={"include": list(include), "exclude": list(exclude)})

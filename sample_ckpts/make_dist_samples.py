@@ -1,0 +1,257 @@
+#!/usr/bin/env python
+"""Write the tiny distributed-checkpoint samples ckptscope ships and tests against, with the real writers.
+
+    python sample_ckpts/make_dist_samples.py [OUT_DIR]      # default: sample_ckpts/
+
+* ``megatron_torch_dist/``: a Megatron save root (``latest_checkpointed_iteration.txt`` +
+  ``iter_0000010/``) written by megatron-core ``dist_checkpointing.save`` from a tiny GPTModel on
+  2 CPU ranks (gloo, TP=2), with Adam state keyed the way Megatron's non-distributed optimizer does
+  and the ``args``/``iteration``/``checkpoint_version`` common state Megatron training writes.
+* ``dcp_fsdp2/``: ``torch.distributed.checkpoint.save`` of an FSDP2 (``fully_shard``) model on 2
+  gloo ranks: uneven row shards and a replicated DTensor.
+* ``dcp_nested/``: a single-process DCP save of ``{"model": ..., "optimizer": ..., "step": ...}``.
+* ``dcp_safetensors/``: the same kind of state saved with ``SerializationFormat.SAFETENSORS``.
+
+megatron-core 0.16 calls a few ``torch.cuda`` functions on its save path even on CPU; they are
+stubbed *in this generator only* (FORMATS.md §11). Nothing about the files depends on it.
+Tests call these functions into a temporary directory, so fixtures never drift from the writers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+MEGATRON_ITERATION = 10
+TINY_GPT = {"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 2}
+VOCAB = 256
+SEQ = 32
+
+
+# --- helpers shared by the multi-rank writers --------------------------------------------------
+
+
+def _spawn(fn, out: Path, world_size: int = 2) -> None:
+    """Run ``fn(rank, world_size, out, init_file)`` on ``world_size`` CPU processes (gloo)."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        mp.spawn(fn, args=(world_size, str(out), init_file), nprocs=world_size, join=True)
+
+
+def _init_gloo(rank: int, world_size: int, init_file: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+
+
+def _stub_cuda() -> None:
+    """megatron-core's async save path touches torch.cuda even for CPU tensors (FORMATS.md §11)."""
+    import torch
+
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.set_device = lambda *a, **k: None
+    torch.cuda.device_count = lambda: 1
+
+
+# --- Megatron-Core torch_dist --------------------------------------------------------------------
+
+
+def _megatron_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    _init_gloo(rank, world_size, init_file)
+    _stub_cuda()
+    import torch
+    import torch.nn.functional as F
+    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core.dist_checkpointing.optimizer import (
+        get_param_id_to_sharded_param_map,
+        optim_state_to_sharding_state,
+    )
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)
+    torch.manual_seed(1234)
+    config = TransformerConfig(
+        **TINY_GPT, gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
+        normalization="RMSNorm", use_cpu_initialization=True, bf16=True, params_dtype=torch.bfloat16,
+        tensor_model_parallel_size=world_size,
+    )
+    model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+                     vocab_size=VOCAB, max_sequence_length=SEQ, share_embeddings_and_output_weights=True,
+                     position_embedding_type="rope")
+    # Distinct, reproducible values per parameter, so misplaced chunks cannot go unnoticed.
+    with torch.no_grad():
+        for i, (_, param) in enumerate(sorted(model.named_parameters())):
+            gen = torch.Generator().manual_seed(100 * i + rank)
+            param.copy_(torch.randn(param.shape, generator=gen).to(param.dtype))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    loss = sum((p.float() ** 2).sum() for p in model.parameters())
+    loss.backward()
+    optimizer.step()
+
+    sharded = model.sharded_state_dict()
+    optim_state = optimizer.state_dict()
+    optim_state_to_sharding_state(
+        optim_state, get_param_id_to_sharded_param_map(sharded, model.parameters()), exclude_keys=("step",)
+    )
+    args = argparse.Namespace(
+        num_layers=TINY_GPT["num_layers"], hidden_size=TINY_GPT["hidden_size"],
+        ffn_hidden_size=TINY_GPT["ffn_hidden_size"], num_attention_heads=TINY_GPT["num_attention_heads"],
+        num_query_groups=TINY_GPT["num_query_groups"], group_query_attention=True, swiglu=True,
+        padded_vocab_size=VOCAB, seq_length=SEQ, max_position_embeddings=SEQ, normalization="RMSNorm",
+        tensor_model_parallel_size=world_size, pipeline_model_parallel_size=1, bf16=True,
+        untie_embeddings_and_output_weights=False, lr=3e-4, ckpt_format="torch_dist",
+        iteration=MEGATRON_ITERATION, position_embedding_type="rope",
+    )
+    # As megatron.training.checkpointing saves rng state: one ShardedObject per (pp, tp) rank.
+    import random
+
+    import numpy as np
+
+    rng_state = [{"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
+                  "torch_rng_state": torch.get_rng_state()}]
+    rng = ShardedObject("rng_state", rng_state, (1, world_size), (0, rank), replica_id=0)
+    # The shape of megatron.training.checkpointing.generate_state_dict: ShardedTensors under
+    # "model"/"optimizer", everything else goes to common.pt.
+    state = {
+        "rng_state": rng,
+        "args": args,
+        "checkpoint_version": 3.0,
+        "iteration": MEGATRON_ITERATION,
+        "model": sharded,
+        "optimizer": optim_state,
+        "num_floating_point_operations_so_far": 123456.0,
+    }
+    root = Path(out) / "megatron_torch_dist"
+    ckpt_dir = root / f"iter_{MEGATRON_ITERATION:07d}"
+    if rank == 0:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+    torch.distributed.barrier()
+    dist_checkpointing.save(state, str(ckpt_dir))
+    torch.distributed.barrier()
+    if rank == 0:
+        (root / "latest_checkpointed_iteration.txt").write_text(str(MEGATRON_ITERATION))
+    torch.distributed.destroy_process_group()
+
+
+def write_megatron_torch_dist(out: Path) -> Path:
+    """Megatron save root with one torch_dist iteration dir (TP=2, 2 CPU ranks)."""
+    out.mkdir(parents=True, exist_ok=True)
+    _spawn(_megatron_rank, out)
+    return out / "megatron_torch_dist"
+
+
+# --- plain DCP -----------------------------------------------------------------------------------
+
+
+def _fsdp2_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    _init_gloo(rank, world_size, init_file)
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    mesh = init_device_mesh("cpu", (world_size,))
+    fully_shard(model, mesh=mesh)  # Shard(0): 5 rows on 2 ranks -> 3 + 2, 3 rows -> 2 + 1
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    full = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    state = {"model": model_sd, "optim": optim_sd,
+             "extra": {"replicated": distribute_tensor(full, mesh, [Replicate()])},
+             "train_state": {"step": 3, "tokens_seen": 4096}}
+    dcp.save(state, checkpoint_id=os.path.join(out, "dcp_fsdp2"))
+    torch.distributed.destroy_process_group()
+
+
+def write_dcp_fsdp2(out: Path) -> Path:
+    """FSDP2 DCP dir from 2 gloo ranks: uneven Shard(0) chunks, a replicated DTensor, optimizer."""
+    out.mkdir(parents=True, exist_ok=True)
+    _spawn(_fsdp2_rank, out)
+    return out / "dcp_fsdp2"
+
+
+def nested_state() -> dict:
+    """The state saved by ``write_dcp_nested`` (deterministic: tests compare against it)."""
+    import torch
+
+    torch.manual_seed(11)
+    model = torch.nn.ModuleDict({
+        "embed": torch.nn.Embedding(10, 4),
+        "layers": torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(2)]),
+    })
+    model = model.to(torch.bfloat16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model["layers"][0](model["embed"](torch.tensor([1, 2]))).float().sum().backward()
+    optimizer.step()
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 5,
+            "counts": torch.arange(6, dtype=torch.int64)}
+
+
+def write_dcp_nested(out: Path) -> Path:
+    """Single-process DCP of a nested model + optimizer state dict (planner_data populated)."""
+    import torch.distributed.checkpoint as dcp
+
+    target = out / "dcp_nested"
+    dcp.save(nested_state(), checkpoint_id=str(target), no_dist=True)
+    return target
+
+
+def safetensors_state() -> dict:
+    """The state saved by ``write_dcp_safetensors`` (deterministic: tests compare against it)."""
+    import torch
+
+    torch.manual_seed(13)
+    return {"model": {"w": torch.randn(3, 4), "b": torch.randn(4).half()}, "step": 2}
+
+
+def write_dcp_safetensors(out: Path) -> Path:
+    """Single-process DCP written with ``SerializationFormat.SAFETENSORS`` (.distcp are safetensors)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter, SerializationFormat
+
+    target = out / "dcp_safetensors"
+    writer = FileSystemWriter(str(target), serialization_format=SerializationFormat.SAFETENSORS)
+    dcp.save(safetensors_state(), storage_writer=writer, no_dist=True)
+    return target
+
+
+WRITERS = {
+    "megatron_torch_dist": write_megatron_torch_dist,
+    "dcp_fsdp2": write_dcp_fsdp2,
+    "dcp_nested": write_dcp_nested,
+    "dcp_safetensors": write_dcp_safetensors,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", default=str(Path(__file__).resolve().parent))
+    parser.add_argument("--only", nargs="*", choices=sorted(WRITERS), help="write only these samples")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    for name in args.only or WRITERS:
+        path = WRITERS[name](out)
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
