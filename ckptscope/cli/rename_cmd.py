@@ -55,11 +55,13 @@ def rename(src: str, dst: str, subs: tuple[tuple[str, str], ...], drops: tuple[s
     if dry_run:
         click.echo("dry run: nothing written", err=True)
         return
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+    if as_json or not sys.stderr.isatty():
+        execute_rename(plan)
+    else:
+        from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
-    quiet = as_json or not sys.stderr.isatty()
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  transient=True, disable=quiet, console=None) as bar:
-        task = bar.add_task("renaming", total=plan.total_bytes)
-        execute_rename(plan, progress=lambda done, total: bar.update(task, completed=done))
+        with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                      TransferSpeedColumn(), transient=True) as bar:
+            task = bar.add_task("renaming", total=plan.total_bytes)
+            execute_rename(plan, progress=lambda done, total: bar.update(task, completed=done))
     click.echo(f"wrote {plan.dst}", err=True)

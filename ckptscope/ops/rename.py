@@ -48,6 +48,8 @@ class RenamePlan:
     files: list[FileAction] = field(default_factory=list)
     overwrite: bool = False
     weights: str | None = None
+    nbytes: dict[str, int] = field(default_factory=dict)
+    """Bytes of every stored tensor, by old name (for regenerated index totals)."""
 
     @property
     def total_bytes(self) -> int:
@@ -80,7 +82,8 @@ def plan_rename(src: str | Path, dst: str | Path, *, subs: Sequence[tuple[str, s
     check_destination(src, dst, overwrite=overwrite)
     changes = compute_name_changes(list(index.tensors), subs=subs, drops=drops, mapping=mapping)
     plan = RenamePlan(src=src, dst=dst, format=index.format, changes=changes, overwrite=overwrite,
-                      weights=index.metadata.get("weights"))
+                      weights=index.metadata.get("weights"),
+                      nbytes={name: meta.nbytes for name, meta in index.tensors.items()})
     dropped = set(changes.dropped)
     by_file: dict[str, list[str]] = {}
     for meta in index.tensors.values():
@@ -157,9 +160,7 @@ def _write_index(src_index: Path, dst_index: Path, weight_map: dict[str, str], p
         return
     metadata = dict(data.get("metadata") or {})
     if "total_size" in metadata:
-        with open_checkpoint(plan.src) as reader:
-            sizes = {n: m.nbytes for n, m in reader.index().tensors.items()}
-        metadata["total_size"] = sum(sizes[old] for old in new_names)
+        metadata["total_size"] = sum(plan.nbytes[old] for old in new_names)
     data["metadata"] = metadata
     data["weight_map"] = dict(sorted(weight_map.items()))
     dst_index.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
