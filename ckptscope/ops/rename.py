@@ -1,32 +1,31 @@
 """``rename``: new names for stored tensors, data copied bit for bit, written atomically.
 
 Plan first (``plan_rename``: names checked, files listed, nothing written; what ``--dry-run``
-prints and the TUI previews), then execute (``execute_rename``). Only headers and indices are
-rebuilt; tensor bytes are copied verbatim, never decoded.
+prints and the TUI previews), then execute (``execute_rename``). Only headers, indices and
+metadata are rebuilt; tensor bytes are copied (or hard-linked) verbatim, never decoded.
+
+Each checkpoint format has a ``RenameWriter`` (registered with ``register_rename_writer``) that
+knows which files to rewrite and how; the planning, validation and atomic write are shared.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ckptscope.core.errors import CkptError
+from ckptscope.core.index import CheckpointIndex
 from ckptscope.formats import open_checkpoint
-from ckptscope.formats.safetensors_file import parse_safetensors_header
-from ckptscope.formats.safetensors_write import write_renamed
-from ckptscope.ops.atomic import atomic_output, check_destination, copy_range
+from ckptscope.ops.atomic import atomic_output, check_destination, link_or_copy
 from ckptscope.ops.rename_plan import NameChanges, compute_name_changes
 
 Progress = Callable[[int, int], None]
 """Called with (bytes done, bytes total)."""
-
-SUPPORTED = ("safetensors", "hf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +33,8 @@ class FileAction:
     path: str
     """Relative to the destination root (the file name for single-file checkpoints)."""
     action: str
-    """``rewrite-header`` (tensor bytes copied verbatim), ``copy``, ``regenerate`` (an index), ``omit``."""
+    """``rewrite-header`` (tensor bytes copied verbatim), ``copy``, ``link`` (hard link, else copy),
+    ``regenerate`` (an index or metadata file rebuilt from the new names), ``omit``."""
     tensors: int = 0
     nbytes: int = 0
 
@@ -47,13 +47,19 @@ class RenamePlan:
     changes: NameChanges
     files: list[FileAction] = field(default_factory=list)
     overwrite: bool = False
-    weights: str | None = None
+    directory: bool = False
+    """Whether the checkpoint is a directory (else a single file)."""
     nbytes: dict[str, int] = field(default_factory=dict)
     """Bytes of every stored tensor, by old name (for regenerated index totals)."""
 
     @property
     def total_bytes(self) -> int:
         return sum(f.nbytes for f in self.files)
+
+    def new_names(self) -> dict[str, str]:
+        """old -> new for every kept tensor (unchanged names map to themselves)."""
+        names = [*self.changes.renamed, *self.changes.dropped, *self.changes.untouched]
+        return {old: new for old in names if (new := self.changes.new_name(old)) is not None}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,39 +72,61 @@ class RenamePlan:
         }
 
 
+class RenameWriter(Protocol):
+    """How one checkpoint format is renamed."""
+
+    formats: tuple[str, ...]
+    """``CheckpointIndex.format`` values this writer handles."""
+
+    def check(self, index: CheckpointIndex, src: Path) -> None:
+        """Raise ``CkptError`` when this particular checkpoint cannot be renamed."""
+
+    def plan_files(self, index: CheckpointIndex, changes: NameChanges) -> list[FileAction]:
+        """Every file of the destination and what happens to it."""
+
+    def write_file(self, plan: RenamePlan, action: FileAction, src: Path, out: Path,
+                   advance: Callable[[int], None]) -> dict[str, str]:
+        """Write one ``rewrite-header`` file; return {new name: file} for the tensors it holds."""
+
+    def regenerate(self, plan: RenamePlan, action: FileAction, src: Path, out: Path,
+                   written: Mapping[str, str]) -> None:
+        """Write one ``regenerate`` file once every data file is written."""
+
+
+_WRITERS: list[RenameWriter] = []
+
+
+def register_rename_writer(writer: RenameWriter) -> RenameWriter:
+    _WRITERS.append(writer)
+    return writer
+
+
+def _writer_for(index: CheckpointIndex, src: Path) -> RenameWriter:
+    _load_builtin_writers()
+    for writer in _WRITERS:
+        if index.format in writer.formats:
+            writer.check(index, src)
+            return writer
+    supported = sorted({f for w in _WRITERS for f in w.formats})
+    raise CkptError(f"rename does not support {index.format} checkpoints yet (supported: {', '.join(supported)})",
+                    src)
+
+
 def plan_rename(src: str | Path, dst: str | Path, *, subs: Sequence[tuple[str, str]] = (),
                 drops: Sequence[str] = (), mapping: Mapping[str, str] | None = None,
                 overwrite: bool = False) -> RenamePlan:
-    """Check the request against the checkpoint's names and list what will be written."""
+    """Check the request against the checkpoint's stored names and list what will be written."""
     src, dst = Path(src), Path(dst)
     if not (subs or drops or mapping):
         raise CkptError("nothing to do: give --sub, --drop or --map")
     with open_checkpoint(src) as reader:
         index = reader.index()
-    if index.format not in SUPPORTED or (index.format == "hf" and index.metadata.get("weights") != "safetensors"):
-        kind = index.format if index.format != "hf" else f"hf ({index.metadata.get('weights')})"
-        raise CkptError(f"rename does not support {kind} checkpoints yet (supported: safetensors files and HF "
-                        "safetensors directories)", src)
+    writer = _writer_for(index, src)
     check_destination(src, dst, overwrite=overwrite)
     changes = compute_name_changes(list(index.tensors), subs=subs, drops=drops, mapping=mapping)
-    plan = RenamePlan(src=src, dst=dst, format=index.format, changes=changes, overwrite=overwrite,
-                      weights=index.metadata.get("weights"),
+    return RenamePlan(src=src, dst=dst, format=index.format, changes=changes, overwrite=overwrite,
+                      directory=src.is_dir(), files=writer.plan_files(index, changes),
                       nbytes={name: meta.nbytes for name, meta in index.tensors.items()})
-    dropped = set(changes.dropped)
-    by_file: dict[str, list[str]] = {}
-    for meta in index.tensors.values():
-        by_file.setdefault(meta.chunks[0].file, []).append(meta.name)
-    for file in by_file:
-        kept = [n for n in by_file[file] if n not in dropped]
-        nbytes = sum(index.tensors[n].nbytes for n in kept)
-        plan.files.append(FileAction(file, "rewrite-header" if kept else "omit", len(kept), nbytes))
-    if index.format == "hf":
-        for info in index.files:
-            if info.path in by_file:
-                continue
-            action = "regenerate" if info.role == "index" else "copy"
-            plan.files.append(FileAction(info.path, action, 0, 0 if action == "regenerate" else info.size))
-    return plan
 
 
 def execute_rename(plan: RenamePlan, progress: Progress | None = None, *, workers: int | None = None) -> None:
@@ -108,6 +136,8 @@ def execute_rename(plan: RenamePlan, progress: Progress | None = None, *, worker
     is how a rename of a sharded checkpoint keeps up with ``cp``.
     """
     check_destination(plan.src, plan.dst, overwrite=plan.overwrite)
+    with open_checkpoint(plan.src) as reader:
+        writer = _writer_for(reader.index(), plan.src)
     total, done = plan.total_bytes, 0
     lock = threading.Lock()
 
@@ -118,49 +148,47 @@ def execute_rename(plan: RenamePlan, progress: Progress | None = None, *, worker
             if progress:
                 progress(done, total)
 
-    new_names = {old: new for old in _all_names(plan) if (new := plan.changes.new_name(old)) is not None}
-    directory = plan.format == "hf"
-    with atomic_output(plan.dst, directory=directory, overwrite=plan.overwrite) as staging:
-        weight_map: dict[str, str] = {}
+    with atomic_output(plan.dst, directory=plan.directory, overwrite=plan.overwrite) as staging:
+        written: dict[str, str] = {}
+
+        def locate(action: FileAction) -> tuple[Path, Path]:
+            if plan.directory:
+                return plan.src / action.path, staging / action.path
+            return plan.src, staging
 
         def write_one(action: FileAction) -> None:
-            src_file = plan.src / action.path if directory else plan.src
-            out_file = staging / action.path if directory else staging
+            src_file, out_file = locate(action)
+            out_file.parent.mkdir(parents=True, exist_ok=True)
             if action.action == "rewrite-header":
-                header = parse_safetensors_header(src_file, action.path)
-                write_renamed(src_file, header, new_names, out_file, copy_range, advance)
+                placed = writer.write_file(plan, action, src_file, out_file, advance)
                 with lock:
-                    weight_map.update({new_names[o]: action.path for o in header.tensors if o in new_names})
-            elif action.action == "copy":
-                if src_file.is_dir():
-                    shutil.copytree(src_file, out_file)
-                else:
-                    shutil.copy2(src_file, out_file)
-                advance(action.nbytes)
+                    written.update(placed)
+                return
+            if action.action == "link":
+                link_or_copy(src_file, out_file)
+            elif src_file.is_dir():
+                shutil.copytree(src_file, out_file)
+            else:
+                shutil.copy2(src_file, out_file)
+            advance(action.nbytes)
 
-        jobs = [a for a in plan.files if a.action in ("rewrite-header", "copy")]
+        jobs = [a for a in plan.files if a.action in ("rewrite-header", "copy", "link")]
         with ThreadPoolExecutor(max_workers=workers or min(4, len(jobs) or 1)) as pool:
             for future in [pool.submit(write_one, a) for a in jobs]:
                 future.result()
         for action in plan.files:
             if action.action == "regenerate":
-                _write_index(plan.src / action.path, staging / action.path, weight_map, plan, new_names)
+                src_file, out_file = locate(action)
+                out_file.parent.mkdir(parents=True, exist_ok=True)
+                writer.regenerate(plan, action, src_file, out_file, written)
 
 
-def _all_names(plan: RenamePlan) -> list[str]:
-    return [*plan.changes.renamed, *plan.changes.dropped, *plan.changes.untouched]
+_loaded = False
 
 
-def _write_index(src_index: Path, dst_index: Path, weight_map: dict[str, str], plan: RenamePlan,
-                 new_names: Mapping[str, str]) -> None:
-    """Regenerate ``weight_map`` from what was written; keep the rest of the index metadata."""
-    data = json.loads(src_index.read_text(encoding="utf-8"))
-    if not isinstance(data, dict) or "weight_map" not in data:
-        shutil.copy2(src_index, dst_index)
+def _load_builtin_writers() -> None:
+    global _loaded
+    if _loaded:
         return
-    metadata = dict(data.get("metadata") or {})
-    if "total_size" in metadata:
-        metadata["total_size"] = sum(plan.nbytes[old] for old in new_names)
-    data["metadata"] = metadata
-    data["weight_map"] = dict(sorted(weight_map.items()))
-    dst_index.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    _loaded = True
+    from ckptscope.ops import rename_safetensors  # noqa: F401
