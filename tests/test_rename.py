@@ -141,8 +141,3 @@ def test_existing_destination_needs_overwrite(hf_copy, tmp_path, cli):
 def test_destination_inside_source_refused(hf_copy, cli):
     result = cli("rename", str(hf_copy), str(hf_copy / "sub"), "--sub", "q_proj", "query")
     assert result.code == 2 and "inside" in result.err
-
-
-def test_unsupported_format_is_a_clear_error(samples, tmp_path, cli):
-    result = cli("rename", str(samples["megatron_style.pt"]), str(tmp_path / "o.pt"), "--sub", "model", "m")
-    assert result.code == 2 and "does not support torch checkpoints yet" in result.err

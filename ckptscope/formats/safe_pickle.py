@@ -33,6 +33,8 @@ class StorageRef:
     location: str
     numel: int
     """Length in elements of ``dtype``."""
+    storage_type: str = "torch.FloatStorage"
+    """The storage class global as pickled (``torch.BFloat16Storage``, ``torch.UntypedStorage``)."""
 
     @property
     def nbytes(self) -> int:
@@ -51,6 +53,8 @@ class TensorRef:
     dtype: DType
     kind: str = "Tensor"
     """``Tensor``, ``Parameter``, or the subclass name for wrapper subclasses."""
+    requires_grad: bool = False
+    """Kept so a re-pickled file (rename) says exactly what the original said."""
 
     @property
     def numel(self) -> int:
@@ -76,8 +80,9 @@ class TensorRef:
 class StorageType:
     """Stands for ``torch.FloatStorage`` & co. in persistent ids."""
 
-    def __init__(self, class_name: str) -> None:
+    def __init__(self, class_name: str, module: str = "torch") -> None:
         self.class_name = class_name
+        self.module = module
         self.dtype = dtype_by_storage_class(class_name)
 
     def __repr__(self) -> str:
@@ -101,10 +106,13 @@ class PickleStub:
         object.__setattr__(obj, "state", None)
         object.__setattr__(obj, "items", [])
         object.__setattr__(obj, "dict_items", {})
+        object.__setattr__(obj, "called", False)
         return obj
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
+        # Only REDUCE (``cls(*args)``) runs __init__; NEWOBJ calls ``cls.__new__`` alone. Recording
+        # which one built the object lets a rename write the same opcodes back.
+        object.__setattr__(self, "called", True)
 
     def __setstate__(self, state: Any) -> None:
         object.__setattr__(self, "state", state)
@@ -146,7 +154,8 @@ def stub_class(module: str, name: str) -> type[PickleStub]:
 # --- the allowlisted constructors ----------------------------------------------------------------
 
 
-def _tensor_ref(storage: Any, offset: Any, size: Any, stride: Any, dtype: DType | None = None) -> TensorRef:
+def _tensor_ref(storage: Any, offset: Any, size: Any, stride: Any, dtype: DType | None = None,
+                requires_grad: Any = False) -> TensorRef:
     if not isinstance(storage, StorageRef):
         raise pickle.UnpicklingError("tensor rebuilt from something that is not a storage")
     return TensorRef(
@@ -155,24 +164,27 @@ def _tensor_ref(storage: Any, offset: Any, size: Any, stride: Any, dtype: DType 
         shape=tuple(int(s) for s in size),
         stride=tuple(int(s) for s in stride),
         dtype=dtype or storage.dtype,
+        requires_grad=requires_grad is True,
     )
 
 
-def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_: Any) -> TensorRef:
-    return _tensor_ref(storage, offset, size, stride)
+def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any = False,
+                    *_: Any) -> TensorRef:
+    return _tensor_ref(storage, offset, size, stride, requires_grad=requires_grad)
 
 
 def _rebuild_tensor_v3(
-    storage: Any, offset: Any, size: Any, stride: Any, _grad: Any, _hooks: Any, dtype: Any, *_: Any
+    storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any, _hooks: Any, dtype: Any, *_: Any
 ) -> TensorRef:
     if not isinstance(dtype, DType):
         raise pickle.UnpicklingError("tensor rebuilt with an unknown dtype")
-    return _tensor_ref(storage, offset, size, stride, dtype)
+    return _tensor_ref(storage, offset, size, stride, dtype, requires_grad)
 
 
-def _rebuild_parameter(data: Any, *_: Any) -> Any:
+def _rebuild_parameter(data: Any, requires_grad: Any = False, *_: Any) -> Any:
     if isinstance(data, TensorRef):
-        return TensorRef(data.storage, data.storage_offset, data.shape, data.stride, data.dtype, "Parameter")
+        return TensorRef(data.storage, data.storage_offset, data.shape, data.stride, data.dtype, "Parameter",
+                         requires_grad is True)
     return data
 
 
@@ -182,11 +194,9 @@ def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> An
         result = func(*args)
         if isinstance(result, TensorRef) and isinstance(new_type, type) and issubclass(new_type, PickleStub):
             return TensorRef(result.storage, result.storage_offset, result.shape, result.stride,
-                             result.dtype, new_type.qualname())
+                             result.dtype, new_type.qualname(), result.requires_grad)
         return result
-    stub = stub_class("torch._tensor", "_rebuild_from_type_v2")(func, new_type, args)
-    stub.__setstate__(state)
-    return stub
+    return stub_class("torch._tensor", "_rebuild_from_type_v2")(func, new_type, args, state)
 
 
 def _torch_size(*args: Any) -> tuple[int, ...]:
@@ -252,7 +262,7 @@ class SafeUnpickler(pickle.Unpickler):
             return _ALLOWED[key]
         if module in ("torch", "torch.storage", "torch.cuda") and name.endswith("Storage"):
             try:
-                return StorageType(name)
+                return StorageType(name, module)
             except CkptError:
                 return stub_class(module, name)
         if module == "torch":
@@ -269,7 +279,8 @@ class SafeUnpickler(pickle.Unpickler):
         storage_type, key, location, numel = pid[1], pid[2], pid[3], pid[4]
         if not isinstance(storage_type, StorageType):
             raise pickle.UnpicklingError(f"unknown storage type {storage_type!r}")
-        return StorageRef(key=str(key), dtype=storage_type.dtype, location=str(location), numel=int(numel))
+        return StorageRef(key=str(key), dtype=storage_type.dtype, location=str(location), numel=int(numel),
+                          storage_type=f"{storage_type.module}.{storage_type.class_name}")
 
 
 def safe_loads(data: bytes, extra_globals: dict[tuple[str, str], Any] | None = None) -> Any:

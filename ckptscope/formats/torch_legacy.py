@@ -41,6 +41,12 @@ class _RecordingUnpickler(SafeUnpickler):
 
 def read_legacy(path: Path) -> tuple[Any, dict[str, StoragePlacement], bool]:
     """Return (object, storage placements, big_endian) for a legacy torch file."""
+    obj, placements, big_endian, _ = read_legacy_stream(path)
+    return obj, placements, big_endian
+
+
+def read_legacy_stream(path: Path) -> tuple[Any, dict[str, StoragePlacement], bool, Any]:
+    """Like ``read_legacy``, plus the sys-info record (needed to write the stream back)."""
     seen: dict[str, StorageRef] = {}
     size = os.path.getsize(path)
     try:
@@ -75,7 +81,7 @@ def read_legacy(path: Path) -> tuple[Any, dict[str, StoragePlacement], bool]:
         raise CkptError(f"cannot read: {exc.strerror or exc}", path) from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError) as exc:
         raise CkptError(f"corrupt legacy torch file: {type(exc).__name__}: {exc}", path) from None
-    return obj, placements, big_endian
+    return obj, placements, big_endian, sys_info
 
 
 @register_reader

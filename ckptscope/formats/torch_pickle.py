@@ -129,14 +129,10 @@ def _stub_children(stub: PickleStub) -> dict[str, Any]:
     return children
 
 
-def flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """Yield ``(dotted name, leaf)``: leaves are TensorRefs, or whole subtrees holding no tensor.
-
-    Nested dicts keep their full path (``model.decoder.layers.0...``), so a state dict stored
-    under ``model``/``state_dict``/``module`` is shown where it actually is.
-    """
+def flatten_paths(value: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Yield ``(key path, leaf)``: leaves are TensorRefs, or whole subtrees holding no tensor."""
     if isinstance(value, TensorRef):
-        yield prefix, value
+        yield path, value
         return
     children: dict[str, Any] | None = None
     if _contains_tensor(value):
@@ -147,10 +143,20 @@ def flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         elif isinstance(value, PickleStub):
             children = _stub_children(value)
     if children is None:
-        yield prefix, value
+        yield path, value
         return
     for key, child in children.items():
-        yield from flatten(child, f"{prefix}.{key}" if prefix else key)
+        yield from flatten_paths(child, (*path, key))
+
+
+def flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Yield ``(dotted name, leaf)``: leaves are TensorRefs, or whole subtrees holding no tensor.
+
+    Nested dicts keep their full path (``model.decoder.layers.0...``), so a state dict stored
+    under ``model``/``state_dict``/``module`` is shown where it actually is.
+    """
+    for path, leaf in flatten_paths(value, (prefix,) if prefix else ()):
+        yield ".".join(path), leaf
 
 
 def tensor_meta(name: str, ref: TensorRef, file: str, placement: StoragePlacement | None, *,

@@ -33,7 +33,8 @@ class FileAction:
     path: str
     """Relative to the destination root (the file name for single-file checkpoints)."""
     action: str
-    """``rewrite-header`` (tensor bytes copied verbatim), ``copy``, ``link`` (hard link, else copy),
+    """``rewrite-header`` / ``rewrite-pickle`` (a new header or pickle, tensor bytes copied
+    verbatim), ``copy``, ``link`` (hard link, else copy),
     ``regenerate`` (an index or metadata file rebuilt from the new names), ``omit``."""
     tensors: int = 0
     nbytes: int = 0
@@ -86,7 +87,7 @@ class RenameWriter(Protocol):
 
     def write_file(self, plan: RenamePlan, action: FileAction, src: Path, out: Path,
                    advance: Callable[[int], None]) -> dict[str, str]:
-        """Write one ``rewrite-header`` file; return {new name: file} for the tensors it holds."""
+        """Write one ``rewrite-*`` file; return {new name: file} for the tensors it holds."""
 
     def regenerate(self, plan: RenamePlan, action: FileAction, src: Path, out: Path,
                    written: Mapping[str, str]) -> None:
@@ -102,11 +103,19 @@ def register_rename_writer(writer: RenameWriter) -> RenameWriter:
 
 
 def _writer_for(index: CheckpointIndex, src: Path) -> RenameWriter:
+    """The first registered writer for this format whose ``check`` accepts the checkpoint."""
     _load_builtin_writers()
+    refusal: CkptError | None = None
     for writer in _WRITERS:
         if index.format in writer.formats:
-            writer.check(index, src)
+            try:
+                writer.check(index, src)
+            except CkptError as exc:
+                refusal = refusal or exc
+                continue
             return writer
+    if refusal is not None:
+        raise refusal
     supported = sorted({f for w in _WRITERS for f in w.formats})
     raise CkptError(f"rename does not support {index.format} checkpoints yet (supported: {', '.join(supported)})",
                     src)
@@ -159,7 +168,7 @@ def execute_rename(plan: RenamePlan, progress: Progress | None = None, *, worker
         def write_one(action: FileAction) -> None:
             src_file, out_file = locate(action)
             out_file.parent.mkdir(parents=True, exist_ok=True)
-            if action.action == "rewrite-header":
+            if action.action.startswith("rewrite"):
                 placed = writer.write_file(plan, action, src_file, out_file, advance)
                 with lock:
                     written.update(placed)
@@ -172,7 +181,7 @@ def execute_rename(plan: RenamePlan, progress: Progress | None = None, *, worker
                 shutil.copy2(src_file, out_file)
             advance(action.nbytes)
 
-        jobs = [a for a in plan.files if a.action in ("rewrite-header", "copy", "link")]
+        jobs = [a for a in plan.files if a.action.startswith("rewrite") or a.action in ("copy", "link")]
         with ThreadPoolExecutor(max_workers=workers or min(4, len(jobs) or 1)) as pool:
             for future in [pool.submit(write_one, a) for a in jobs]:
                 future.result()
@@ -191,4 +200,4 @@ def _load_builtin_writers() -> None:
     if _loaded:
         return
     _loaded = True
-    from ckptscope.ops import rename_safetensors  # noqa: F401
+    from ckptscope.ops import rename_safetensors, rename_torch  # noqa: F401

@@ -40,10 +40,7 @@ class SafetensorsRenameWriter:
             nbytes = sum(index.tensors[n].nbytes for n in kept)
             actions.append(FileAction(file, "rewrite-header" if kept else "omit", len(kept), nbytes))
         if index.format == "hf":
-            for info in index.files:
-                if info.path not in by_file:
-                    action = "regenerate" if info.role == "index" else "copy"
-                    actions.append(FileAction(info.path, action, 0, 0 if action == "regenerate" else info.size))
+            actions += hf_side_files(index, set(by_file))
         return actions
 
     def write_file(self, plan: RenamePlan, action: FileAction, src: Path, out: Path,
@@ -55,17 +52,31 @@ class SafetensorsRenameWriter:
 
     def regenerate(self, plan: RenamePlan, action: FileAction, src: Path, out: Path,
                    written: Mapping[str, str]) -> None:
-        """Regenerate ``weight_map`` from what was written; keep the rest of the index metadata."""
-        data = json.loads(src.read_text(encoding="utf-8"))
-        if not isinstance(data, dict) or "weight_map" not in data:
-            shutil.copy2(src, out)
-            return
-        metadata = dict(data.get("metadata") or {})
-        if "total_size" in metadata:
-            metadata["total_size"] = sum(plan.nbytes[old] for old in plan.new_names())
-        data["metadata"] = metadata
-        data["weight_map"] = dict(sorted(written.items()))
-        out.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        regenerate_hf_index(plan, src, out, written)
+
+
+def hf_side_files(index: CheckpointIndex, data_files: set[str]) -> list[FileAction]:
+    """Every non-weight file of an HF directory: the index is regenerated, the rest copied."""
+    actions = []
+    for info in index.files:
+        if info.path not in data_files:
+            action = "regenerate" if info.role == "index" else "copy"
+            actions.append(FileAction(info.path, action, 0, 0 if action == "regenerate" else info.size))
+    return actions
+
+
+def regenerate_hf_index(plan: RenamePlan, src: Path, out: Path, written: Mapping[str, str]) -> None:
+    """Regenerate ``weight_map`` from what was written; keep the rest of the index metadata."""
+    data = json.loads(src.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or "weight_map" not in data:
+        shutil.copy2(src, out)
+        return
+    metadata = dict(data.get("metadata") or {})
+    if "total_size" in metadata:
+        metadata["total_size"] = sum(plan.nbytes[old] for old in plan.new_names())
+    data["metadata"] = metadata
+    data["weight_map"] = dict(sorted(written.items()))
+    out.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
 register_rename_writer(SafetensorsRenameWriter())

@@ -1,0 +1,200 @@
+"""Write a torch pickle back from the safely-parsed object tree, storages copied byte for byte.
+
+This is how a torch file is renamed without trusting it: the tree from the stub unpickler
+(dicts, TensorRefs, stubs) is pickled again with the same globals and opcodes it was read with
+(stubs remember their module, name, constructor arguments and state), and every storage record
+is copied verbatim from the source. Zip files are written with torch's own zip writer so the
+result loads with ``torch.load`` (including ``mmap=True``); legacy files get the legacy stream.
+Writing imports torch; reading never does.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import os
+import pickle
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ckptscope.core.dtypes import DType
+from ckptscope.core.errors import CkptError
+from ckptscope.formats.safe_pickle import PickleStub, StorageRef, TensorRef
+from ckptscope.formats.torch_pickle import StoragePlacement
+
+
+class GlobalRef:
+    """A module-level name to write as a pickle GLOBAL without importing it."""
+
+    __slots__ = ("module", "name")
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.name = module, name
+
+
+_REBUILD_V2 = GlobalRef("torch._utils", "_rebuild_tensor_v2")
+_REBUILD_V3 = GlobalRef("torch._utils", "_rebuild_tensor_v3")
+_REBUILD_PARAMETER = GlobalRef("torch._utils", "_rebuild_parameter")
+
+
+class _RePickler(pickle._Pickler):  # the pure-Python pickler lets us intercept every object
+    def __init__(self, file: BinaryIO, *, legacy: bool) -> None:
+        super().__init__(file, protocol=2)
+        self._legacy = legacy
+        self.storages: dict[str, StorageRef] = {}
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, StorageRef):
+            self.storages.setdefault(obj.key, obj)
+            module, _, name = obj.storage_type.rpartition(".")
+            pid = ("storage", GlobalRef(module, name), obj.key, obj.location, obj.numel)
+            return (*pid, None) if self._legacy else pid
+        return None
+
+    def save(self, obj: Any, save_persistent_id: bool = True) -> None:
+        if isinstance(obj, (GlobalRef, DType)) or (isinstance(obj, type) and issubclass(obj, PickleStub)):
+            self._save_global_ref(obj)
+        elif isinstance(obj, TensorRef):
+            self._save_tensor(obj)
+        elif isinstance(obj, PickleStub):
+            self._save_stub(obj)
+        else:
+            super().save(obj, save_persistent_id)
+
+    def _memo_hit(self, obj: Any) -> bool:
+        entry = self.memo.get(id(obj))
+        if entry is not None:
+            self.write(self.get(entry[0]))
+            return True
+        return False
+
+    def _save_global_ref(self, obj: Any) -> None:
+        if self._memo_hit(obj):
+            return
+        if isinstance(obj, DType):
+            module, name = "torch", obj.name
+        elif isinstance(obj, GlobalRef):
+            module, name = obj.module, obj.name
+        else:
+            module, name = obj.stub_module, obj.stub_name
+        self.write(pickle.GLOBAL + module.encode("utf-8") + b"\n" + name.encode("utf-8") + b"\n")
+        self.memoize(obj)
+
+    def _save_tensor(self, ref: TensorRef) -> None:
+        if self._memo_hit(ref):
+            return
+        if ref.kind not in ("Tensor", "Parameter") or ref.storage is None:
+            raise CkptError(f"cannot re-write a {ref.kind} tensor (tensor subclasses are not supported)")
+        if ref.kind == "Parameter":
+            self.save(_REBUILD_PARAMETER)
+            self.write(pickle.MARK)
+            self._save_plain_tensor(ref)
+            self.save(ref.requires_grad)
+            self.save(collections.OrderedDict())
+            self.write(pickle.TUPLE + pickle.REDUCE)
+        else:
+            self._save_plain_tensor(ref)
+        self.memoize(ref)
+
+    def _save_plain_tensor(self, ref: TensorRef) -> None:
+        untyped = ref.storage is not None and ref.storage.storage_type.endswith("UntypedStorage")
+        self.save(_REBUILD_V3 if untyped else _REBUILD_V2)
+        args: tuple[Any, ...] = (ref.storage, ref.storage_offset, tuple(ref.shape), tuple(ref.stride),
+                                 ref.requires_grad, collections.OrderedDict())
+        if untyped:
+            args += (ref.dtype,)
+        self.save(args)
+        self.write(pickle.REDUCE)
+
+    def _save_stub(self, stub: PickleStub) -> None:
+        if self._memo_hit(stub):
+            return
+        if stub.kwargs:
+            raise CkptError(f"cannot re-write {type(stub).qualname()} (keyword construction)")
+        self.save(type(stub))
+        self.save(tuple(stub.args))
+        self.write(pickle.REDUCE if stub.called else pickle.NEWOBJ)
+        self.memoize(stub)
+        if stub.items:
+            self.write(pickle.MARK)
+            for item in stub.items:
+                self.save(item)
+            self.write(pickle.APPENDS)
+        if stub.dict_items:
+            self.write(pickle.MARK)
+            for key, value in stub.dict_items.items():
+                self.save(key)
+                self.save(value)
+            self.write(pickle.SETITEMS)
+        if stub.state is not None:
+            self.save(stub.state)
+            self.write(pickle.BUILD)
+
+
+def repickle(obj: Any, *, legacy: bool = False) -> tuple[bytes, dict[str, StorageRef]]:
+    """Pickle ``obj`` as torch would; returns the bytes and the storages it refers to."""
+    buf = io.BytesIO()
+    pickler = _RePickler(buf, legacy=legacy)
+    pickler.dump(obj)
+    return buf.getvalue(), pickler.storages
+
+
+def write_torch_zip(obj: Any, src: Path, placements: dict[str, StoragePlacement], dst: Path) -> int:
+    """Write ``obj`` as a torch.save zip; storage bytes come verbatim from ``src``. Returns bytes copied."""
+    import numpy as np
+    import torch
+
+    data, storages = repickle(obj)
+    writer = torch._C.PyTorchFileWriter(str(dst))
+    copied = 0
+    with open(src, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        # Copy-on-write map: writable for torch.frombuffer, yet the source file can never change.
+        source = np.memmap(handle, dtype=np.uint8, mode="c", shape=(size,)) if size else None
+        writer.write_record("data.pkl", data, len(data))
+        writer.write_record(".format_version", "1", 1)
+        writer.write_record(".storage_alignment", "64", 2)
+        writer.write_record("byteorder", "little", len("little"))
+        for key in sorted(storages, key=lambda k: (len(k), k)):
+            placement = placements.get(key)
+            if placement is None:
+                raise CkptError(f"storage {key} is referenced but not stored", src)
+            if placement.length and source is not None:
+                view = source[placement.offset:placement.offset + placement.length]
+                storage = torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
+                writer.write_record(f"data/{key}", storage, placement.length)
+            else:
+                writer.write_record(f"data/{key}", b"", 0)
+            copied += placement.length
+        writer.write_end_of_file()
+        del source
+    return copied
+
+
+MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
+PROTOCOL_VERSION = 1001
+
+
+def write_torch_legacy(obj: Any, src: Path, placements: dict[str, StoragePlacement], dst: Path,
+                       sys_info: Any, copy_range: Any) -> int:
+    """Write the pre-1.6 stream: magic, protocol, sys info, object, keys, then each storage record."""
+    data, storages = repickle(obj, legacy=True)
+    keys = sorted(storages)
+    copied = 0
+    with open(dst, "wb", buffering=0) as out:
+        for value in (MAGIC_NUMBER, PROTOCOL_VERSION, sys_info):
+            out.write(pickle.dumps(value, protocol=2))
+        out.write(data)
+        out.write(pickle.dumps(keys, protocol=2))
+        for key in keys:
+            placement = placements[key]
+            out.write(struct.pack("<q", storages[key].numel))
+            copy_range(src, out, placement.offset, placement.length)
+            copied += placement.length
+    return copied
+
+
+def referenced_storages(refs: Iterable[TensorRef]) -> set[str]:
+    return {r.storage.key for r in refs if r.storage is not None}
