@@ -200,4 +200,4 @@ def _load_builtin_writers() -> None:
     if _loaded:
         return
     _loaded = True
-    from ckptscope.ops import rename_safetensors, rename_torch  # noqa: F401
+    from ckptscope.ops import rename_dcp, rename_safetensors, rename_torch  # noqa: F401
