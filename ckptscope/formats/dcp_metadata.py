@@ -179,8 +179,8 @@ def _storage(info: Any, path: Path) -> StorageInfo:
     return StorageInfo(rel, offset, length, tuple(str(t) for t in transforms) if isinstance(transforms, (list, tuple)) else ())
 
 
-def load_dcp_metadata(path: Path) -> DcpMetadata:
-    """Unpickle and validate ``path`` (a ``.metadata`` file). Raises ``CkptError`` on anything odd."""
+def load_metadata_record(path: Path) -> MetadataRecord:
+    """The safely unpickled ``.metadata`` as records (no torch, nothing executed)."""
     try:
         with open(path, "rb") as handle:
             raw = safe_load(io.BufferedReader(handle), DCP_GLOBALS)
@@ -193,6 +193,12 @@ def load_dcp_metadata(path: Path) -> DcpMetadata:
     if not isinstance(raw, MetadataRecord):
         kind = type(raw).qualname() if isinstance(raw, PickleStub) else type(raw).__name__
         raise CkptError(f"not a DCP .metadata pickle: it holds {kind}, not Metadata", path)
+    return raw
+
+
+def load_dcp_metadata(path: Path) -> DcpMetadata:
+    """Unpickle and validate ``path`` (a ``.metadata`` file). Raises ``CkptError`` on anything odd."""
+    raw = load_metadata_record(path)
     state = field_of(raw, "state_dict_metadata")
     if not isinstance(state, dict):
         raise CkptError("bad DCP metadata: state_dict_metadata is missing", path)

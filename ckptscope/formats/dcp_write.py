@@ -25,7 +25,6 @@ What is carried over and why:
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 from collections.abc import Mapping
@@ -35,34 +34,18 @@ from typing import Any
 from ckptscope.core.dtypes import DType
 from ckptscope.core.errors import CkptError
 from ckptscope.formats.dcp_metadata import (
-    DCP_GLOBALS,
     BytesStorageRecord,
     MetadataRecord,
     StorageMetaRecord,
     TensorStorageRecord,
     field_of,
+    load_metadata_record,
 )
-from ckptscope.formats.safe_pickle import PickleStub, safe_load
+from ckptscope.formats.safe_pickle import PickleStub
 
 PathPart = str | int
 _PLAIN = (str, int, float, bool, type(None))
 _DROPPED_EXTRAS = {"all_local_plans"}
-
-
-def load_metadata_record(path: Path) -> MetadataRecord:
-    """The safely unpickled ``.metadata`` as records (no torch, nothing executed)."""
-    try:
-        with open(path, "rb") as handle:
-            raw = safe_load(io.BufferedReader(handle), DCP_GLOBALS)
-    except CkptError:
-        raise
-    except OSError as exc:
-        raise CkptError(f"cannot read: {exc.strerror or exc}", path) from None
-    except Exception as exc:  # noqa: BLE001 - malformed pickle: report, never execute
-        raise CkptError(f"not a DCP .metadata pickle: {type(exc).__name__}: {exc}", path) from None
-    if not isinstance(raw, MetadataRecord):
-        raise CkptError("not a DCP .metadata pickle: it does not hold Metadata", path)
-    return raw
 
 
 def planner_paths(raw: MetadataRecord) -> dict[str, tuple[PathPart, ...]] | None:
