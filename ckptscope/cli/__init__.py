@@ -24,10 +24,42 @@ def _fail(message: str) -> "None":
     sys.exit(EXIT_TROUBLE)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class PathDefaultGroup(click.Group):
+    """``ckptscope PATH`` means ``ckptscope open PATH``: a first argument that is not a command but
+    is a path (exists, or has a slash) opens the TUI (posting's DefaultGroup habit, without the
+    extra dependency). Anything else is still a command name, so typos get click's message."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        first = args[0] if args else ""
+        if first and first not in self.commands and not first.startswith("-") and (
+                os.path.lexists(first) or os.sep in first):  # a path, even a wrong one: say so on screen
+            args = ["open", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=PathDefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ckptscope")
 def cli() -> None:
-    """See inside training checkpoints (safetensors, HF dirs, torch files, ...)."""
+    """See inside training checkpoints (safetensors, HF dirs, torch files, ...).
+
+    `ckptscope PATH` is short for `ckptscope open PATH`.
+    """
+
+
+@cli.command("open")
+@click.argument("path", type=click.Path(path_type=str))
+@click.option("--trust-pickle", is_flag=True,
+              help="Load pickles with real torch.load(weights_only=False). Runs code from the file: only for files you trust.")
+@click.option("--light", is_flag=True, help="Start with the light theme (ctrl+t toggles).")
+def open_(path: str, trust_pickle: bool, light: bool) -> None:
+    """Browse a checkpoint in the terminal: tensor tree, shard layout, stats, values, objects."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise CkptError("`ckptscope open` needs an interactive terminal; use `ckptscope inspect` in scripts")
+    from ckptscope.tui import run_tui  # lazy: only this command imports textual
+
+    code = run_tui(path, trust_pickle=trust_pickle, theme="ckptscope-light" if light else None)
+    if code:
+        sys.exit(code)
 
 
 @cli.command()
@@ -75,3 +107,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         if os.environ.get("CKPTSCOPE_DEBUG"):
             raise
         _fail(f"internal error: {type(exc).__name__}: {exc} (set CKPTSCOPE_DEBUG=1 for a traceback)")
+
+
+def _register_commands() -> None:
+    from ckptscope.cli.rename_cmd import rename
+
+    cli.add_command(rename)
+
+
+_register_commands()

@@ -1,0 +1,34 @@
+"""The Textual browser (``ckptscope open PATH``). Imported only by the ``open`` command.
+
+Only this package imports textual; the back-end (core, formats, ops) never does. Importing
+this package itself does not import textual either, so ``ckptscope --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckptscope.tui.app import CkptScopeApp
+
+__all__ = ["make_app", "run_tui"]
+
+
+def make_app(path: str | os.PathLike[str], **kwargs: Any) -> CkptScopeApp:
+    """The app for ``path`` (see ``ckptscope.tui.app.make_app`` for the options)."""
+    from ckptscope.tui.app import make_app as _make
+
+    return _make(path, **kwargs)
+
+
+def run_tui(path: str | os.PathLike[str], *, trust_pickle: bool = False, theme: str | None = None) -> int:
+    """Run the app in the terminal; returns the exit code (2 when the path could not be opened)."""
+    app = make_app(path, trust_pickle=trust_pickle, theme=theme)
+    app.run()
+    if app.error_reason:
+        import sys
+
+        print(f"ckptscope: error: {app.error_reason}", file=sys.stderr)
+        return 2
+    return app.return_code or 0

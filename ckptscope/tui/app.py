@@ -1,0 +1,108 @@
+"""The ckptscope Textual app: themes, global keys, palette, error screen; browsing is a screen.
+
+``make_app`` is the one factory used by the CLI, the tests, the screenshot script and the bench
+(posting's ``make_posting`` habit), so they all run the same app.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import ClassVar
+
+from textual.app import App
+from textual.binding import Binding, BindingType
+from textual.theme import Theme
+
+from ckptscope.tui.commands import CkptCommands
+from ckptscope.tui.screens.browse import BrowseScreen
+from ckptscope.tui.screens.error import ErrorScreen
+
+DARK = Theme(
+    name="ckptscope-dark", primary="#5fafd7", secondary="#af87d7", accent="#d7875f", warning="#d7af5f",
+    error="#d75f5f", success="#87af5f", background="#1b1d23", surface="#22252c", panel="#2b2f38", dark=True,
+)
+LIGHT = Theme(
+    name="ckptscope-light", primary="#1f6fa8", secondary="#7a4fb0", accent="#b5561f", warning="#a67c00",
+    error="#b03030", success="#3d7a2a", background="#f7f7f4", surface="#ecece8", panel="#e0e0da", dark=False,
+)
+
+
+def keymap_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "ckptscope" / "keymap.toml"
+
+
+def load_keymap(path: Path | None = None) -> dict[str, str]:
+    """``[keymap]`` table of binding id -> keys; a broken file is ignored (keys still work)."""
+    path = path or keymap_path()
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        return {}
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    table = data.get("keymap", {})
+    return {str(k): str(v) for k, v in table.items()} if isinstance(table, dict) else {}
+
+
+class CkptScopeApp(App[None]):
+    """Opens one path; shows an error screen (exit code 2) instead of a traceback when it cannot."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "ckptscope"
+    COMMANDS = App.COMMANDS | {CkptCommands}
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "quit", id="app.quit", tooltip="Quit ckptscope"),
+        Binding("question_mark", "help", "help", id="app.help", tooltip="Show every key and its id"),
+        Binding("ctrl+p", "command_palette", "palette", show=False, id="app.palette", priority=True,
+                tooltip="Open the command palette"),
+        Binding("ctrl+t", "toggle_dark", "theme", show=False, id="app.theme",
+                tooltip="Toggle the light and dark theme"),
+    ]
+
+    def __init__(self, path: str, *, trust_pickle: bool = False, theme: str | None = None,
+                 keymap: dict[str, str] | None = None) -> None:
+        super().__init__()
+        self.path = path
+        self.trust_pickle = trust_pickle
+        self.error_reason: str | None = None
+        """Set when the path could not be opened; the CLI prints it after the app exits."""
+        self.register_theme(DARK)
+        self.register_theme(LIGHT)
+        self.theme = theme or "ckptscope-dark"
+        self._user_keymap = load_keymap() if keymap is None else keymap
+
+    def on_mount(self) -> None:
+        if self._user_keymap:
+            self.set_keymap(self._user_keymap)
+        self.push_screen(BrowseScreen(self.path, trust_pickle=self.trust_pickle))
+
+    def show_error(self, path: str, reason: str) -> None:
+        """Replace whatever is shown with the error screen; quitting then exits with code 2."""
+        self.error_reason = reason
+        if len(self.screen_stack) > 1:
+            self.switch_screen(ErrorScreen(path, reason))
+        else:
+            self.push_screen(ErrorScreen(path, reason))
+
+    def action_help(self) -> None:
+        from ckptscope.tui.screens.help import HelpScreen
+
+        if isinstance(self.screen, HelpScreen):
+            self.screen.dismiss()
+            return
+        self.push_screen(HelpScreen(self.screen))
+
+    def action_toggle_dark(self) -> None:
+        self.theme = LIGHT.name if self.theme == DARK.name else DARK.name
+
+    async def action_quit(self) -> None:
+        self.exit(return_code=2 if self.error_reason else 0)
+
+
+def make_app(path: str | os.PathLike[str], *, trust_pickle: bool = False, theme: str | None = None,
+             keymap: dict[str, str] | None = None) -> CkptScopeApp:
+    return CkptScopeApp(str(path), trust_pickle=trust_pickle, theme=theme, keymap=keymap)

@@ -1,0 +1,56 @@
+"""What the browse screen's index worker does, as one plain function (no widgets, no Textual).
+
+Everything slow about opening a path happens here, on the worker thread: iteration discovery,
+the reader's index, the module tree, and the header's totals (three passes over every tensor,
+too slow to redo on the UI thread for 20k tensors).
+
+(Starting this before Textual is imported was measured and does not pay: the GIL serialises
+the two, and the first frame comes ~2x later for no gain in time to a usable tree.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckptscope.core.index import CheckpointIndex
+    from ckptscope.formats.base import CheckpointReader
+    from ckptscope.ops.roots import IterationInfo
+    from ckptscope.ops.tree import TreeNode
+
+
+@dataclass
+class Opened:
+    """What opening a path produced: iterations of a save root, or a reader with index and tree."""
+
+    iterations: list[IterationInfo] | None = None
+    reader: CheckpointReader | None = None
+    index: CheckpointIndex | None = None
+    tree: TreeNode | None = None
+    header: Any = None
+    """The header's Rich renderable, built off the UI thread."""
+    seconds: float = 0.0
+
+
+def open_path(path: str | Path, *, trust_pickle: bool = False, discover: bool = True) -> Opened:
+    """Discover iterations, or open the checkpoint and build its tree. Raises ``CkptError``."""
+    import time
+
+    from ckptscope.formats import open_checkpoint
+    from ckptscope.ops.roots import discover_iterations
+    from ckptscope.ops.tree import build_tree
+
+    start = time.perf_counter()
+    if discover:
+        found = discover_iterations(path)
+        if found is not None:
+            return Opened(iterations=found, seconds=time.perf_counter() - start)
+    reader = open_checkpoint(path, trust_pickle=trust_pickle)
+    index = reader.index()
+    tree = build_tree(index.tensors.values())
+    from ckptscope.tui.widgets.summary_header import summary_renderable
+
+    return Opened(reader=reader, index=index, tree=tree, header=summary_renderable(index),
+                  seconds=time.perf_counter() - start)

@@ -1,0 +1,1 @@
+"""Screens orchestrate widgets and run the workers that call ``ops``."""

@@ -1,0 +1,460 @@
+"""The main screen: header, lazy module tree on the left, tabs for the selected tensor on the right.
+
+The screen owns the reader and every worker that touches it (index load, filter, stats, value
+peek). Workers post past-tense messages; the handlers here update widgets. Nothing blocking
+runs on the UI thread, so the window appears at once and stays responsive on 20k tensors.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.cache import LRUCache
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.timer import Timer
+from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
+from textual.worker import Worker, WorkerState, get_current_worker
+
+from ckptscope.core.errors import CkptError
+from ckptscope.core.tensor import TensorMeta
+from ckptscope.tui.filtering import filter_tensors, leaf_chains
+from ckptscope.tui.messages import (
+    FilterApplied,
+    IndexLoaded,
+    IterationsDiscovered,
+    OpenFailed,
+    StatsComputed,
+    ValuesPeeked,
+)
+from ckptscope.tui.widgets.files_table import FilesTable
+from ckptscope.tui.widgets.filter_bar import FilterBar
+from ckptscope.tui.widgets.objects_table import ObjectsTable
+from ckptscope.tui.widgets.shard_map import ShardMap
+from ckptscope.tui.widgets.stats_view import StatsView
+from ckptscope.tui.widgets.summary_header import SummaryHeader
+from ckptscope.tui.widgets.tensor_detail import TensorDetail
+from ckptscope.tui.widgets.tensor_tree import Entry, TensorTree
+from ckptscope.tui.widgets.values_view import ValuesView
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckptscope.core.index import CheckpointIndex
+    from ckptscope.formats.base import CheckpointReader
+    from ckptscope.ops.stats import TensorStats, ValuePeek
+    from ckptscope.ops.tree import TreeNode
+
+FILTER_DELAY = 0.12
+"""Seconds of typing pause before the filter runs (live narrowing without a rebuild per key)."""
+CACHE_SIZE = 512
+"""Stats and value peeks kept per screen (bounded, as toolong bounds its caches)."""
+REVEAL_ALL_UNDER = 60
+"""Filter results with at most this many leaves are expanded fully."""
+
+
+class BrowseScreen(Screen[None]):
+    """Browse one checkpoint (or offer the iterations of a save root first)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("slash", "open_filter", "filter", id="browse.filter", tooltip="Filter tensors by substring or glob"),
+        Binding("escape", "close_filter", "clear filter", show=False, id="browse.clear_filter",
+                tooltip="Clear the filter and show every tensor"),
+        Binding("n", "next_match", "next match", id="browse.next_match", tooltip="Jump to the next filter match"),
+        Binding("N", "prev_match", "prev match", show=False, id="browse.prev_match",
+                tooltip="Jump to the previous filter match"),
+        Binding("s", "stats", "stats", id="browse.stats",
+                tooltip="Compute min/max/mean/std/NaN/Inf and a histogram of the tensor (cached)"),
+        Binding("v", "values", "values", id="browse.values", tooltip="Show the top-left corner of the tensor"),
+        Binding("t", "show_tab('tensor')", "tensor", id="browse.tensor",
+                tooltip="Tensor details and shard layout"),
+        Binding("o", "show_tab('objects')", "objects", id="browse.objects",
+                tooltip="Args, iteration, rng, optimizer groups, metadata"),
+        Binding("f", "show_tab('files')", "files", show=False, id="browse.files", tooltip="Files of the checkpoint"),
+        Binding("e", "expand_all", "expand all", show=False, id="browse.expand_all",
+                tooltip="Expand the tree a few levels"),
+        Binding("c", "collapse_all", "collapse all", show=False, id="browse.collapse_all",
+                tooltip="Collapse the whole tree"),
+        Binding("left_square_bracket", "panel(-1)", "prev panel", show=False, id="browse.prev_panel",
+                tooltip="Shard map: previous block of the leading axes"),
+        Binding("right_square_bracket", "panel(1)", "next panel", show=False, id="browse.next_panel",
+                tooltip="Shard map: next block of the leading axes"),
+        Binding("i", "iterations", "iterations", show=False, id="browse.iterations",
+                tooltip="Pick another iteration of this save directory"),
+        Binding("y", "copy_name", "copy name", show=False, id="browse.copy_name",
+                tooltip="Copy the tensor name to the clipboard"),
+        # Room for the ops screens; each op's issue adds its screen behind these ids.
+        Binding("D", "op('diff')", "diff with…", show=False, id="ops.diff",
+                tooltip="Compare this checkpoint with another"),
+        Binding("C", "op('convert')", "convert/merge…", show=False, id="ops.convert",
+                tooltip="Convert or merge checkpoints"),
+        Binding("R", "op('rename')", "rename…", show=False, id="ops.rename", tooltip="Rename tensors by rules"),
+    ]
+
+    def __init__(self, path: str, *, trust_pickle: bool = False, discover: bool = True) -> None:
+        super().__init__()
+        self.path = path
+        self.trust_pickle = trust_pickle
+        self.discover = discover
+        """Look for iterations first (a save root); off once the user picked one."""
+        self.reader: CheckpointReader | None = None
+        self.index: CheckpointIndex | None = None
+        self.module_tree: TreeNode | None = None
+        self.iterations_root: str | None = None
+        self.current: TensorMeta | None = None
+        self.load_seconds: float | None = None
+        self._stats: LRUCache[str, TensorStats] = LRUCache(CACHE_SIZE)
+        self._peeks: LRUCache[str, ValuePeek] = LRUCache(CACHE_SIZE)
+        self._leaves: list[list[TreeNode]] = []
+        self._match = -1
+        self._filter_timer: Timer | None = None
+        self._pattern = ""
+
+    # --- layout ------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield SummaryHeader(self.path, id="summary")
+        with Horizontal(id="main"):
+            with Vertical(id="left"):
+                yield TensorTree(id="tree")
+                yield Static("", id="filter-status")
+                yield FilterBar(id="filter")
+            with TabbedContent(id="tabs", initial="tensor"):
+                with TabPane("Tensor", id="tensor"):
+                    yield TensorDetail(id="detail")
+                with TabPane("Stats", id="stats"), VerticalScroll():
+                    yield StatsView(id="stats-view")
+                with TabPane("Values", id="values"), VerticalScroll():
+                    yield ValuesView(id="values-view")
+                with TabPane("Objects", id="objects"):
+                    yield ObjectsTable(id="objects-table")
+                with TabPane("Files", id="files"):
+                    yield FilesTable(id="files-table")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(TensorTree).loading = True
+        self.query_one(StatsView).show_hint(None)
+        self.query_one(ValuesView).show_hint(None)
+        # Start reading after the first frame is painted: the worker then shares the GIL with an
+        # idle UI instead of the first layout, and the window appears sooner.
+        self.call_after_refresh(self._open, self.path, self.discover)
+
+    def on_unmount(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+
+    # --- loading -----------------------------------------------------------------------------
+
+    def load(self, path: str) -> None:
+        """Open another path (an iteration picked from the save root) in this screen."""
+        if self.reader is not None:
+            self.reader.close()
+        self.path, self.reader, self.index, self.module_tree, self.current = path, None, None, None, None
+        self._stats.clear()
+        self._peeks.clear()
+        self.query_one(SummaryHeader).show(None, path=path)
+        self.query_one(TensorTree).loading = True
+        self._open(path, False)
+
+    @work(thread=True, exclusive=True, group="index", exit_on_error=False, description="reading the index")
+    def _open(self, path: str, discover: bool) -> None:
+        from ckptscope.tui.opening import open_path
+
+        try:
+            opened = open_path(path, trust_pickle=self.trust_pickle, discover=discover)
+        except CkptError as exc:
+            self.post_message(OpenFailed(path, str(exc)))
+            return
+        if get_current_worker().is_cancelled:
+            return
+        if opened.iterations is not None:
+            self.post_message(IterationsDiscovered(path, opened.iterations))
+        else:
+            assert opened.reader is not None and opened.index is not None and opened.tree is not None
+            self.post_message(IndexLoaded(opened.reader, opened.index, opened.tree, opened.header, opened.seconds))
+
+    @on(IndexLoaded)
+    def _index_loaded(self, message: IndexLoaded) -> None:
+        self.reader, self.index, self.module_tree = message.reader, message.index, message.tree
+        self.load_seconds = message.seconds
+        self.query_one(SummaryHeader).show(message.index, message.header)
+        tree = self.query_one(TensorTree)
+        tree.show_tree(message.tree)
+        if len(message.tree.folded_children()) <= 3:
+            tree.expand_to_depth(1)
+        tree.loading = False
+        pending = self.query_one(FilterBar).value
+        if pending.strip():  # typed while the index was loading
+            self._apply_filter(pending)
+        else:
+            tree.focus()
+        self.query_one(ObjectsTable).show(message.index)
+        self.query_one(FilesTable).show(message.index)
+        self.query_one(TabbedContent).get_tab("objects").label = f"Objects ({len(message.index.objects)})"
+        if not message.index.tensors:
+            self.query_one(TensorDetail).show(None)
+            self.notify("This checkpoint holds no tensors.", severity="warning")
+
+    @on(IterationsDiscovered)
+    def _iterations_discovered(self, message: IterationsDiscovered) -> None:
+        from ckptscope.tui.screens.iterations import IterationPickerScreen
+
+        self.iterations_root = message.root
+
+        def picked(path: str | None) -> None:
+            if path is None:
+                if self.index is None:
+                    self.app.exit()
+                return
+            self.load(path)
+
+        self.app.push_screen(IterationPickerScreen(message.root, message.iterations), picked)
+
+    @on(OpenFailed)
+    def _open_failed(self, message: OpenFailed) -> None:
+        self.app.show_error(message.path, message.reason)  # type: ignore[attr-defined]
+
+    @on(Worker.StateChanged)
+    def _worker_changed(self, event: Worker.StateChanged) -> None:
+        """The one error path for workers: a bug in a worker becomes a message, not a traceback."""
+        if event.state is not WorkerState.ERROR:
+            return
+        error = event.worker.error
+        reason = str(error) if isinstance(error, CkptError) else f"internal error: {type(error).__name__}: {error}"
+        if event.worker.group == "index":
+            self.app.show_error(self.path, reason)  # type: ignore[attr-defined]
+        elif self.current is not None and event.worker.group == "stats":
+            self.query_one(StatsView).show_error(self.current.name, reason)
+        elif self.current is not None and event.worker.group == "peek":
+            self.query_one(ValuesView).show_error(self.current.name, reason)
+        else:
+            self.notify(reason, severity="error")
+
+    # --- selection ---------------------------------------------------------------------------
+
+    @on(TensorTree.TensorHighlighted)
+    def _tensor_highlighted(self, message: TensorTree.TensorHighlighted) -> None:
+        entry: Entry = message.entry
+        meta = entry.tensor
+        self.current = meta
+        self.query_one(TensorDetail).show(meta, entry)
+        name = meta.name if meta is not None else None
+        stats_view = self.query_one(StatsView)
+        if name is not None and name in self._stats:
+            stats_view.show_stats(self._stats[name])
+        else:
+            stats_view.show_hint(name)
+        values_view = self.query_one(ValuesView)
+        if name is not None and name in self._peeks:
+            values_view.show_peek(self._peeks[name])
+        else:
+            values_view.show_hint(name)
+
+    # --- stats and values --------------------------------------------------------------------
+
+    def action_stats(self) -> None:
+        self.query_one(TabbedContent).active = "stats"
+        meta = self.current
+        if meta is None or self.reader is None:
+            self.notify("Put the cursor on a tensor first.", severity="warning")
+            return
+        if meta.name in self._stats:
+            self.query_one(StatsView).show_stats(self._stats[meta.name])
+            return
+        self.query_one(StatsView).show_progress(meta.name)
+        self._compute_stats(meta.name)
+
+    @work(thread=True, exclusive=True, group="stats", exit_on_error=False, description="tensor statistics")
+    def _compute_stats(self, name: str) -> None:
+        from ckptscope.ops.stats import tensor_stats
+
+        worker = get_current_worker()
+        assert self.reader is not None
+        try:
+            stats = tensor_stats(self.reader, name, should_stop=lambda: worker.is_cancelled)
+        except CkptError as exc:
+            self.post_message(StatsComputed(name, None, str(exc)))
+            return
+        if stats is not None and not worker.is_cancelled:
+            self.post_message(StatsComputed(name, stats))
+
+    @on(StatsComputed)
+    def _stats_computed(self, message: StatsComputed) -> None:
+        if message.stats is not None:
+            self._stats[message.name] = message.stats
+        if self.current is None or self.current.name != message.name:
+            return
+        view = self.query_one(StatsView)
+        if message.stats is None:
+            view.show_error(message.name, message.error)
+        else:
+            view.show_stats(message.stats)
+
+    def action_values(self) -> None:
+        self.query_one(TabbedContent).active = "values"
+        meta = self.current
+        if meta is None or self.reader is None:
+            self.notify("Put the cursor on a tensor first.", severity="warning")
+            return
+        if meta.name in self._peeks:
+            self.query_one(ValuesView).show_peek(self._peeks[meta.name])
+            return
+        self._peek_values(meta.name)
+
+    @work(thread=True, exclusive=True, group="peek", exit_on_error=False, description="reading values")
+    def _peek_values(self, name: str) -> None:
+        from ckptscope.ops.stats import peek_corner
+
+        assert self.reader is not None
+        try:
+            peek = peek_corner(self.reader, name, rows=12, cols=8)
+        except CkptError as exc:
+            self.post_message(ValuesPeeked(name, None, str(exc)))
+            return
+        self.post_message(ValuesPeeked(name, peek))
+
+    @on(ValuesPeeked)
+    def _values_peeked(self, message: ValuesPeeked) -> None:
+        if message.peek is not None:
+            self._peeks[message.name] = message.peek
+        if self.current is None or self.current.name != message.name:
+            return
+        view = self.query_one(ValuesView)
+        if message.peek is None:
+            view.show_error(message.name, message.error)
+        else:
+            view.show_peek(message.peek)
+
+    # --- filter ------------------------------------------------------------------------------
+
+    def action_open_filter(self) -> None:
+        self.add_class("-filtering")
+        self.call_after_refresh(self.query_one(FilterBar).focus)  # focusable once displayed
+
+    def action_close_filter(self) -> None:
+        self.remove_class("-filtering")
+        if self._pattern:
+            self._pattern = ""
+            self._leaves, self._match = [], -1
+            if self.module_tree is not None:
+                tree = self.query_one(TensorTree)
+                tree.show_tree(self.module_tree)
+                if len(self.module_tree.folded_children()) <= 3:
+                    tree.expand_to_depth(1)
+        self.query_one("#filter-status", Static).update("")
+        self.query_one(TensorTree).focus()
+
+    @on(Input.Changed, "#filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        if self._filter_timer is not None:
+            self._filter_timer.stop()
+        pattern = event.value
+        self._filter_timer = self.set_timer(FILTER_DELAY, lambda: self._start_filter(pattern))
+
+    def _start_filter(self, pattern: str) -> None:
+        if self.index is None or self.module_tree is None:
+            return
+        self._apply_filter(pattern)
+
+    @on(Input.Submitted, "#filter")
+    def _filter_submitted(self, event: Input.Submitted) -> None:
+        if self._filter_timer is not None:
+            self._filter_timer.stop()
+        self.query_one(TensorTree).focus()  # at once, so keys typed next go to the tree
+        if event.value.strip() != self._pattern:
+            self._apply_filter(event.value, jump=True)
+        else:
+            self.action_next_match()
+
+    @work(thread=True, exclusive=True, group="filter", exit_on_error=False, description="filtering tensors")
+    def _apply_filter(self, pattern: str, jump: bool = False) -> None:
+        from ckptscope.ops.tree import build_tree
+
+        assert self.index is not None
+        kept = filter_tensors(self.index.tensors.values(), pattern)
+        if get_current_worker().is_cancelled:
+            return
+        tree = build_tree(kept)
+        self.post_message(FilterApplied(pattern, tree, len(kept), leaf_chains(tree), jump))
+
+    @on(FilterApplied)
+    def _filter_applied(self, message: FilterApplied) -> None:
+        self._pattern = message.pattern.strip()
+        self._leaves, self._match = message.leaves, -1
+        tree = self.query_one(TensorTree)
+        tree.show_tree(message.tree)
+        if self._pattern:
+            if len(message.leaves) <= REVEAL_ALL_UNDER:
+                for chain in message.leaves:
+                    tree.reveal(chain)
+                tree.cursor_to_top()
+            else:
+                tree.expand_to_depth(2)
+        status = self.query_one("#filter-status", Static)
+        if not self._pattern:
+            status.update("")
+        elif message.matched:
+            rows = len(message.leaves)
+            status.update(f"{message.matched:,} tensors match · {rows} row{'s' if rows != 1 else ''} · n / N to jump")
+        else:
+            status.update("no tensor matches")
+        if message.jump:
+            tree.focus()
+            self.action_next_match()
+
+    def _jump(self, step: int) -> None:
+        if not self._leaves:
+            self.notify("No filter matches: press / to filter.", severity="information")
+            return
+        self._match = (self._match + step) % len(self._leaves)
+        tree = self.query_one(TensorTree)
+        tree.reveal(self._leaves[self._match])
+        tree.focus()
+        self.query_one("#filter-status", Static).update(
+            f"match {self._match + 1} of {len(self._leaves)} · n / N to jump")
+
+    def action_next_match(self) -> None:
+        self._jump(1)
+
+    def action_prev_match(self) -> None:
+        self._jump(-1)
+
+    # --- view --------------------------------------------------------------------------------
+
+    def action_show_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+
+    def action_expand_all(self) -> None:
+        self.query_one(TensorTree).expand_to_depth(3)
+
+    def action_collapse_all(self) -> None:
+        tree = self.query_one(TensorTree)
+        for child in tree.root.children:
+            child.collapse_all()
+        tree.cursor_to_top()
+
+    def action_panel(self, step: int) -> None:
+        shard_map = self.query_one(ShardMap)
+        pages = shard_map.page_count()
+        if pages <= 1:
+            self.notify("This tensor has no leading axes to page through.", severity="information")
+            return
+        shard_map.panel_offset = max(0, min(pages - 1, shard_map.panel_offset + step))
+
+    def action_iterations(self) -> None:
+        if self.iterations_root is None:
+            self.notify("Not opened from a save directory with several iterations.", severity="information")
+            return
+        self.discover = True
+        self._open(self.iterations_root, True)
+
+    def action_copy_name(self) -> None:
+        if self.current is not None:
+            self.app.copy_to_clipboard(self.current.name)
+            self.notify(f"copied {self.current.name}")
+
+    def action_op(self, op: str) -> None:
+        self.notify(f"'{op}' opens here once the {op} operation lands (see the ops issues).",
+                    title="not available yet", severity="information")

@@ -1,0 +1,68 @@
+"""``?``: every key of the current screen with its id (for remapping), generated from BINDINGS.
+
+Generated rather than written so that it cannot drift from the real bindings.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Static
+
+KEYMAP_HINT = ("Remap any key by id in ~/.config/ckptscope/keymap.toml, e.g.\n"
+               '  [keymap]\n  "browse.filter" = "ctrl+f"\n  "browse.stats" = "S"')
+
+
+def _key_names(binding: Binding, app_keymap: dict[str, str]) -> str:
+    keys = app_keymap.get(binding.id or "", binding.key)
+    names = {"slash": "/", "question_mark": "?", "left_square_bracket": "[", "right_square_bracket": "]",
+             "escape": "esc"}
+    return ", ".join(names.get(k.strip(), k.strip()) for k in keys.split(","))
+
+
+def bindings_table(title: str, bindings: list[Binding], keymap: dict[str, str]) -> Table:
+    table = Table(title=Text(title, style="bold"), title_justify="left", show_edge=False, pad_edge=False,
+                  header_style="dim", expand=True, box=box.SIMPLE_HEAD)
+    table.add_column("key", style="bold cyan", no_wrap=True, width=12)
+    table.add_column("does", ratio=1)
+    table.add_column("id", style="dim", no_wrap=True, width=22)
+    for b in bindings:
+        table.add_row(_key_names(b, keymap), b.tooltip or b.description, b.id or "")
+    return table
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q,question_mark", "dismiss", "close", id="help.close", tooltip="Close the help"),
+    ]
+
+    def __init__(self, screen: Screen[object]) -> None:
+        super().__init__()
+        self.target = screen
+
+    def compose(self) -> ComposeResult:
+        keymap = dict(getattr(self.app, "_keymap", {}) or {})
+        groups: list[tuple[str, list[Binding]]] = [
+            ("This screen", [b for b in self.target.BINDINGS if isinstance(b, Binding)]),
+        ]
+        for tree in self.target.query("TensorTree"):  # absent on the error and picker screens
+            groups.append(("Tree", [b for b in tree.BINDINGS if isinstance(b, Binding)]))
+        groups.append(("Everywhere", [b for b in self.app.BINDINGS if isinstance(b, Binding)]))
+        with VerticalScroll(id="help-box"):
+            yield Static(Text("ckptscope keys", style="bold"), id="help-title")
+            for title, bindings in groups:
+                yield Static(bindings_table(title, bindings, keymap), classes="help-group")
+            yield Static(Text("Tree: ↑ ↓ move · → / enter expand · ← collapse · mouse: click to select, "
+                              "scroll to move\nFilter: text = substring, * ? [] = glob (e.g. *.mlp.*.weight); "
+                              "enter jumps to the first match", style="dim"), classes="help-group")
+            yield Static(Text(KEYMAP_HINT, style="dim"), classes="help-group")
+
+    async def action_dismiss(self, result: None = None) -> None:
+        self.dismiss(result)

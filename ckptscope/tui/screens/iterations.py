@@ -1,0 +1,63 @@
+"""Opening a save root (``iter_*`` or ``global_step_*`` dirs) asks which iteration to open."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from ckptscope.core.units import human_bytes
+from ckptscope.ops.roots import IterationInfo
+
+
+class IterationPickerScreen(Screen[str | None]):
+    """Dismisses with the chosen iteration's path, or None."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "open", "open", id="iterations.open", tooltip="Open the highlighted iteration"),
+        Binding("escape,q", "cancel", "back", id="iterations.cancel", tooltip="Go back (quits if nothing is open)"),
+    ]
+
+    def __init__(self, root: str, iterations: list[IterationInfo]) -> None:
+        super().__init__()
+        self.root = root
+        self.iterations = iterations
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="picker"):
+            complete = sum(1 for i in self.iterations if i.complete)
+            yield Static(Text.assemble((self.root, "bold"), "   save directory · ",
+                                       (f"{len(self.iterations)} iterations", "bold"),
+                                       f" ({complete} complete)"), id="picker-title")
+            table: DataTable[object] = DataTable(id="picker-table", cursor_type="row", zebra_stripes=True)
+            yield table
+            if not self.iterations:
+                yield Static(Text("No iteration directories yet (the tracker file exists but no iter_* "
+                                  "directory).", style="yellow"))
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns("iteration", "", "status", "size", "path")
+        for info in self.iterations:
+            status = Text("✓ complete", style="green") if info.complete else Text("✗ incomplete", style="bold red")
+            table.add_row(Text(f"{info.iteration:,}", style="bold", justify="right"),
+                          Text("latest", style="magenta") if info.latest else "",
+                          status, Text(human_bytes(info.size), justify="right"), info.path, key=info.path)
+        table.focus()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.dismiss(str(event.row_key.value))
+
+    def action_open(self) -> None:
+        table = self.query_one(DataTable)
+        if self.iterations and table.cursor_row is not None:
+            self.dismiss(self.iterations[table.cursor_row].path)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

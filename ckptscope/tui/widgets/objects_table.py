@@ -1,0 +1,81 @@
+"""Non-tensor items (args, iteration, rng, optimizer groups, scheduler) and format metadata as a
+key-value table.
+
+Values arrive already made safe by the readers (pickled classes become plain dicts with a
+``__class__`` key; nothing is unpickled here), so this widget only flattens them into dotted
+keys: ``args.hidden_size``, ``optimizer.param_groups.0.lr``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from ckptscope.core.index import CheckpointIndex
+
+MAX_ROWS = 5000
+MAX_VALUE = 120
+
+
+def flatten(prefix: str, value: Any, depth: int = 0) -> Iterator[tuple[str, str, str]]:
+    """(key, type, value) rows; short lists of scalars stay on one row."""
+    if isinstance(value, dict) and depth < 6:
+        cls = value.get("__class__")
+        items = [(k, v) for k, v in value.items() if k != "__class__"]
+        if cls or not items:
+            yield prefix, str(cls or "dict"), f"{len(items)} keys" if items else "{}"
+        for key, item in items:
+            yield from flatten(f"{prefix}.{key}" if prefix else str(key), item, depth + 1)
+        return
+    if isinstance(value, (list, tuple)) and depth < 6:
+        scalars = all(not isinstance(v, (dict, list, tuple)) for v in value)
+        if scalars and len(value) <= 16:
+            yield prefix, type(value).__name__, _short(repr(list(value)))
+            return
+        yield prefix, type(value).__name__, f"{len(value)} items"
+        for i, item in enumerate(value[:64]):
+            yield from flatten(f"{prefix}.{i}", item, depth + 1)
+        return
+    yield prefix, type(value).__name__, _short(repr(value) if not isinstance(value, str) else value)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_VALUE else text[: MAX_VALUE - 1] + "…"
+
+
+def object_rows(index: CheckpointIndex) -> list[tuple[str, str, str]]:
+    rows: list[tuple[str, str, str]] = []
+    for entry in index.objects:
+        if isinstance(entry.value, (dict, list, tuple)):
+            first = True
+            for key, kind, value in flatten(entry.name, entry.value):
+                if first and key == entry.name:
+                    kind = entry.type
+                first = False
+                rows.append((key, kind, value))
+        else:
+            rows.append((entry.name, entry.type, _short(repr(entry.value))))
+    for key, value in index.metadata.items():
+        rows.extend((f"metadata.{k}", t, v) for k, t, v in flatten(str(key), value))
+    return rows[:MAX_ROWS]
+
+
+class ObjectsTable(DataTable[object]):
+    """Key / type / value of every object and metadata entry."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id, cursor_type="row", zebra_stripes=True)
+
+    def on_mount(self) -> None:
+        self.add_columns("key", "type", "value")
+
+    def show(self, index: CheckpointIndex) -> None:
+        self.clear()
+        rows = object_rows(index)
+        for key, kind, value in rows:
+            self.add_row(Text(key, style="bold"), Text(kind, style="cyan"), value)
+        if not rows:
+            self.add_row(Text("no objects: this checkpoint holds only tensors", style="dim"), "", "")

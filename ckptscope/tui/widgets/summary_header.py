@@ -1,0 +1,76 @@
+"""The header: what was opened, in two or three lines (path, format, iteration, size, warnings)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from ckptscope.core.index import CheckpointIndex
+from ckptscope.core.units import human_bytes, human_count
+from ckptscope.tui.colors import dtype_color
+
+
+def summary_renderable(index: CheckpointIndex) -> Table:
+    """Rich grid for the header; pure function of the index so tests and screenshots agree."""
+    grid = Table.grid(padding=(0, 1), expand=True)
+    grid.add_column(style="bold", no_wrap=True, width=10)
+    grid.add_column(ratio=1)
+    fmt = index.format + (f" ({index.metadata['weights']})" if "weights" in index.metadata else "")
+    first = Text.assemble((index.path, "bold"), "   ", (fmt, "cyan"))
+    if index.iteration is not None:
+        first.append(f"   iteration {index.iteration:,}", style="bold magenta")
+    arch = index.metadata.get("architectures")
+    if arch:
+        first.append("   " + (", ".join(arch) if isinstance(arch, list) else str(arch)), style="dim")
+    grid.add_row("checkpoint", first)
+    total_files = sum(f.size for f in index.files)
+    size = Text.assemble(
+        (f"{len(index):,}", "bold"), " tensors · ",
+        (human_count(index.num_params), "bold"), " params · ",
+        (human_bytes(index.total_bytes), "bold"), " · ",
+        f"{len(index.files)} file{'s' if len(index.files) != 1 else ''} ({human_bytes(total_files)})",
+    )
+    total = index.total_bytes or 1
+    for dtype, nbytes in index.bytes_per_dtype().items():
+        size.append("   ")
+        size.append("● ", style=dtype_color(dtype))
+        size.append(f"{dtype} {human_bytes(nbytes)} ({100 * nbytes / total:.0f}%)")
+    grid.add_row("contents", size)
+    for warning in index.warnings[:3]:
+        grid.add_row(Text("warning", style="bold yellow"), Text(f"⚠ {warning}", style="yellow"))
+    if len(index.warnings) > 3:
+        grid.add_row("", Text(f"… {len(index.warnings) - 3} more warnings", style="yellow"))
+    return grid
+
+
+class SummaryHeader(Widget):
+    """Checkpoint summary; shows the path and "reading metadata…" until ``index`` is set."""
+
+    DEFAULT_CSS = """
+    SummaryHeader { height: auto; }
+    """
+
+    index: reactive[CheckpointIndex | None] = reactive(None, layout=True)
+
+    def __init__(self, path: str, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.path = path
+        self._rendered: Table | None = None
+
+    def show(self, index: CheckpointIndex | None, rendered: Table | None = None, *, path: str | None = None) -> None:
+        """Set the index; ``rendered`` is its summary when already built (by the index worker).
+
+        Totals walk every tensor, so they are computed once, never on a repaint.
+        """
+        if path is not None:
+            self.path = path
+        self._rendered = rendered if rendered is not None or index is None else summary_renderable(index)
+        self.index = index
+        self.refresh(layout=True)
+
+    def render(self) -> Table | Text:
+        if self._rendered is None:
+            return Text.assemble((self.path, "bold"), ("   reading metadata…", "dim italic"))
+        return self._rendered

@@ -1,0 +1,228 @@
+"""The module tree of a checkpoint, populated lazily as the user expands it.
+
+The tree data is ``ops.tree.build_tree`` (built once, in a worker); this widget only turns
+``TreeNode``s into Textual tree nodes, and only for the levels the user opens, so a
+20,000-tensor checkpoint costs a few dozen widget nodes at start (the DirectoryTree / harlequin
+catalog pattern: populate on expand). Repeated layers arrive already collapsed into ranges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from rich.text import Text
+from textual.binding import Binding, BindingType
+from textual.message import Message
+from textual.widgets import Tree
+from textual.widgets.tree import TreeNode as WidgetNode
+
+from ckptscope.core.tensor import TensorMeta
+from ckptscope.core.units import human_bytes, human_count, shape_str
+from ckptscope.ops.tree import TreeNode
+from ckptscope.tui.colors import DTYPE_ICON, dtype_color
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """What a widget node stands for."""
+
+    node: TreeNode
+    """The ops tree node whose children come next (after folding single-child chains)."""
+    label: str
+    repeat: int
+    """How many identical copies this node stands for (product of enclosing ranges)."""
+    range_path: str = ""
+    """Dotted label of the innermost enclosing range (``model.layers.[0-31]``), if any."""
+    more_from: int = -1
+    """For a "… N more" placeholder: index of the next child of ``node`` to show; else -1."""
+
+    @property
+    def tensor(self) -> TensorMeta | None:
+        if self.more_from >= 0:
+            return None
+        return self.node.tensor if not self.node.children else None
+
+
+PAGE = 200
+"""Children built per level at a time; a level with thousands (unrolled experts) gets a
+"… N more" row that builds the next page when selected."""
+
+
+def node_label(entry: Entry) -> Text:
+    """``● q_proj.weight  bf16 [64, 64]  4.1K  8.0 KiB``, or a module with its totals."""
+    node = entry.node
+    text = Text(no_wrap=True, overflow="ellipsis")
+    if entry.more_from >= 0:
+        rest = len(node.children) - entry.more_from
+        return Text(f"… {rest:,} more (enter to show {min(rest, PAGE)})", style="italic dim")
+    meta = entry.tensor
+    if meta is not None:
+        text.append(f"{DTYPE_ICON} ", style=dtype_color(meta.dtype))
+        text.append(entry.label)
+        if node.is_range:
+            text.append(f" ×{node.repeat}", style="bold magenta")
+        text.append(f"  {shape_str(meta.shape)}", style="dim")
+        text.append(f"  {human_bytes(node.nbytes)}", style="dim italic")
+        return text
+    if node.is_range:
+        head, _, rng = entry.label.rpartition(".")
+        if head:
+            text.append(head + " ", style="bold")
+        text.append(rng, style="bold magenta")
+        text.append(f" ×{node.repeat}", style="magenta")
+    else:
+        text.append(entry.label, style="bold")
+    text.append(f"  {human_count(node.num_params)} params", style="dim")
+    text.append(f"  {human_bytes(node.nbytes)}", style="dim italic")
+    return text
+
+
+class TensorTree(Tree[Entry]):
+    """Lazy module tree. Posts ``TensorTree.TensorHighlighted`` when the cursor lands on a tensor."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("right,l", "expand_node", "expand", show=False, id="tree.expand",
+                tooltip="Expand the node under the cursor"),
+        Binding("left,h", "collapse_node", "collapse", show=False, id="tree.collapse",
+                tooltip="Collapse the node, or go to its parent"),
+    ]
+
+    class TensorHighlighted(Message):
+        """The cursor is on a tensor leaf (or left tensors: ``entry`` is a module)."""
+
+        def __init__(self, entry: Entry) -> None:
+            self.entry = entry
+            super().__init__()
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("checkpoint", id=id)
+        self.show_root = False
+        self.guide_depth = 3
+        self.auto_expand = False
+        self._populated: set[int] = set()
+        self._by_node: dict[int, WidgetNode[Entry]] = {}
+        """Widget node for an ops node id, for the levels populated so far (reveal, jump)."""
+
+    # --- data in ------------------------------------------------------------------------------
+
+    def show_tree(self, root: TreeNode) -> None:
+        """Replace the content with ``root``'s children (only the first level is built)."""
+        self.clear()
+        self._populated.clear()
+        self._by_node.clear()
+        self.root.data = Entry(root, "", 1)
+        self._populate(self.root)
+        self.root.expand()
+        self.cursor_to_top()
+        self.call_after_refresh(self._announce_cursor)
+
+    def cursor_to_top(self) -> None:
+        """Cursor on the first line, if there is one (an empty or filtered-out tree has none)."""
+        if self.root.children:
+            self.move_cursor(self.root.children[0])
+
+    def _announce_cursor(self) -> None:
+        """Say what is under the cursor even when the line number did not change (new content)."""
+        node = self.cursor_node
+        if node is not None and node.data is not None:
+            self.post_message(self.TensorHighlighted(node.data))
+
+    def _populate(self, widget_node: WidgetNode[Entry], start: int = 0) -> None:
+        entry = widget_node.data
+        if entry is None or (start == 0 and id(widget_node) in self._populated):
+            return
+        self._populated.add(id(widget_node))
+        children = entry.node.folded_children()
+        for label, target in children[start: start + PAGE]:
+            repeat = entry.repeat * target.repeat
+            range_path = entry.range_path
+            if target.is_range:
+                prefix = target.path.rpartition(".")[0]
+                range_path = f"{prefix}.{target.label}" if prefix else target.label
+            child = Entry(target, label, repeat, range_path)
+            leaf = not target.children
+            added = widget_node.add(node_label(child), child, allow_expand=not leaf)
+            self._by_node[id(target)] = added
+        if start + PAGE < len(children):
+            more = Entry(entry.node, "", entry.repeat, entry.range_path, more_from=start + PAGE)
+            widget_node.add_leaf(node_label(more), more)
+
+    def _show_more(self, placeholder: WidgetNode[Entry]) -> bool:
+        """Replace a "… N more" row by the next page of its parent's children."""
+        entry = placeholder.data
+        parent = placeholder.parent
+        if entry is None or entry.more_from < 0 or parent is None:
+            return False
+        placeholder.remove()
+        self._populate(parent, entry.more_from)
+        return True
+
+    def on_tree_node_selected(self, event: Tree.NodeSelected[Entry]) -> None:
+        if self._show_more(event.node):
+            event.stop()
+
+    def on_tree_node_expanded(self, event: Tree.NodeExpanded[Entry]) -> None:
+        self._populate(event.node)
+
+    def on_tree_node_highlighted(self, event: Tree.NodeHighlighted[Entry]) -> None:
+        if event.node.data is not None:
+            self.post_message(self.TensorHighlighted(event.node.data))
+
+    # --- navigation ---------------------------------------------------------------------------
+
+    def reveal(self, chain: list[TreeNode]) -> None:
+        """Expand the ancestors in ``chain`` (root first, excluded) and put the cursor on the last."""
+        current = self.root
+        for target in chain:
+            self._populate(current)
+            found = self._by_node.get(id(target))
+            while found is None and current.children and self._show_more(current.children[-1]):
+                found = self._by_node.get(id(target))
+            if found is None:
+                return
+            if target is not chain[-1]:
+                self._populate(found)
+                found.expand()
+            current = found
+        self.move_cursor(current)
+        self.scroll_to_node(current, animate=False)
+        if current.data is not None:
+            self.post_message(self.TensorHighlighted(current.data))
+
+    def expand_to_depth(self, depth: int, limit: int = 400) -> None:
+        """Open every node down to ``depth`` levels, building at most ``limit`` widget nodes."""
+        budget = [limit]
+
+        def visit(node: WidgetNode[Entry], level: int) -> None:
+            if level >= depth or budget[0] <= 0:
+                return
+            for child in list(node.children):
+                if child.allow_expand and budget[0] > 0:
+                    self._populate(child)
+                    budget[0] -= len(child.children)
+                    child.expand()
+                    visit(child, level + 1)
+
+        visit(self.root, 0)
+
+    def action_expand_node(self) -> None:
+        node = self.cursor_node
+        if node is None:
+            return
+        if self._show_more(node):
+            return
+        if node.allow_expand and not node.is_expanded:
+            self._populate(node)
+            node.expand()
+        elif node.children:
+            self.move_cursor(node.children[0])
+
+    def action_collapse_node(self) -> None:
+        node = self.cursor_node
+        if node is None:
+            return
+        if node.is_expanded and node.allow_expand:
+            node.collapse()
+        elif node.parent is not None and not node.parent.is_root:
+            self.move_cursor(node.parent)

@@ -1,0 +1,386 @@
+"""Pilot tests: open real sample checkpoints, navigate, filter, compute stats and check numbers
+against values computed independently with torch / safetensors in the test."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+from textual.widgets import DataTable, Static, TabbedContent
+from tui_helpers import settle, sync, text_of
+
+from ckptscope.tui.app import make_app
+from ckptscope.tui.screens.browse import BrowseScreen
+from ckptscope.tui.widgets.chunk_table import ChunkTable
+from ckptscope.tui.widgets.shard_map import ShardMap
+from ckptscope.tui.widgets.summary_header import SummaryHeader
+from ckptscope.tui.widgets.tensor_tree import PAGE, TensorTree
+
+SIZE = (140, 45)
+
+
+def hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(shard))
+    return out
+
+
+def safetensors_byte_range(file: Path, name: str) -> tuple[int, int]:
+    """Absolute byte range of ``name`` straight from the file's header (not via ckptscope)."""
+    raw = file.read_bytes()
+    (header_len,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8: 8 + header_len])
+    start, stop = header[name]["data_offsets"]
+    return 8 + header_len + start, 8 + header_len + stop
+
+
+def browse(app) -> BrowseScreen:
+    screen = app.screen
+    assert isinstance(screen, BrowseScreen), type(screen)
+    return screen
+
+
+def tree_lines(app) -> list[str]:
+    tree = app.screen.query_one(TensorTree)
+    return [tree.get_node_at_line(i).label.plain for i in range(tree.last_line + 1)]
+
+
+@sync
+async def test_open_shows_header_and_collapsed_tree(in_repo):
+    path = Path("sample_ckpts/hf_llama_sharded")
+    expected = hf_tensors(path)
+    app = make_app(path, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = browse(app)
+        index = screen.query_one(SummaryHeader).index
+        assert index is not None and len(index) == len(expected)
+        assert index.num_params == sum(t.numel() for t in expected.values())
+        lines = tree_lines(app)
+        # top level plus "model" opened one level; the four identical layers are one range
+        assert any(line.startswith("lm_head.weight") or "lm_head.weight" in line for line in lines)
+        layer_ids = sorted({int(n.split(".")[2]) for n in expected if n.startswith("model.layers.")})
+        range_label = f"[{layer_ids[0]}-{layer_ids[-1]}] ×{len(layer_ids)}"
+        assert any(range_label in line for line in lines), lines
+        # lazily built: the range's children are not widgets until expanded
+        assert len(lines) < 10
+
+
+@sync
+async def test_select_tensor_detail_and_byte_range(in_repo):
+    path = Path("sample_ckpts/hf_llama_sharded")
+    expected = hf_tensors(path)
+    weight_map = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
+    app = make_app(path, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = browse(app)
+        # expand the layer range and walk down to self_attn.q_proj.weight with the keyboard
+        tree = screen.query_one(TensorTree)
+        row = next(i for i in range(tree.last_line + 1) if "[0-3]" in tree.get_node_at_line(i).label.plain)
+        tree.move_cursor_to_line(row)
+        await pilot.press("right")
+        await pilot.pause()
+        row = next(i for i in range(tree.last_line + 1) if "self_attn" in tree.get_node_at_line(i).label.plain)
+        tree.move_cursor_to_line(row)
+        await pilot.press("right", "down")
+        await settle(pilot)
+        first_child = tree.cursor_node.data
+        meta = screen.current
+        assert meta is not None and meta is first_child.tensor
+        assert meta.name.startswith("model.layers.0.self_attn.")
+        tensor = expected[meta.name]
+        assert meta.shape == tuple(tensor.shape)
+        assert meta.numel == tensor.numel()
+        assert meta.nbytes == tensor.numel() * tensor.element_size()
+        assert meta.files == (weight_map[meta.name],)
+        facts = text_of(screen.query_one("#facts", Static))
+        # the range note says it stands for four identical tensors
+        assert "one of 4" in facts
+        table = screen.query_one(ChunkTable)
+        assert table.row_count == 1
+        start, stop = safetensors_byte_range(path / weight_map[meta.name], meta.name)
+        assert str(table.get_row_at(0)[4]) == f"{start:,}–{stop:,}"
+        assert screen.query_one(ShardMap).meta is meta
+
+
+@sync
+async def test_stats_match_torch(in_repo):
+    path = Path("sample_ckpts/hf_llama_sharded")
+    expected = hf_tensors(path)
+    app = make_app(path, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = browse(app)
+        await pilot.press("down")  # onto model... then back to lm_head.weight (first line)
+        await pilot.press("up")
+        await settle(pilot)
+        assert screen.current is not None
+        name = screen.current.name
+        await pilot.press("s")
+        await settle(pilot)
+        assert screen.query_one(TabbedContent).active == "stats"
+        stats = screen._stats[name]
+        ref = expected[name].float().double()
+        assert stats.count == ref.numel()
+        assert stats.min == pytest.approx(ref.min().item())
+        assert stats.max == pytest.approx(ref.max().item())
+        assert stats.mean == pytest.approx(ref.mean().item(), rel=1e-9, abs=1e-12)
+        assert stats.std == pytest.approx(ref.std(unbiased=False).item(), rel=1e-9)
+        assert stats.abs_mean == pytest.approx(ref.abs().mean().item(), rel=1e-9)
+        assert stats.zeros == int((ref == 0).sum())
+        assert stats.nan == 0 and stats.inf == 0
+        assert sum(stats.hist_counts) == ref.numel()
+        rendered = text_of(screen.query_one("#stats-view", Static))
+        assert "histogram" in rendered and name in rendered
+
+
+@sync
+async def test_values_peek_matches_torch(in_repo):
+    path = Path("sample_ckpts/hf_llama_single")
+    expected = load_file(path / "model.safetensors")
+    app = make_app(path, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = browse(app)
+        name = screen.current.name
+        await pilot.press("v")
+        await settle(pilot)
+        peek = screen._peeks[name]
+        ref = expected[name].float().numpy()
+        np.testing.assert_array_equal(peek.values.astype(np.float32), ref[:12, :8])
+        assert screen.query_one(TabbedContent).active == "values"
+
+
+@sync
+async def test_filter_narrows_live_and_jumps(in_repo):
+    path = Path("sample_ckpts/hf_llama_sharded")
+    names = list(hf_tensors(path))
+    app = make_app(path, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = browse(app)
+        await pilot.press("slash", *"up_proj")
+        await pilot.pause(0.3)
+        await settle(pilot)
+        matching = [n for n in names if "up_proj" in n]
+        status = text_of(screen.query_one("#filter-status", Static))
+        assert status.startswith(f"{len(matching)} tensors match")
+        lines = tree_lines(app)
+        assert all("gate_proj" not in line and "lm_head" not in line for line in lines), lines
+        await pilot.press("enter")
+        await settle(pilot)
+        assert screen.current is not None and screen.current.name in matching
+        # a glob narrows too, and n jumps between its matches
+        await pilot.press("slash", "ctrl+u", *"*.norm.weight")
+        await pilot.pause(0.3)
+        await settle(pilot)
+        await pilot.press("enter")
+        await settle(pilot)
+        assert screen.current.name == "model.norm.weight"
+        await pilot.press("escape")
+        await settle(pilot)
+        assert "match" not in text_of(screen.query_one("#filter-status", Static))
+        assert any("lm_head" in line for line in tree_lines(app))
+
+
+@sync
+async def test_filter_jump_cycles_through_matches(in_repo):
+    path = Path("sample_ckpts/dtypes.safetensors")
+    app = make_app(path, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = browse(app)
+        await pilot.press("slash", *"float")
+        await pilot.pause(0.3)
+        await settle(pilot)
+        await pilot.press("enter")
+        await settle(pilot)
+        seen = [screen.current.name]
+        for _ in range(4):
+            await pilot.press("n")
+            await settle(pilot)
+            seen.append(screen.current.name)
+        with safe_open(str(path), "np") as handle:
+            floats = [k for k in handle.keys() if "float" in k]  # noqa: SIM118 (safe_open is not iterable)
+        assert set(seen) == set(floats) and len(seen) == len(floats)
+
+
+@sync
+async def test_objects_panel_shows_args_without_unpickling(in_repo):
+    path = Path("sample_ckpts/megatron_style.pt")
+    loaded = torch.load(path, weights_only=False)
+    app = make_app(path, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = browse(app)
+        await pilot.press("o")
+        await settle(pilot)
+        assert screen.query_one(TabbedContent).active == "objects"
+        table = screen.query_one("#objects-table", DataTable)
+        rows = {str(table.get_row_at(i)[0]): str(table.get_row_at(i)[2]) for i in range(table.row_count)}
+        for key, value in vars(loaded["args"]).items():
+            assert rows[f"args.{key}"] == repr(value)
+        assert rows["iteration"] == str(loaded["iteration"])
+        assert rows["optimizer.param_groups.0.lr"] == repr(loaded["optimizer"]["param_groups"][0]["lr"])
+        assert "iteration 20" in text_of(screen.query_one(SummaryHeader))
+    import sys
+    assert "argparse" in sys.modules  # (stdlib; the point is no class from the file was constructed)
+
+
+def test_objects_of_torch_file_never_imports_torch_in_tui(in_repo):
+    """The TUI reads pickles through the safe stub unpickler: opening must not import torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import asyncio, sys\n"
+        "from ckptscope.tui.app import make_app\n"
+        "async def main():\n"
+        "    app = make_app('sample_ckpts/megatron_style.pt', keymap={})\n"
+        "    async with app.run_test(size=(120, 40)) as pilot:\n"
+        "        for _ in range(3):\n"
+        "            await app.workers.wait_for_complete(); await pilot.pause()\n"
+        "        await pilot.press('s'); await app.workers.wait_for_complete(); await pilot.pause()\n"
+        "        assert app.screen.index is not None\n"
+        "asyncio.run(main())\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path.cwd(), timeout=120)
+
+
+@sync
+async def test_unreadable_path_error_screen_exit_code(tmp_path):
+    from ckptscope.tui.screens.error import ErrorScreen
+
+    bad = tmp_path / "not_a_checkpoint.bin"
+    bad.write_bytes(b"hello, I am not a checkpoint")
+    app = make_app(bad, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert isinstance(app.screen, ErrorScreen)
+        reason = app.screen.reason
+        assert "\n" not in reason and "not a checkpoint ckptscope can read" in reason
+        assert reason in text_of(app.screen.query_one("#error-reason", Static))
+        await pilot.press("q")
+    assert app.return_code == 2
+
+
+def test_cli_open_without_terminal_fails_cleanly(in_repo, cli):
+    """Bare ``ckptscope PATH`` routes to ``open``; without a terminal it says so (exit 2), no hang."""
+    for args in (("open", "sample_ckpts/hf_llama_single"), ("sample_ckpts/hf_llama_single",)):
+        result = cli(*args, cwd=in_repo)
+        assert result.code == 2, result
+        assert "needs an interactive terminal" in result.err
+        assert "Traceback" not in result.err + result.out
+
+
+@sync
+async def test_help_palette_theme_and_mouse(in_repo):
+    from ckptscope.tui.screens.help import HelpScreen
+
+    app = make_app("sample_ckpts/hf_llama_sharded", keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = browse(app)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        text = " ".join(text_of(s) for s in app.screen.query(".help-group"))
+        assert "browse.stats" in text and "app.quit" in text
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is screen
+        assert app.theme == "ckptscope-dark"
+        await pilot.press("ctrl+t")
+        assert app.theme == "ckptscope-light"
+        # the palette lists scoped commands and runs them
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"view: files")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await settle(pilot)
+        assert screen.query_one(TabbedContent).active == "files"
+        # mouse: clicking a tree row highlights that tensor
+        tree = screen.query_one(TensorTree)
+        row = next(i for i in range(tree.last_line + 1) if "embed_tokens" in tree.get_node_at_line(i).label.plain)
+        await pilot.click(TensorTree, offset=(8, row))
+        await settle(pilot)
+        assert screen.current is not None and screen.current.name == "model.embed_tokens.weight"
+
+
+@sync
+async def test_keymap_remaps_binding_by_id(in_repo):
+    app = make_app("sample_ckpts/hf_llama_single", keymap={"browse.stats": "S"})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = browse(app)
+        await pilot.press("S")
+        await settle(pilot)
+        assert screen.query_one(TabbedContent).active == "stats"
+        assert screen.current.name in screen._stats
+
+
+def test_every_binding_has_id_and_tooltip():
+    from textual.binding import Binding
+
+    from ckptscope.tui.app import CkptScopeApp
+    from ckptscope.tui.screens.error import ErrorScreen
+    from ckptscope.tui.screens.help import HelpScreen
+    from ckptscope.tui.screens.iterations import IterationPickerScreen
+    from ckptscope.tui.widgets.filter_bar import FilterBar
+
+    ids = []
+    for owner in (CkptScopeApp, BrowseScreen, ErrorScreen, HelpScreen, IterationPickerScreen, TensorTree, FilterBar):
+        for binding in owner.BINDINGS:
+            assert isinstance(binding, Binding), (owner, binding)
+            assert binding.id and binding.tooltip, (owner.__name__, binding.key)
+            ids.append(binding.id)
+    assert len(ids) == len(set(ids))
+
+
+@sync
+async def test_large_checkpoint_tree_is_lazy(tmp_path):
+    """2,000 distinct tensors: the tree builds widget nodes only for what is shown."""
+    from safetensors.numpy import save_file
+
+    tensors = {f"blocks.{i}.w{i % 7}.weight": np.full((2, i % 5 + 1), i, dtype=np.float32) for i in range(2000)}
+    save_file(tensors, str(tmp_path / "big.safetensors"))
+    app = make_app(tmp_path / "big.safetensors", keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = browse(app)
+        tree = screen.query_one(TensorTree)
+        assert screen.index is not None and len(screen.index) == 2000
+        assert len(tree._by_node) <= 1 + PAGE  # "blocks" and one page, not 2,000 widget nodes
+        await pilot.press("slash", *"blocks.1234.")
+        await pilot.pause(0.3)
+        await settle(pilot)
+        await pilot.press("enter")
+        await settle(pilot)
+        assert screen.current.name == "blocks.1234.w2.weight"
+        await pilot.press("s")
+        await settle(pilot)
+        assert screen._stats[screen.current.name].mean == 1234.0
+
+
+def test_keymap_file_is_read_and_bad_files_ignored(tmp_path, monkeypatch):
+    from ckptscope.tui.app import keymap_path, load_keymap
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    path = keymap_path()
+    assert path == tmp_path / "ckptscope" / "keymap.toml"
+    assert load_keymap() == {}
+    path.parent.mkdir()
+    path.write_text('[keymap]\n"browse.filter" = "ctrl+f"\n"browse.stats" = "S"\n')
+    assert load_keymap() == {"browse.filter": "ctrl+f", "browse.stats": "S"}
+    path.write_text("[keymap\nnot toml")
+    assert load_keymap() == {}

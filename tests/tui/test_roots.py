@@ -1,0 +1,86 @@
+"""Save roots: discover_iterations on directories built from the sample files, and the picker."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from textual.widgets import DataTable
+from tui_helpers import settle, sync
+
+from ckptscope.ops.roots import discover_iterations
+from ckptscope.tui.app import make_app
+from ckptscope.tui.screens.browse import BrowseScreen
+from ckptscope.tui.screens.iterations import IterationPickerScreen
+from ckptscope.tui.widgets.summary_header import SummaryHeader
+
+
+def du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def megatron_root(base: Path, samples: dict[str, Path]) -> Path:
+    root = base / "save"
+    shutil.copytree(samples["hf_llama_sharded"], root / "iter_0000010")
+    (root / "iter_0000020" / "mp_rank_00").mkdir(parents=True)
+    shutil.copy(samples["megatron_style.pt"], root / "iter_0000020" / "mp_rank_00" / "model_optim_rng.pt")
+    (root / "iter_0000030").mkdir()  # crashed while saving: nothing written
+    (root / "iter_0000030" / "half_written.tmp").write_bytes(b"\0" * 10)
+    (root / "latest_checkpointed_iteration.txt").write_text("20\n")
+    (root / "unrelated").mkdir()
+    return root
+
+
+def test_discover_megatron_root(tmp_path, samples):
+    root = megatron_root(tmp_path, samples)
+    found = discover_iterations(root)
+    assert [i.iteration for i in found] == [30, 20, 10]
+    by_iter = {i.iteration: i for i in found}
+    assert by_iter[10].complete and by_iter[20].complete and not by_iter[30].complete
+    assert [i.iteration for i in found if i.latest] == [20]
+    assert by_iter[10].size == du(root / "iter_0000010")
+    assert by_iter[20].size == samples["megatron_style.pt"].stat().st_size
+    assert Path(by_iter[10].path) == root / "iter_0000010"
+
+
+def test_discover_verl_root_and_non_roots(tmp_path, samples):
+    root = tmp_path / "verl"
+    shutil.copytree(samples["hf_llama_single"], root / "global_step_5" / "actor")
+    (root / "global_step_9" / "actor").mkdir(parents=True)
+    found = discover_iterations(root)
+    assert [(i.iteration, i.complete) for i in found] == [(9, False), (5, True)]
+    assert found[1].path == str(root / "global_step_5" / "actor")
+    assert discover_iterations(samples["hf_llama_sharded"]) is None
+    assert discover_iterations(samples["dtypes.safetensors"]) is None
+    assert discover_iterations(tmp_path / "missing") is None
+    only_tracker = tmp_path / "fresh"
+    only_tracker.mkdir()
+    (only_tracker / "latest_checkpointed_iteration.txt").write_text("release")
+    assert discover_iterations(only_tracker) == []
+
+
+@sync
+async def test_picker_opens_the_chosen_iteration(tmp_path, samples, monkeypatch):
+    root = megatron_root(tmp_path, samples)
+    monkeypatch.chdir(tmp_path)
+    app = make_app("save", keymap={})
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        assert isinstance(app.screen, IterationPickerScreen)
+        table = app.screen.query_one(DataTable)
+        assert table.row_count == 3
+        statuses = [str(table.get_row_at(i)[2]) for i in range(3)]
+        assert statuses == ["✗ incomplete", "✓ complete", "✓ complete"]
+        await pilot.press("down", "down", "enter")  # iteration 10: the HF sharded copy
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, BrowseScreen)
+        index = screen.query_one(SummaryHeader).index
+        assert index is not None and Path(index.path).name == "iter_0000010"
+        from ckptscope.formats import open_checkpoint
+
+        with open_checkpoint(root / "iter_0000010") as reader:
+            assert len(index) == len(reader.index())
+        await pilot.press("i")  # back to the picker
+        await settle(pilot)
+        assert isinstance(app.screen, IterationPickerScreen)

@@ -1,0 +1,93 @@
+"""SVG snapshots of the main views (pytest-textual-snapshot). Approve changes with
+``pytest tests/tui/test_snapshots.py --snapshot-update`` after looking at the report.
+
+Paths are relative to the repository root (or a temp dir we chdir into) so the header text is
+the same on every machine; cursors do not blink (conftest)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from tui_helpers import settle
+
+from ckptscope.core.tensor import Chunk, TensorMeta
+from ckptscope.tui.app import make_app
+
+SIZE = (140, 45)
+
+
+def driver(*keys: str, pause_after_typing: bool = False):
+    async def run_before(pilot) -> None:
+        await settle(pilot)
+        for key in keys:
+            await pilot.press(key)
+            if key == "enter" or pause_after_typing:
+                await pilot.pause(0.25)
+            await settle(pilot, rounds=1)
+        await pilot.pause(0.3)  # the filter's typing delay
+        await settle(pilot)
+
+    return run_before
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "keys"),
+    [pytest.param(*case, id=case[0]) for case in [
+        ("main", "sample_ckpts/hf_llama_sharded", ()),
+        ("range_detail", "sample_ckpts/hf_llama_sharded", ("down", "down", "down", "right", "down")),
+        ("stats", "sample_ckpts/hf_llama_sharded", ("down", "down", "s")),
+        ("values", "sample_ckpts/hf_llama_single", ("v",)),
+        ("filter", "sample_ckpts/hf_llama_sharded", ("slash", *"*proj.weight")),
+        ("objects", "sample_ckpts/megatron_style.pt", ("o",)),
+        ("help", "sample_ckpts/dtypes.safetensors", ("question_mark",)),
+        ("error", "sample_ckpts/no_such_checkpoint", ()),
+    ]],
+)
+def test_view(name, path, keys, snap_compare, in_repo):
+    assert snap_compare(make_app(path, keymap={}), terminal_size=SIZE, run_before=driver(*keys))
+
+
+def test_light_theme(snap_compare, in_repo):
+    app = make_app("sample_ckpts/dtypes.safetensors", keymap={}, theme="ckptscope-light")
+    assert snap_compare(app, terminal_size=SIZE, run_before=driver("down", "down"))
+
+
+def test_iteration_picker(snap_compare, samples, tmp_path, monkeypatch):
+    root = tmp_path / "save"
+    shutil.copytree(samples["hf_llama_single"], root / "iter_0000100")
+    (root / "iter_0000200").mkdir()
+    (root / "latest_checkpointed_iteration.txt").write_text("100")
+    monkeypatch.chdir(tmp_path)
+    assert snap_compare(make_app("save", keymap={}), terminal_size=(110, 20), run_before=driver())
+
+
+def test_shard_map_multi_chunk(snap_compare):
+    """The signature view on data sharded readers produce: TP x PP over stacked layers, with a hole."""
+    from textual.app import App, ComposeResult
+
+    from ckptscope.tui.widgets.shard_map import ShardMap
+
+    chunks = []
+    for layer_block, (lo, hi) in enumerate([(0, 4), (4, 8)]):
+        for tp in range(2):
+            rank = layer_block * 2 + tp
+            chunks.append(Chunk((lo, tp * 96, 0), (hi - lo, 96, 64), f"__{rank}_0.distcp", 0, (hi - lo) * 96 * 64 * 2))
+    chunks.pop()  # one rank never wrote its piece: a hole
+    meta = TensorMeta("decoder.layers.mlp.linear_fc1.weight", "bfloat16", (8, 192, 64), tuple(chunks))
+    plain = TensorMeta("w2d", "float32", (512, 256), tuple(
+        Chunk((r * 256, c * 64), (256, 64), f"rank_{r * 4 + c}.pt", 0, 256 * 64 * 4)
+        for r in range(2) for c in range(4)))
+
+    class MapApp(App[None]):
+        CSS = "ShardMap { margin: 1 2; }"
+
+        def compose(self) -> ComposeResult:
+            yield ShardMap(id="a")
+            yield ShardMap(id="b")
+
+        def on_mount(self) -> None:
+            self.query_one("#a", ShardMap).meta = meta
+            self.query_one("#b", ShardMap).meta = plain
+
+    assert snap_compare(MapApp(), terminal_size=(110, 50))
