@@ -329,3 +329,137 @@ def test_nested_path_keeps_structure():
         ("optim", "state", "blk.0.weight", "exp_avg")
     assert nested_path(("a", 0, "c"), "a.1.c") == ("a", 1, "c")
     assert nested_path(("model", "w"), "w") == ("w",)
+
+
+# --- the torch-free writer ---------------------------------------------------------------------
+
+
+NO_TORCH_RENAME = r'''
+import json, sys
+from ckptscope.ops.rename import execute_rename, plan_rename
+plan = plan_rename(sys.argv[1], sys.argv[2], subs=[("linear_qkv", "qkv_proj")], drops=[r"linear_fc2\."])
+execute_rename(plan)
+print(json.dumps({"torch": any(m.split(".")[0] == "torch" for m in sys.modules),
+                  "megatron": any(m.split(".")[0] == "megatron" for m in sys.modules)}))
+'''
+
+
+def test_rename_path_imports_neither_torch_nor_megatron(mega, tmp_path):
+    """plan + execute of a torch_dist rename in a fresh interpreter: ``.metadata`` is rewritten
+    without importing torch (seconds of import time) or megatron."""
+    dst = tmp_path / "renamed"
+    proc = subprocess.run([sys.executable, "-c", NO_TORCH_RENAME, str(mega), str(dst)],
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"torch": False, "megatron": False}
+    keys = set(read_metadata(dst).state_dict_metadata)
+    assert any("qkv_proj" in k for k in keys) and not any("linear_qkv" in k or "linear_fc2." in k for k in keys)
+
+
+def torch_reference(src: Path, keys: dict, checkpoint_id: str):
+    """What the rename must produce, built with torch's own classes from torch's own reading of
+    the source (test-only: the source is trusted here)."""
+    from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+
+    md = pickle.loads((src / ".metadata").read_bytes())
+    def new(key):
+        return keys.get(key, key)
+    planner = None
+    if md.planner_data is not None:
+        planner = {new(k): p if new(k) == k else nested_path(p, new(k))
+                   for k, p in md.planner_data.items() if new(k) is not None}
+    old_meta = md.storage_meta
+    expected = Metadata(
+        state_dict_metadata={new(k): v for k, v in md.state_dict_metadata.items() if new(k) is not None},
+        planner_data=planner,
+        storage_data={MetadataIndex(new(i.fqn), i.offset, i.index): info for i, info in md.storage_data.items()
+                      if new(i.fqn) is not None},
+        storage_meta=StorageMeta(checkpoint_id=type(old_meta.checkpoint_id)(checkpoint_id), save_id=old_meta.save_id,
+                                 load_id=old_meta.load_id, modules=old_meta.modules),
+        version=md.version)
+    for name, value in vars(md).items():
+        if not hasattr(expected, name) and name != "all_local_plans":
+            setattr(expected, name, {new(k): v for k, v in value.items()} if name == "mcore_data" else value)
+    return expected
+
+
+def assert_same_objects(got, want, path: str = "metadata") -> None:
+    """Field by field, with exact types (``torch.Size`` stays ``torch.Size``, ints stay ints) and
+    the same order of every mapping."""
+    import torch
+
+    assert type(got) is type(want), f"{path}: {type(got).__name__} != {type(want).__name__}"
+    if isinstance(want, dict):
+        assert len(got) == len(want), path
+        for (gk, gv), (wk, wv) in zip(got.items(), want.items()):
+            assert_same_objects(gk, wk, f"{path} key {wk!r}")
+            assert_same_objects(gv, wv, f"{path}[{wk!r}]")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), path
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same_objects(g, w, f"{path}[{i}]")
+    elif hasattr(want, "__dict__") and not isinstance(want, (type, torch.dtype, torch.layout, torch.memory_format)):
+        assert vars(got).keys() == vars(want).keys(), path
+        for name in vars(want):
+            assert_same_objects(vars(got)[name], vars(want)[name], f"{path}.{name}")
+    else:
+        assert got == want, f"{path}: {got!r} != {want!r}"
+
+
+@pytest.mark.parametrize("sample,args", [
+    ("megatron", {"subs": [QKV_SUB], "drops": [r"linear_fc2\."]}),
+    ("megatron", {"subs": [(r"^decoder\.", "dec.")]}),
+    ("dcp_fsdp2", {"subs": [(r"^model\.", "net."), (r"^optim\.", "optimizer.")]}),
+    ("dcp_nested", {"mapping": {"model.embed.weight": "model.tok_embeddings.weight", "counts": "stats.counts"},
+                    "drops": [r"^optimizer\.state\.2\."]}),
+])
+def test_written_metadata_equals_torch_rebuilt_metadata(tmp_path, sample, args):
+    """The stub-tree writer gives the very objects torch's own classes give for the same rename:
+    same fields, same types, same order, for Megatron torch_dist and plain DCP alike."""
+    from ckptscope.formats.dcp_metadata import load_dcp_metadata
+    from ckptscope.ops.rename import execute_rename, plan_rename
+    from ckptscope.ops.rename_dcp import stored_key_changes
+
+    src = copy_sample(MEGATRON_ITER if sample == "megatron" else SAMPLES / sample, tmp_path)
+    dst = tmp_path / "renamed"
+    plan = plan_rename(src, dst, **args)
+    execute_rename(plan)
+    keys = stored_key_changes(load_dcp_metadata(src / ".metadata"), plan.changes, src)
+    want = torch_reference(src, keys, str(dst.resolve()))
+    got = pickle.loads((dst / ".metadata").read_bytes())
+    assert_same_objects(got, want)
+    assert got == want
+    assert pickletools.genops((dst / ".metadata").read_bytes()).__next__()[1] == 4  # protocol, as torch writes
+    read_metadata(dst)  # and torch's FileSystemReader takes it
+
+
+def rewrite_metadata(ckpt: Path, **attrs) -> None:
+    """Add attributes to a copied sample's ``.metadata`` with torch's own pickling (test-only)."""
+    md = pickle.loads((ckpt / ".metadata").read_bytes())
+    for name, value in attrs.items():
+        setattr(md, name, value)
+    (ckpt / ".metadata").write_bytes(pickle.dumps(md))
+
+
+def test_mcore_data_is_rekeyed_and_plain_extras_kept(tmp_path, cli):
+    src = copy_sample(SAMPLES / "dcp_nested", tmp_path)
+    rewrite_metadata(src, mcore_data={"model.embed.weight": {"nd_reformulated_orig_global_shape": (10, 4)},
+                                      "counts": {"x": 1}}, note={"kept": [1, 2.5, "x"]})
+    dst = tmp_path / "renamed"
+    result = cli("rename", str(src), str(dst), "--sub", r"^model\.embed\.", "model.tok.", "--drop", "^counts$")
+    assert result.code == 0, result.err
+    md = read_metadata(dst)
+    assert md.mcore_data == {"model.tok.weight": {"nd_reformulated_orig_global_shape": (10, 4)}}
+    assert md.note == {"kept": [1, 2.5, "x"]}
+
+
+def test_unknown_object_in_metadata_is_refused_in_one_line(tmp_path, cli):
+    import torch
+
+    src = copy_sample(SAMPLES / "dcp_nested", tmp_path)
+    rewrite_metadata(src, odd=torch.device("cpu"))
+    result = cli("rename", str(src), str(tmp_path / "never"), "--drop", "^counts$")
+    assert result.code == 2, result.err
+    assert "cannot carry over metadata attribute 'odd': it holds torch.device" in result.err
+    assert len(result.err.strip().splitlines()) == 1, result.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"], "something was written"

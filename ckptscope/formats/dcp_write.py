@@ -1,56 +1,74 @@
-"""Writing a renamed DCP ``.metadata`` (FORMATS.md §4.2, §5.2) without ever unpickling the source.
+"""Writing a renamed DCP ``.metadata`` (FORMATS.md §4.2, §5.2) without torch and without unpickling the source.
 
 Renaming a DCP or Megatron torch_dist checkpoint changes only ``.metadata``: every chunk keeps
-its file and byte range, so the data files are reused as they are. The source is parsed by the
-safe unpickler into data-only records (``dcp_metadata.py``); this module rebuilds the metadata
-from those records with torch's real classes (``Metadata``, ``TensorStorageMetadata`` ...) so that
-torch's ``FileSystemReader`` and Megatron's loader read the result with their ordinary
-``pickle.load``. Nothing from the source pickle is ever executed, and torch is imported only here,
-inside the write functions (writing is never on a metadata-reading path).
+its file and byte range, so the data files are reused as they are. The source is parsed with every
+global it names turned into an inert stub (``safe_pickle.PickleStub``: module, name, constructor
+arguments, BUILD state); the keys are renamed inside that tree, and the tree is written back by
+``torch_write.repickle`` with the same globals and opcodes. Torch's ``FileSystemReader`` and
+Megatron's loader then read the result with their ordinary ``pickle.load``, exactly as they read
+the source. Nothing from the source pickle is executed and torch is never imported: importing
+``torch.distributed.checkpoint`` costs seconds, far more than the whole rename of the metadata.
 
-What is carried over and why:
+Why stubs for *everything* (even ``torch.Size`` and dtypes, which the reader's allowlist turns
+into plain values): a stub is written back as the very global it was read from, so each object
+is re-created by the same constructor with the same state, whatever torch version wrote it
+(``TensorProperties`` pickles a version-specific tuple through ``__getstate__``; it is carried,
+never re-encoded).
 
-* every tensor (properties, global size, chunks) and bytes entry under its new key, dropped keys
-  left out; ``storage_data`` re-keyed with the same file / offset / length / transforms;
+What is changed and why:
+
+* ``state_dict_metadata`` re-keyed, dropped keys left out; each ``storage_data`` key
+  (``MetadataIndex``) gets the new ``fqn``, its offset/index and the ``_StorageInfo`` (file /
+  offset / length / transforms) untouched;
 * ``planner_data`` (flat key -> nested path, used by torch to rebuild nested state dicts) with
   paths re-derived for the new keys (``nested_path``), list indices kept as ints;
-* ``version`` and ``storage_meta`` (``save_id``: the data is that save's; ``checkpoint_id`` points
-  at the new location, as torch records where a checkpoint was written);
-* Megatron's ``mcore_data`` (per-key reformulation info, pre-0.16) re-keyed and attached to the
-  base ``Metadata`` as older Megatron releases did; megatron-core reads it with ``getattr`` so
-  the base class serves every version (0.15's ``MCoreMetadata`` is only kept as an empty dummy by
-  later releases). ``all_local_plans`` is dropped: it is Megatron's save-side cache of the old
-  save plans, keyed by the old names, and only consulted to reuse a plan on the next save.
+* ``storage_meta.checkpoint_id`` points at the new location (torch records where a checkpoint was
+  written; ``save_id`` stays: the data is that save's);
+* Megatron's ``mcore_data`` (per-key reformulation info, pre-0.16) re-keyed and kept on the base
+  ``Metadata`` as older Megatron releases did; megatron-core reads it with ``getattr`` so the base
+  class serves every version (0.15's ``MCoreMetadata`` is only kept as an empty dummy by later
+  releases), and the written pickle names no Megatron class. ``all_local_plans`` is dropped: it
+  is Megatron's save-side cache of the old save plans, keyed by the old names, and only consulted
+  to reuse a plan on the next save. Other extra attributes are carried when they are plain data
+  (they cannot be renamed, so anything else is refused rather than guessed at).
 """
 
 from __future__ import annotations
 
-import os
-import pickle
+import io
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ckptscope.core.dtypes import DType
 from ckptscope.core.errors import CkptError
-from ckptscope.formats.dcp_metadata import (
-    BytesStorageRecord,
-    MetadataRecord,
-    StorageMetaRecord,
-    TensorStorageRecord,
-    field_of,
-    load_metadata_record,
-)
-from ckptscope.formats.safe_pickle import PickleStub
+from ckptscope.formats.dcp_metadata import MetadataRecord, field_of, load_metadata_record
+from ckptscope.formats.safe_pickle import PickleStub, SafeUnpickler, stub_class
+from ckptscope.formats.torch_write import repickle
+
+__all__ = ["check_nesting", "load_metadata_record", "nested_path", "planner_paths", "renamed_metadata_bytes",
+           "write_renamed_metadata"]
 
 PathPart = str | int
 _PLAIN = (str, int, float, bool, type(None))
 _DROPPED_EXTRAS = {"all_local_plans"}
+_FIELDS = set(MetadataRecord.FIELDS)
+
+_DCP_META = "torch.distributed.checkpoint.metadata"
+_MCORE = "megatron.core.dist_checkpointing.strategies.torch"
+_METADATA_CLASSES = {(_DCP_META, "Metadata"), (_MCORE, "MCoreMetadata")}
+_ENTRY_CLASSES = {(_DCP_META, "TensorStorageMetadata"), (_DCP_META, "BytesStorageMetadata")}
+_METADATA_PROTOCOL = 4
+"""What ``pickle.dump`` writes by default on the Pythons torch supports, as torch's writer does."""
 
 
 def planner_paths(raw: MetadataRecord) -> dict[str, tuple[PathPart, ...]] | None:
     """``planner_data`` with its original part types (ints are list indices), or None."""
-    planner = field_of(raw, "planner_data")
+    return _paths(field_of(raw, "planner_data"))
+
+
+def _paths(planner: Any) -> dict[str, tuple[PathPart, ...]] | None:
+    """The one reading of a ``planner_data`` value, shared by the planner and the writer so the
+    nesting checked at plan time is the nesting written."""
     if not isinstance(planner, dict):
         return None
     return {str(k): tuple(p if isinstance(p, int) and not isinstance(p, bool) else str(p) for p in v)
@@ -102,146 +120,174 @@ def check_nesting(paths: Mapping[str, tuple[PathPart, ...]], where: Path) -> Non
         raise CkptError(f"renamed keys mix list indices and names under {mixed[0]!r}", where)
 
 
-# --- building torch objects from the records ---------------------------------------------------
+# --- the stub tree -------------------------------------------------------------------------------
 
 
-def _torch_dtype(value: Any, key: str, where: Path) -> Any:
-    import torch
+class _StubUnpickler(SafeUnpickler):
+    """Every global becomes a stub, even those the reader's allowlist turns into plain values.
 
-    dtype = getattr(torch, value.name, None) if isinstance(value, DType) else None
-    if not isinstance(dtype, torch.dtype):
-        raise CkptError(f"cannot rebuild the dtype of {key!r} ({value!r})", where)
-    return dtype
+    The reader wants ``torch.Size`` as a tuple and ``torch.bfloat16`` as a ``DType``; a writer
+    wants them back as the very globals they were, so nothing is normalised here. Persistent ids
+    (tensor storages) are still refused by ``SafeUnpickler``: a ``.metadata`` has none.
+    """
 
-
-def _properties(record: Any, key: str, where: Path) -> Any:
-    import torch
-    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING, TensorProperties
-
-    layout = torch.strided
-    stub = field_of(record, "layout")
-    if isinstance(stub, PickleStub) and stub.args and isinstance(stub.args[0], str):
-        candidate = getattr(torch, stub.args[0].rsplit(".", 1)[-1], None)
-        if not isinstance(candidate, torch.layout):
-            raise CkptError(f"unknown tensor layout {stub.args[0]!r} for {key!r}", where)
-        layout = candidate
-    memory_format = torch.contiguous_format
-    stub = field_of(record, "memory_format")
-    if isinstance(stub, PickleStub) and stub.args:
-        try:
-            encoding = _MEM_FORMAT_ENCODING(stub.args[0])
-        except ValueError:
-            raise CkptError(f"unknown memory format {stub.args[0]!r} for {key!r}", where) from None
-        memory_format = {_MEM_FORMAT_ENCODING.TORCH_CHANNELS_LAST: torch.channels_last,
-                         _MEM_FORMAT_ENCODING.TORCH_PRESERVE_FORMAT: torch.preserve_format}.get(
-            encoding, torch.contiguous_format)
-    return TensorProperties(dtype=_torch_dtype(field_of(record, "dtype"), key, where), layout=layout,
-                            requires_grad=bool(field_of(record, "requires_grad", False)),
-                            memory_format=memory_format, pin_memory=bool(field_of(record, "pin_memory", False)))
+    def find_class(self, module: str, name: str) -> Any:
+        return stub_class(module, name)
 
 
-def _tensor_entry(record: TensorStorageRecord, key: str, where: Path) -> Any:
-    import torch
-    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
-
-    chunks = [ChunkStorageMetadata(offsets=torch.Size(field_of(c, "offsets")), sizes=torch.Size(field_of(c, "sizes")))
-              for c in field_of(record, "chunks") or ()]
-    return TensorStorageMetadata(properties=_properties(field_of(record, "properties"), key, where),
-                                 size=torch.Size(field_of(record, "size")), chunks=chunks)
+def _is(obj: Any, names: set[tuple[str, str]]) -> bool:
+    return isinstance(obj, PickleStub) and (type(obj).stub_module, type(obj).stub_name) in names
 
 
-def _plain(value: Any, what: str, where: Path) -> Any:
-    """Copy json-like data (dicts, lists, tuples, scalars); anything else cannot be re-pickled faithfully."""
+def _state(obj: Any, what: str, where: Path) -> dict[str, Any]:
+    """The BUILD dict of a dataclass stub (how torch pickles its metadata dataclasses:
+    ``NEWOBJ`` of no arguments, then ``BUILD`` with ``__dict__``)."""
+    if not isinstance(obj, PickleStub) or obj.args or obj.kwargs or obj.items or obj.dict_items \
+            or not isinstance(obj.state, dict):
+        kind = type(obj).qualname() if isinstance(obj, PickleStub) else type(obj).__name__
+        raise CkptError(f"cannot rename: {what} is not pickled as a plain dataclass ({kind})", where)
+    return obj.state
+
+
+def _rebuilt(like: PickleStub, state: dict[str, Any], cls: type[PickleStub] | None = None) -> PickleStub:
+    """A new dataclass stub built like ``like`` (same opcodes), with ``state`` for BUILD."""
+    cls = cls or type(like)
+    new = cls(*like.args) if like.called else cls.__new__(cls, *like.args)
+    object.__setattr__(new, "state", state)  # PickleStub routes attribute writes to dict_items
+    return new
+
+
+def _path_stub(old: PickleStub, checkpoint_id: str) -> PickleStub:
+    """``checkpoint_id`` as the ``pathlib`` class the source used (``PosixPath(*parts)``, what
+    ``Path.__reduce__`` writes), or as this platform's ``Path`` class when the source held some
+    other object."""
+    cls = type(old)
+    if not cls.stub_module.startswith("pathlib"):
+        local = type(Path(checkpoint_id))
+        cls = stub_class(local.__module__, local.__name__)
+    return cls(*Path(checkpoint_id).parts)
+
+
+def _check_plain(value: Any, what: str, where: Path) -> None:
+    """Refuse anything but json-like data: a renamed checkpoint cannot know whether an unknown
+    object holds the old key names, so it is not carried blindly."""
     if isinstance(value, _PLAIN):
-        return value
+        return
     if isinstance(value, (list, tuple)):
-        items = [_plain(v, what, where) for v in value]
-        return items if isinstance(value, list) else tuple(items)
-    if isinstance(value, dict):
-        return {_plain(k, what, where): _plain(v, what, where) for k, v in value.items()}
-    raise CkptError(f"cannot carry over {what}: it holds {type(value).__name__}", where)
+        for item in value:
+            _check_plain(item, what, where)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_plain(key, what, where)
+            _check_plain(item, what, where)
+    elif _is(value, {("collections", "OrderedDict")}) and not value.args and not value.items:
+        _check_plain(value.dict_items, what, where)
+    else:
+        kind = type(value).qualname() if isinstance(value, PickleStub) else type(value).__name__
+        raise CkptError(f"cannot carry over {what}: it holds {kind}", where)
 
 
-def _storage_meta(record: Any, checkpoint_id: str) -> Any:
-    from torch.distributed.checkpoint.metadata import StorageMeta
+def load_metadata_tree(path: Path) -> PickleStub:
+    """``path`` unpickled into stubs only (nothing imported, nothing executed); its root must be
+    torch's ``Metadata`` (or Megatron 0.15's ``MCoreMetadata``)."""
+    try:
+        with open(path, "rb") as handle:
+            root = _StubUnpickler(io.BufferedReader(handle)).load()
+    except OSError as exc:
+        raise CkptError(f"cannot read: {exc.strerror or exc}", path) from None
+    except Exception as exc:  # any malformed pickle: report it, never execute it
+        raise CkptError(f"not a DCP .metadata pickle: {type(exc).__name__}: {exc}", path) from None
+    if not _is(root, _METADATA_CLASSES):
+        kind = type(root).qualname() if isinstance(root, PickleStub) else type(root).__name__
+        raise CkptError(f"not a DCP .metadata pickle: it holds {kind}, not Metadata", path)
+    return root
 
-    if not isinstance(record, StorageMetaRecord):
-        return None
-    old_id = field_of(record, "checkpoint_id")
-    new_id: str | os.PathLike[str] = Path(checkpoint_id) if isinstance(old_id, PickleStub) else checkpoint_id
-    modules = field_of(record, "modules") or []
-    return StorageMeta(checkpoint_id=new_id, save_id=field_of(record, "save_id"),
-                       load_id=field_of(record, "load_id"),
-                       modules=[str(m) for m in modules] if isinstance(modules, (list, tuple)) else [])
 
+def renamed_tree(root: PickleStub, new_keys: Mapping[str, str | None], *, checkpoint_id: str,
+                 where: Path) -> PickleStub:
+    """A stub ``Metadata`` equal to ``root`` with every key renamed by ``new_keys`` (None: dropped;
+    absent: unchanged). Everything not named here is the source's own object, carried as read."""
 
-def renamed_metadata(raw: MetadataRecord, new_keys: Mapping[str, str | None], *, checkpoint_id: str,
-                     where: Path) -> Any:
-    """A torch ``Metadata`` equal to ``raw`` with every key renamed by ``new_keys`` (None: dropped;
-    absent: unchanged)."""
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, MetadataIndex
+    def new(key: Any) -> Any:
+        if not isinstance(key, str):
+            return key
+        target = new_keys.get(key, key)
+        # An unchanged key stays the tree's own string object: pickle shares one memo entry between
+        # the key, its MetadataIndex fqn and its planner_data entry, as in the source.
+        return key if target == key else target
 
-    def new(key: str) -> str | None:
-        return new_keys.get(key, key)
-
+    old = _state(root, "the metadata", where)
     state: dict[str, Any] = {}
-    for key, entry in field_of(raw, "state_dict_metadata").items():
-        target = new(key)
-        if target is None:
+    for name, value in old.items():
+        if name in _DROPPED_EXTRAS:
             continue
-        if isinstance(entry, TensorStorageRecord):
-            state[target] = _tensor_entry(entry, key, where)
-        elif isinstance(entry, BytesStorageRecord):
-            state[target] = BytesStorageMetadata()
-        else:
-            raise CkptError(f"entry {key!r} is neither a tensor nor bytes", where)
+        if name not in _FIELDS:
+            if name == "mcore_data" and isinstance(value, dict):
+                value = {new(k): v for k, v in value.items() if not isinstance(k, str) or new(k) is not None}
+            _check_plain(value, f"metadata attribute {name!r}", where)
+        state[name] = value
 
-    storage: dict[Any, Any] | None = None
-    old_storage = field_of(raw, "storage_data")
-    if isinstance(old_storage, dict):
-        storage = {}
-        for index, info in old_storage.items():
-            target = new(field_of(index, "fqn"))
-            if target is None:
-                continue
-            offset = field_of(index, "offset")
-            transforms = field_of(info, "transform_descriptors")
-            storage[MetadataIndex(target, offset, field_of(index, "index"))] = _StorageInfo(
-                relative_path=field_of(info, "relative_path"), offset=field_of(info, "offset"),
-                length=field_of(info, "length"),
-                transform_descriptors=list(transforms) if isinstance(transforms, (list, tuple)) else None)
-    elif old_storage is not None:
+    entries = old.get("state_dict_metadata")
+    if not isinstance(entries, dict):
+        raise CkptError("bad DCP metadata: state_dict_metadata is missing", where)
+    state["state_dict_metadata"] = renamed = {}
+    for key, entry in entries.items():
+        if not _is(entry, _ENTRY_CLASSES):
+            raise CkptError(f"entry {key!r} is neither a tensor nor bytes", where)
+        if (target := new(key)) is not None:
+            renamed[target] = entry
+
+    storage = old.get("storage_data")
+    if isinstance(storage, dict):
+        state["storage_data"] = moved = {}
+        for index, info in storage.items():
+            fields = _state(index, "a storage_data key", where)
+            fqn = fields.get("fqn")
+            if not isinstance(fqn, str):
+                raise CkptError("bad DCP metadata: a storage_data key has no fqn", where)
+            if (target := new(fqn)) is not None:
+                moved[index if target == fqn else _rebuilt(index, {**fields, "fqn": target})] = info
+    elif storage is not None:
         raise CkptError("storage_data is not a mapping (not a FileSystemWriter checkpoint?)", where)
 
-    planner_data: dict[str, tuple[PathPart, ...]] | None = None
-    old_paths = planner_paths(raw)
+    planner = old.get("planner_data")
+    old_paths = _paths(planner)
     if old_paths is not None:
-        planner_data = {}
+        paths = {}
         for key, path in old_paths.items():
-            target = new(key)
-            if target is not None:
-                planner_data[target] = path if target == key else nested_path(path, target)
-    elif field_of(raw, "planner_data") is not None:
+            if (target := new(key)) is not None:
+                paths[target] = path if target == key else nested_path(path, target)
+        state["planner_data"] = paths
+    elif planner is not None:
         raise CkptError("planner_data is not the default planner's mapping; cannot rename it", where)
 
-    version = field_of(raw, "version")
-    metadata = Metadata(state_dict_metadata=state, planner_data=planner_data, storage_data=storage,
-                        storage_meta=_storage_meta(field_of(raw, "storage_meta"), checkpoint_id),
-                        version=version if isinstance(version, str) else None)
-    for name, value in raw.__dict__.items():
-        if name in MetadataRecord.FIELDS or name in _DROPPED_EXTRAS:
-            continue
-        if name == "mcore_data" and isinstance(value, dict):
-            value = {new(k): v for k, v in value.items() if not isinstance(k, str) or new(k) is not None}
-        setattr(metadata, name, _plain(value, f"metadata attribute {name!r}", where))
-    return metadata
+    if "version" in state and not isinstance(state["version"], str):
+        state["version"] = None
+    meta = old.get("storage_meta")
+    if _is(meta, {(_DCP_META, "StorageMeta")}) and isinstance(meta.state, dict) and not meta.args:
+        old_id = meta.state.get("checkpoint_id")
+        new_id = _path_stub(old_id, checkpoint_id) if isinstance(old_id, PickleStub) else checkpoint_id
+        state["storage_meta"] = _rebuilt(meta, {**meta.state, "checkpoint_id": new_id})
+    elif "storage_meta" in state:
+        state["storage_meta"] = None  # not torch's StorageMeta: nothing a reader relies on
+    return _rebuilt(root, state, stub_class(_DCP_META, "Metadata"))
+
+
+def renamed_metadata_bytes(src: Path, new_keys: Mapping[str, str | None], *, checkpoint_id: str) -> bytes:
+    """The pickled ``.metadata`` at ``src`` with its keys renamed (see ``renamed_tree``)."""
+    tree = renamed_tree(load_metadata_tree(src), new_keys, checkpoint_id=checkpoint_id, where=src)
+    try:
+        data, storages = repickle(tree, protocol=_METADATA_PROTOCOL)
+    except CkptError as exc:
+        raise CkptError(f"cannot rename: {exc.problem}", src) from None
+    if storages:  # unreachable: the unpickler refuses persistent ids
+        raise CkptError("cannot rename: the metadata refers to tensor storages", src)
+    return data
 
 
 def write_renamed_metadata(src: Path, out: Path, new_keys: Mapping[str, str | None], *, checkpoint_id: str) -> None:
-    """Write ``out``: the ``.metadata`` at ``src`` with its keys renamed (see ``renamed_metadata``)."""
-    raw = load_metadata_record(src)
-    metadata = renamed_metadata(raw, new_keys, checkpoint_id=checkpoint_id, where=src)
+    """Write ``out``: the ``.metadata`` at ``src`` with its keys renamed. Every check runs before
+    ``out`` is opened, so a refused rename leaves nothing half written."""
+    data = renamed_metadata_bytes(src, new_keys, checkpoint_id=checkpoint_id)
     with open(out, "wb") as handle:
-        pickle.dump(metadata, handle)
-
+        handle.write(data)

@@ -15,6 +15,7 @@ import io
 import os
 import pickle
 import struct
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -40,8 +41,8 @@ _REBUILD_PARAMETER = GlobalRef("torch._utils", "_rebuild_parameter")
 
 
 class _RePickler(pickle._Pickler):  # the pure-Python pickler lets us intercept every object
-    def __init__(self, file: BinaryIO, *, legacy: bool) -> None:
-        super().__init__(file, protocol=2)
+    def __init__(self, file: BinaryIO, *, legacy: bool, protocol: int = 2) -> None:
+        super().__init__(file, protocol=protocol)
         self._legacy = legacy
         self.storages: dict[str, StorageRef] = {}
 
@@ -79,7 +80,15 @@ class _RePickler(pickle._Pickler):  # the pure-Python pickler lets us intercept 
             module, name = obj.module, obj.name
         else:
             module, name = obj.stub_module, obj.stub_name
-        self.write(pickle.GLOBAL + module.encode("utf-8") + b"\n" + name.encode("utf-8") + b"\n")
+        if self.proto >= 4:
+            # What pickle itself writes from protocol 4 on (torch's DCP ``.metadata`` is protocol 4):
+            # the names as memoised strings, then STACK_GLOBAL. Interned, so that equal names read
+            # from different pickles share one memo entry, as one module's classes do in pickle.
+            self.save(sys.intern(module))
+            self.save(sys.intern(name))
+            self.write(pickle.STACK_GLOBAL)
+        else:
+            self.write(pickle.GLOBAL + module.encode("utf-8") + b"\n" + name.encode("utf-8") + b"\n")
         self.memoize(obj)
 
     def _save_tensor(self, ref: TensorRef) -> None:
@@ -133,10 +142,15 @@ class _RePickler(pickle._Pickler):  # the pure-Python pickler lets us intercept 
             self.write(pickle.BUILD)
 
 
-def repickle(obj: Any, *, legacy: bool = False) -> tuple[bytes, dict[str, StorageRef]]:
-    """Pickle ``obj`` as torch would; returns the bytes and the storages it refers to."""
+def repickle(obj: Any, *, legacy: bool = False, protocol: int = 2) -> tuple[bytes, dict[str, StorageRef]]:
+    """Pickle ``obj`` as torch would; returns the bytes and the storages it refers to.
+
+    ``protocol`` is 2 for ``torch.save`` data (what torch writes there); plain pickles such as a
+    DCP ``.metadata`` (``pickle.dump`` with Python's default, 4) ask for theirs. Nothing in here
+    imports torch, so a tree without tensors can be written back without it.
+    """
     buf = io.BytesIO()
-    pickler = _RePickler(buf, legacy=legacy)
+    pickler = _RePickler(buf, legacy=legacy, protocol=protocol)
     pickler.dump(obj)
     return buf.getvalue(), pickler.storages
 
