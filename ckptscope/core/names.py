@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from functools import lru_cache
 from collections.abc import Iterable, Sequence
 
 _DIGITS = re.compile(r"(\d+)")
 
 
+@lru_cache(maxsize=65536)
 def natural_key(name: str) -> tuple[object, ...]:
-    """Sort ``layers.10`` after ``layers.9``: digit runs compare as numbers."""
+    """Sort ``layers.10`` after ``layers.9``: digit runs compare as numbers. Cached: the same
+    segments (``weight``, ``mlp``) come back thousands of times."""
     return tuple(int(part) if part.isdigit() else part for part in _DIGITS.split(name))
 
 

@@ -103,13 +103,13 @@ def _parse_entry(path: Path, name: str, entry: Any, data_start: int, rel_name: s
         raise CkptError(f"bad safetensors header: entry {name!r} is not an object", path)
     try:
         dtype = dtype_by_safetensors(str(entry["dtype"]))
-        shape = tuple(int(s) for s in entry["shape"])
-        begin, end = (int(o) for o in entry["data_offsets"])
+        shape = tuple(map(int, entry["shape"]))
+        begin, end = map(int, entry["data_offsets"])
     except CkptError as exc:
         raise CkptError(f"bad safetensors header: tensor {name!r}: {exc.problem}", path) from None
     except (KeyError, TypeError, ValueError):
         raise CkptError(f"bad safetensors header: tensor {name!r} lacks dtype/shape/data_offsets", path) from None
-    if any(s < 0 for s in shape) or begin < 0 or end < begin:
+    if (shape and min(shape) < 0) or begin < 0 or end < begin:
         raise CkptError(f"bad safetensors header: tensor {name!r} has negative sizes or offsets", path)
     expected = dtype.nbytes(math.prod(shape))
     if end - begin != expected:
@@ -118,9 +118,9 @@ def _parse_entry(path: Path, name: str, entry: Any, data_start: int, rel_name: s
             f"{dtype.name}{list(shape)} needs {expected}",
             path,
         )
-    chunk = Chunk(offsets=(0,) * len(shape), shape=shape, file=rel_name, byte_offset=data_start + begin,
-                  byte_length=end - begin, encoding=Encoding.RAW)
-    return begin, end, TensorMeta(name=name, dtype=dtype.name, shape=shape, chunks=(chunk,))
+    # Positional construction: this runs once per tensor and dominates opening huge headers.
+    chunk = Chunk((0,) * len(shape), shape, rel_name, data_start + begin, end - begin, Encoding.RAW)
+    return begin, end, TensorMeta(name, dtype.name, shape, (chunk,))
 
 
 def _check_layout(path: Path, spans: list[tuple[int, int, str]], data_size: int) -> list[str]:

@@ -8,27 +8,42 @@ different shape) breaks the run, so nothing is hidden. Used by ``inspect`` and b
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from ckptscope.core.names import natural_key
 from ckptscope.core.tensor import TensorMeta
 
 
-@dataclass(slots=True)
 class TreeNode:
-    label: str
-    """What this node shows: a name segment, a range like ``[0-31]``, or a tensor's last segment."""
-    path: str
-    """Dotted prefix of this node; for a range node, the prefix of its first member."""
-    children: list["TreeNode"] = field(default_factory=list)
-    tensor: TensorMeta | None = None
-    """Set on leaves (for range nodes: the first member's tensor)."""
-    members: tuple[str, ...] = ()
-    """For range nodes: the dotted prefixes of every member (``model.layers.0`` ...)."""
-    num_params: int = 0
-    """Parameters in this subtree, all members counted."""
-    nbytes: int = 0
-    num_tensors: int = 0
+    """One node of the module tree. Children are built on first access, so opening a checkpoint
+    with tens of thousands of tensors only pays for the levels a user actually looks at."""
+
+    __slots__ = ("label", "path", "tensor", "members", "num_params", "nbytes", "num_tensors", "_trie",
+                 "_collapse", "_children")
+
+    def __init__(self, label: str, path: str, children: list["TreeNode"] | None = None,
+                 tensor: TensorMeta | None = None, members: tuple[str, ...] = (), num_params: int = 0,
+                 nbytes: int = 0, num_tensors: int = 0) -> None:
+        self.label = label
+        """What this node shows: a name segment, a range like ``[0-31]``, or a tensor's last segment."""
+        self.path = path
+        """Dotted prefix of this node; for a range node, the prefix of its first member."""
+        self.tensor = tensor
+        """Set on leaves (for range nodes: the first member's tensor)."""
+        self.members = members
+        """For range nodes: the dotted prefixes of every member (``model.layers.0`` ...)."""
+        self.num_params = num_params
+        """Parameters in this subtree, all members counted."""
+        self.nbytes = nbytes
+        self.num_tensors = num_tensors
+        self._trie: _Trie | None = None
+        self._collapse = True
+        self._children = children
+
+    @property
+    def children(self) -> list["TreeNode"]:
+        if self._children is None:
+            self._children = _children_of(self._trie, self.path, self._collapse) if self._trie else []
+        return self._children
 
     @property
     def is_range(self) -> bool:
@@ -58,43 +73,68 @@ class TreeNode:
         for child in self.children:
             yield from child.walk()
 
+    def __repr__(self) -> str:
+        return f"TreeNode({self.path or '<root>'!r}, label={self.label!r}, params={self.num_params})"
 
-@dataclass(slots=True)
+
 class _Trie:
-    children: dict[str, "_Trie"] = field(default_factory=dict)
-    tensor: TensorMeta | None = None
+    __slots__ = ("children", "tensor", "params", "nbytes", "count", "signature", "shapes")
+
+    def __init__(self, shapes: dict[tuple, int]) -> None:
+        self.children: dict[str, _Trie] = {}
+        self.tensor: TensorMeta | None = None
+        self.params = self.nbytes = self.count = 0
+        self.signature: int | None = None
+        self.shapes = shapes
+        """Shared by the whole trie: each distinct subtree structure -> a small id."""
 
 
 def build_tree(tensors: Iterable[TensorMeta], *, collapse: bool = True, root_label: str = "") -> TreeNode:
-    """Build the module tree of ``tensors`` (names split on dots)."""
-    root = _Trie()
+    """Build the module tree of ``tensors`` (names split on dots). Subtree totals are summed
+    while inserting; everything below the root is materialised lazily."""
+    shapes: dict[tuple, int] = {}
+    root = _Trie(shapes)
     for meta in tensors:
+        numel, nbytes = meta.numel, meta.nbytes
         node = root
+        node.params += numel
+        node.nbytes += nbytes
+        node.count += 1
         for part in meta.name.split("."):
-            node = node.children.setdefault(part, _Trie())
+            child = node.children.get(part)
+            if child is None:
+                child = node.children[part] = _Trie(shapes)
+            node = child
+            node.params += numel
+            node.nbytes += nbytes
+            node.count += 1
         node.tensor = meta
-    return _convert(root, root_label, "", collapse)
+    return _node(root, root_label, "", collapse)
 
 
-def _convert(trie: _Trie, label: str, path: str, collapse: bool) -> TreeNode:
-    node = TreeNode(label=label, path=path, tensor=trie.tensor)
-    keys = sorted(trie.children, key=natural_key)
-    numeric = [k for k in keys if k.isdigit()]
-    others = [k for k in keys if not k.isdigit()]
-    for key in others:
-        node.children.append(_convert(trie.children[key], key, _join(path, key), collapse))
-    if numeric:
-        node.children[0:0] = _numeric_children(trie, numeric, path, collapse)
-    _total(node)
+def _node(trie: _Trie, label: str, path: str, collapse: bool, members: tuple[str, ...] = ()) -> TreeNode:
+    repeat = max(1, len(members))
+    node = TreeNode(label=label, path=path, tensor=trie.tensor, members=members,
+                    num_params=trie.params * repeat, nbytes=trie.nbytes * repeat, num_tensors=trie.count * repeat)
+    node._trie = trie
+    node._collapse = collapse
     return node
+
+
+def _children_of(trie: _Trie, path: str, collapse: bool) -> list[TreeNode]:
+    numeric = sorted((k for k in trie.children if k.isdigit()), key=int)
+    others = sorted((k for k in trie.children if not k.isdigit()), key=natural_key)
+    out = _numeric_children(trie, numeric, path, collapse) if numeric else []
+    out.extend(_node(trie.children[k], k, _join(path, k), collapse) for k in others)
+    return out
 
 
 def _numeric_children(trie: _Trie, keys: list[str], path: str, collapse: bool) -> list[TreeNode]:
     if not collapse:
-        return [_convert(trie.children[k], k, _join(path, k), collapse) for k in keys]
+        return [_node(trie.children[k], k, _join(path, k), collapse) for k in keys]
     runs: list[list[str]] = []
-    last_sig: tuple | None = None
-    for key in sorted(keys, key=int):
+    last_sig: int | None = None
+    for key in keys:
         sig = _signature(trie.children[key])
         if runs and sig == last_sig and int(key) == int(runs[-1][-1]) + 1:
             runs[-1].append(key)
@@ -103,38 +143,26 @@ def _numeric_children(trie: _Trie, keys: list[str], path: str, collapse: bool) -
         last_sig = sig
     out = []
     for run in runs:
-        first = _convert(trie.children[run[0]], run[0], _join(path, run[0]), collapse)
+        first = trie.children[run[0]]
         if len(run) == 1:
-            out.append(first)
-            continue
-        node = TreeNode(label=f"[{run[0]}-{run[-1]}]", path=first.path, children=first.children,
-                        tensor=first.tensor, members=tuple(_join(path, k) for k in run))
-        node.num_params = first.num_params * len(run)
-        node.nbytes = first.nbytes * len(run)
-        node.num_tensors = first.num_tensors * len(run)
-        out.append(node)
+            out.append(_node(first, run[0], _join(path, run[0]), collapse))
+        else:
+            out.append(_node(first, f"[{run[0]}-{run[-1]}]", _join(path, run[0]), collapse,
+                             members=tuple(_join(path, k) for k in run)))
     return out
 
 
-def _signature(trie: _Trie, prefix: str = "") -> tuple:
-    """What must match for two layers to share a range: relative names, dtypes and shapes."""
-    items: list[tuple] = []
-    if trie.tensor is not None:
-        items.append((prefix, trie.tensor.dtype, trie.tensor.shape))
-    for key, child in trie.children.items():
-        items.extend(_signature(child, _join(prefix, key)))
-    return tuple(sorted(items))
+def _signature(trie: _Trie) -> int:
+    """What must match for two layers to share a range: names, dtypes and shapes below.
 
-
-def _total(node: TreeNode) -> None:
-    params = nbytes = count = 0
-    if node.tensor is not None:
-        params, nbytes, count = node.tensor.numel, node.tensor.nbytes, 1
-    for child in node.children:
-        params += child.num_params
-        nbytes += child.nbytes
-        count += child.num_tensors
-    node.num_params, node.nbytes, node.num_tensors = params, nbytes, count
+    Structures are interned bottom-up (each distinct one gets an id from a dict, compared by full
+    equality), so equal ids mean exactly equal subtrees and each node is hashed once.
+    """
+    if trie.signature is None:
+        own = (trie.tensor.dtype, trie.tensor.shape) if trie.tensor is not None else None
+        key = (own, tuple(sorted((k, _signature(c)) for k, c in trie.children.items())))
+        trie.signature = trie.shapes.setdefault(key, len(trie.shapes))
+    return trie.signature
 
 
 def _join(prefix: str, key: str) -> str:

@@ -50,6 +50,11 @@ def open_path(path: str | Path, *, trust_pickle: bool = False, discover: bool = 
     reader = open_checkpoint(path, trust_pickle=trust_pickle)
     index = reader.index()
     tree = build_tree(index.tensors.values())
+    # The tree's children are built lazily; build the levels the first frame shows here, on the
+    # worker thread, so the UI thread only creates widgets (layer ranges need every layer's
+    # signature, which is the expensive part for MoE checkpoints).
+    for _, child in tree.folded_children():
+        child.folded_children()
     from ckptscope.tui.widgets.summary_header import summary_renderable
 
     return Opened(reader=reader, index=index, tree=tree, header=summary_renderable(index),
