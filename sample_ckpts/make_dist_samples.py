@@ -242,15 +242,10 @@ WRITERS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", nargs="?", default=str(Path(__file__).resolve().parent))
-    parser.add_argument("--only", nargs="*", choices=sorted(WRITERS), help="write only these samples")
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    for name in args.only or WRITERS:
-        path = WRITERS[name](out)
-        print(f"wrote {path}", file=sys.stderr)
-    return 0
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from make_samples import run_writers
+
+    return run_writers(WRITERS, argv, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

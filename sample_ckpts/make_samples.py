@@ -146,16 +146,21 @@ WRITERS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_writers(writers: dict, argv: list[str] | None, description: str) -> int:
+    """The command line shared by the sample scripts: ``[OUT_DIR] [--only NAME ...]``."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("out", nargs="?", default=str(Path(__file__).resolve().parent))
-    parser.add_argument("--only", nargs="*", choices=sorted(WRITERS), help="write only these samples")
+    parser.add_argument("--only", nargs="*", choices=sorted(writers), help="write only these samples")
     args = parser.parse_args(argv)
     out = Path(args.out)
-    for name in args.only or WRITERS:
-        path = WRITERS[name](out)
+    for name in args.only or writers:
+        path = writers[name](out)
         print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_writers(WRITERS, argv, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":
