@@ -89,11 +89,9 @@ def bench_dcp(work: Path, gigabytes: float, repeat: int) -> None:
                                    "--sub", r"^model\.layers\.", "model.blocks."]))
         shutil.rmtree(work / f"dcp_rn{i}")
     cp_s, rn_s = min(cp_times), min(rename_times)
-    import_s = min(timed([sys.executable, "-c", "import torch.distributed.checkpoint"]) for _ in range(repeat))
     print(f"DCP checkpoint: {size_gb:.2f} GB on disk, {nbytes / 1e9:.2f} GB of tensors, {files} .distcp files")
     print(f"cp -r:            {cp_s:.3f} s  ({cp_s / size_gb:.3f} s/GB)")
     print(f"ckptscope rename: {rn_s:.3f} s  ({rn_s / size_gb:.3f} s/GB; .metadata regenerated, data hard-linked)")
-    print(f"  of which importing torch.distributed.checkpoint (a fixed cost, not per GB): {import_s:.3f} s")
     print(f"ratio rename / cp: {rn_s / cp_s:.2f}  (best of {repeat})")
 
 
