@@ -13,7 +13,8 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import IO, Any
 
 from ckptscope.core.dtypes import DType
 from ckptscope.core.errors import CkptError
@@ -179,17 +180,22 @@ def _storage(info: Any, path: Path) -> StorageInfo:
     return StorageInfo(rel, offset, length, tuple(str(t) for t in transforms) if isinstance(transforms, (list, tuple)) else ())
 
 
-def load_metadata_record(path: Path) -> MetadataRecord:
-    """The safely unpickled ``.metadata`` as records (no torch, nothing executed)."""
+def unpickle_metadata_file(path: Path, load: Callable[[IO[bytes]], Any]) -> Any:
+    """Run one of our safe unpicklers on a ``.metadata`` file; every failure is one ``CkptError``."""
     try:
         with open(path, "rb") as handle:
-            raw = safe_load(io.BufferedReader(handle), DCP_GLOBALS)
+            return load(io.BufferedReader(handle))
     except CkptError:
         raise
     except OSError as exc:
         raise CkptError(f"cannot read: {exc.strerror or exc}", path) from None
     except Exception as exc:  # any malformed pickle: report it, never execute it
         raise CkptError(f"not a DCP .metadata pickle: {type(exc).__name__}: {exc}", path) from None
+
+
+def load_metadata_record(path: Path) -> MetadataRecord:
+    """The safely unpickled ``.metadata`` as records (no torch, nothing executed)."""
+    raw = unpickle_metadata_file(path, lambda handle: safe_load(handle, DCP_GLOBALS))
     if not isinstance(raw, MetadataRecord):
         kind = type(raw).qualname() if isinstance(raw, PickleStub) else type(raw).__name__
         raise CkptError(f"not a DCP .metadata pickle: it holds {kind}, not Metadata", path)

@@ -35,13 +35,12 @@ What is changed and why:
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ckptscope.core.errors import CkptError
-from ckptscope.formats.dcp_metadata import MetadataRecord, field_of, load_metadata_record
+from ckptscope.formats.dcp_metadata import MetadataRecord, field_of, load_metadata_record, unpickle_metadata_file
 from ckptscope.formats.safe_pickle import PickleStub, SafeUnpickler, stub_class
 from ckptscope.formats.torch_write import repickle
 
@@ -190,13 +189,7 @@ def _check_plain(value: Any, what: str, where: Path) -> None:
 def load_metadata_tree(path: Path) -> PickleStub:
     """``path`` unpickled into stubs only (nothing imported, nothing executed); its root must be
     torch's ``Metadata`` (or Megatron 0.15's ``MCoreMetadata``)."""
-    try:
-        with open(path, "rb") as handle:
-            root = _StubUnpickler(io.BufferedReader(handle)).load()
-    except OSError as exc:
-        raise CkptError(f"cannot read: {exc.strerror or exc}", path) from None
-    except Exception as exc:  # any malformed pickle: report it, never execute it
-        raise CkptError(f"not a DCP .metadata pickle: {type(exc).__name__}: {exc}", path) from None
+    root = unpickle_metadata_file(path, lambda handle: _StubUnpickler(handle).load())
     if not _is(root, _METADATA_CLASSES):
         kind = type(root).qualname() if isinstance(root, PickleStub) else type(root).__name__
         raise CkptError(f"not a DCP .metadata pickle: it holds {kind}, not Metadata", path)
