@@ -69,6 +69,12 @@ class CheckpointReader(ABC):
     def _build_index(self) -> CheckpointIndex:
         """Read metadata only. Must not read tensor bytes."""
 
+    @classmethod
+    def missing_markers(cls, path: Path) -> tuple[str, ...]:
+        """Files a finished save of this format always has but ``path`` lacks (``.metadata``,
+        ``metadata.json``): a cheap completeness test. Never raises; the default knows none."""
+        return ()
+
     # --- the public API --------------------------------------------------------------------
 
     def index(self) -> CheckpointIndex:
@@ -135,6 +141,19 @@ class CheckpointReader(ABC):
                     except BufferError:  # a caller still holds a view; the GC closes it later
                         pass
             self._maps.clear()
+
+    def release_pages(self) -> None:
+        """Drop the pages this process has touched in its memory maps (they stay in the page
+        cache). Streaming ops call it between tensors so RSS tracks the working set, not the
+        checkpoint size: mapped file pages count towards RSS until released."""
+        with self._lock:
+            maps = list(self._maps.values())
+        for mapped in maps:
+            if isinstance(mapped, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+                try:
+                    mapped.madvise(mmap.MADV_DONTNEED)
+                except (OSError, ValueError):  # closed meanwhile, or not supported: only a hint
+                    pass
 
     def __enter__(self) -> "CheckpointReader":
         return self

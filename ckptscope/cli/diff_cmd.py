@@ -1,0 +1,135 @@
+"""``ckptscope diff A B``: numeric comparison with diff(1) exit codes (0 same, 1 different, 2 trouble).
+
+In an interactive terminal (and without ``--json``/``--plain``) the TUI diff screen opens; anything
+else gets a report on stdout: the summary and the differing pairs (``--top``), or one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import click
+
+from ckptscope.core.errors import CkptError
+
+EXIT_DIFFERENT = 1
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def print_report(report, top: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    # Piped output keeps whole names on one line: a fixed wide width instead of 80 columns.
+    console = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 240)
+    summary = report.summary()
+    verdict = "[green]identical[/]" if report.identical else "[red]different[/]"
+    console.print(f"[bold]{report.a}[/] vs [bold]{report.b}[/]: {verdict}  (mapping: {report.mapping}, "
+                  f"device: {report.device})")
+    console.print("  ".join(f"{k} {v}" for k, v in summary.items()))
+    for note in report.notes:
+        console.print(f"note: {note}")
+    for pad in report.padding:
+        zero = "all zero" if pad["all_zero"] else "NOT all zero"
+        console.print(f"padding: {pad['side'].upper()} {pad['source']} rows {pad['rows'][0]}-{pad['rows'][1] - 1} "
+                      f"({pad['count']} rows beyond the vocabulary, {zero}; not compared)")
+    differing = [r for r in report.results if r.differs]
+    if not differing:
+        return
+    table = Table(title=f"differing tensors ({min(top, len(differing))} of {len(differing)})", title_justify="left")
+    for column in ("name", "status", "max_abs", "mean_abs", "rel_l2", "cosine", "num_diff", "at"):
+        table.add_column(column, justify="left" if column in ("name", "status") else "right",
+                         overflow="fold", no_wrap=column != "name")
+    for result in differing[:top]:
+        m = result.metrics
+        status = result.status
+        if status == "dtype_mismatch":
+            status = f"dtype {result.dtype_a}->{result.dtype_b}"
+        elif status == "shape_mismatch":
+            status = f"shape {list(result.shape_a)}->{list(result.shape_b)}"
+        at = ",".join(map(str, result.max_diff_at)) if result.max_diff_at else "-"
+        table.add_row(result.name, status, _fmt(m.get("max_abs_diff")), _fmt(m.get("mean_abs_diff")),
+                      _fmt(m.get("rel_l2")), _fmt(m.get("cosine")), _fmt(m.get("num_diff")), at)
+    console.print(table)
+    mapped = [r for r in differing[:top] if (r.a and r.a != r.name) or (r.b and r.b != r.name)]
+    for result in mapped:
+        console.print(f"  {result.name}:\n    A = {result.a or '-'}\n    B = {result.b or '-'}")
+
+
+def _glob_list(ctx, param, values):
+    out = []
+    for value in values:
+        out.extend(v for v in value.split(",") if v)
+    return tuple(out)
+
+
+@click.command()
+@click.argument("a", type=click.Path(path_type=str))
+@click.argument("b", type=click.Path(path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (silent otherwise).")
+@click.option("--plain", is_flag=True, help="Print the report even in a terminal (no TUI).")
+@click.option("--map", "mapping", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
+              help="auto: compare HF and Megatron-Core names through the model mapping; none: by stored name.")
+@click.option("--atol", type=float, default=0.0, show_default=True, help="Absolute tolerance for 'close'.")
+@click.option("--rtol", type=float, default=0.0, show_default=True, help="Relative tolerance for 'close'.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--include", multiple=True, callback=_glob_list, metavar="GLOB", help="Only these names (repeatable).")
+@click.option("--exclude", multiple=True, callback=_glob_list, metavar="GLOB", help="Skip these names (repeatable).")
+@click.option("--top", type=click.IntRange(min=0), default=20, show_default=True, help="Differing pairs to list.")
+@click.option("--arch", default=None, help="Architecture for --map auto when the checkpoints do not say.")
+@click.option("--trust-pickle", is_flag=True, help="Load pickles with torch.load(weights_only=False).")
+def diff(a: str, b: str, as_json: bool, plain: bool, mapping: str, atol: float, rtol: float, device: str,
+         include: tuple[str, ...], exclude: tuple[str, ...], top: int, arch: str | None, trust_pickle: bool) -> None:
+    """Compare two checkpoints tensor by tensor. Exit 0 identical, 1 different, 2 error."""
+    if atol < 0 or rtol < 0 or math.isnan(atol) or math.isnan(rtol):
+        raise CkptError("--atol and --rtol must be non-negative numbers")
+    from ckptscope.ops.diff import DiffOptions
+
+    options = DiffOptions(atol=atol, rtol=rtol, device=device)
+    interactive = not as_json and not plain and sys.stdout.isatty() and sys.stdin.isatty()
+    if interactive:
+        try:
+            from ckptscope.tui import run_diff_tui
+        except ImportError:
+            run_diff_tui = None
+        if run_diff_tui is not None:
+            code = run_diff_tui(a, b, mapping=mapping, include=include, exclude=exclude, options=options, arch=arch,
+                                trust_pickle=trust_pickle)
+            sys.exit(code)
+
+    from ckptscope.ops.diff import diff_checkpoints
+    from ckptscope.ops.diff_plan import plan_diff
+
+    plan = plan_diff(a, b, mapping=mapping, include=include, exclude=exclude, arch=arch, trust_pickle=trust_pickle)
+    if as_json or not sys.stderr.isatty():
+        report = diff_checkpoints(plan, options)
+    else:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("diff"), BarColumn(), MofNCompleteColumn(), TextColumn("tensors"),
+                      TimeElapsedColumn(), transient=True, console=_stderr_console()) as progress:
+            task = progress.add_task("diff", total=len(plan.pairs))
+            report = diff_checkpoints(plan, options,
+                                      on_progress=lambda done, total: progress.update(task, completed=done))
+    if as_json:
+        click.echo(json.dumps(report.to_json(), allow_nan=False))
+    else:
+        print_report(report, top)
+    sys.exit(0 if report.identical else EXIT_DIFFERENT)
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)

@@ -1,0 +1,254 @@
+"""``ModelConfig``: the handful of numbers every HF <-> Megatron-Core transform needs, and the
+translation of HF ``config.json`` and Megatron ``args`` to and from it (MAPPING.md §1, §4.1).
+
+Both sources spell the same facts differently (``num_key_value_heads`` vs ``num_query_groups``,
+``head_dim`` vs ``kv_channels``, ``tie_word_embeddings`` vs ``untie_embeddings_and_output_weights``).
+One neutral record lets the transforms stay free of either spelling, and derived values
+(``head_dim`` when Qwen3 makes it differ from ``hidden/heads``, P6) are computed in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from ckptscope.core.errors import CkptError
+
+ARCH_BY_MODEL_TYPE = {
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "mixtral": "mixtral",
+    "qwen2_moe": "qwen2_moe",
+    "qwen3_moe": "qwen3_moe",
+}
+"""HF ``model_type`` -> our architecture name (``--arch`` takes the same names)."""
+
+HF_CLASS_BY_ARCH = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture facts in neutral names. ``None`` means "not known from this source"."""
+
+    arch: str | None = None
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    ffn_hidden_size: int | None = None
+    num_attention_heads: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    vocab_size: int | None = None
+    """The true (HF) vocabulary: rows at or beyond it in a Megatron table are padding."""
+    padded_vocab_size: int | None = None
+    make_vocab_size_divisible_by: int | None = None
+    tie_word_embeddings: bool | None = None
+    qkv_bias: bool | None = None
+    qk_norm: bool | None = None
+    swiglu: bool | None = None
+    num_experts: int | None = None
+    moe_ffn_hidden_size: int | None = None
+    shared_expert_ffn_hidden_size: int | None = None
+    norm_epsilon: float | None = None
+    rope_theta: float | None = None
+    max_position_embeddings: int | None = None
+    dtype: str | None = None
+
+    def merged(self, other: "ModelConfig") -> "ModelConfig":
+        """Fill this config's unknowns from ``other`` (this side wins where both know)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        for key, value in values.items():
+            if value is None:
+                values[key] = getattr(other, key)
+        return ModelConfig(**values)
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.num_experts)
+
+    @property
+    def queries_per_group(self) -> int:
+        return self.require("num_attention_heads") // self.require("num_kv_heads")
+
+    def require(self, name: str) -> Any:
+        value = getattr(self, name)
+        if value is None:
+            raise CkptError(f"the model config does not say {name}; pass --hf-config DIR or --arch")
+        return value
+
+    def with_shapes(self, **known: Any) -> "ModelConfig":
+        return replace(self, **{k: v for k, v in known.items() if getattr(self, k) is None and v is not None})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def _first(mapping: dict[str, Any], *keys: str) -> Any:
+    for key in keys:
+        if mapping.get(key) is not None:
+            return mapping[key]
+    return None
+
+
+def from_hf_config(config: dict[str, Any]) -> ModelConfig:
+    """Read a transformers ``config.json`` (dense and MoE Llama/Mistral/Qwen families)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    heads = _first(text, "num_attention_heads")
+    hidden = _first(text, "hidden_size")
+    model_type = str(text.get("model_type") or config.get("model_type") or "")
+    arch = ARCH_BY_MODEL_TYPE.get(model_type)
+    head_dim = _first(text, "head_dim")
+    if head_dim is None and heads and hidden:
+        head_dim = hidden // heads
+    num_experts = _first(text, "num_local_experts", "num_experts")
+    qkv_bias = _first(text, "attention_bias")
+    if qkv_bias is None and arch in ("qwen2", "qwen2_moe"):
+        qkv_bias = True  # Qwen2's config has no flag: its q/k/v projections always carry biases
+    return ModelConfig(
+        arch=arch,
+        num_layers=_first(text, "num_hidden_layers"),
+        hidden_size=hidden,
+        ffn_hidden_size=_first(text, "intermediate_size"),
+        num_attention_heads=heads,
+        num_kv_heads=_first(text, "num_key_value_heads") or heads,
+        head_dim=head_dim,
+        vocab_size=_first(text, "vocab_size"),
+        tie_word_embeddings=bool(_first(config, "tie_word_embeddings") or False),
+        qkv_bias=bool(qkv_bias),
+        qk_norm=arch in ("qwen3", "qwen3_moe"),
+        swiglu=str(_first(text, "hidden_act") or "silu") == "silu",
+        num_experts=num_experts,
+        moe_ffn_hidden_size=_first(text, "moe_intermediate_size") or (_first(text, "intermediate_size")
+                                                                      if arch == "mixtral" else None),
+        shared_expert_ffn_hidden_size=_first(text, "shared_expert_intermediate_size"),
+        norm_epsilon=_first(text, "rms_norm_eps"),
+        rope_theta=_first(text, "rope_theta"),
+        max_position_embeddings=_first(text, "max_position_embeddings"),
+        dtype=_first(config, "torch_dtype", "dtype"),
+    )
+
+
+def from_megatron_args(args: dict[str, Any]) -> ModelConfig:
+    """Read the ``argparse.Namespace`` Megatron stores in common.pt / model_optim_rng.pt."""
+    heads = args.get("num_attention_heads")
+    hidden = args.get("hidden_size")
+    groups = args.get("num_query_groups") if args.get("group_query_attention") else None
+    head_dim = args.get("kv_channels") or (hidden // heads if heads and hidden else None)
+    num_experts = args.get("num_experts")
+    dtype = "bfloat16" if args.get("bf16") else "float16" if args.get("fp16") else None
+    return ModelConfig(
+        num_layers=args.get("num_layers"),
+        hidden_size=hidden,
+        ffn_hidden_size=args.get("ffn_hidden_size"),
+        num_attention_heads=heads,
+        num_kv_heads=groups or heads,
+        head_dim=head_dim,
+        vocab_size=args.get("vocab_size") if isinstance(args.get("vocab_size"), int) else None,
+        padded_vocab_size=args.get("padded_vocab_size"),
+        make_vocab_size_divisible_by=args.get("make_vocab_size_divisible_by"),
+        tie_word_embeddings=(not args["untie_embeddings_and_output_weights"]
+                             if "untie_embeddings_and_output_weights" in args else None),
+        qkv_bias=args.get("add_qkv_bias") if "add_qkv_bias" in args else None,
+        qk_norm=args.get("qk_layernorm") if "qk_layernorm" in args else None,
+        swiglu=args.get("swiglu") if "swiglu" in args else None,
+        num_experts=num_experts,
+        moe_ffn_hidden_size=args.get("moe_ffn_hidden_size"),
+        shared_expert_ffn_hidden_size=args.get("moe_shared_expert_intermediate_size"),
+        norm_epsilon=args.get("norm_epsilon"),
+        rope_theta=args.get("rotary_base"),
+        max_position_embeddings=args.get("max_position_embeddings"),
+        dtype=dtype,
+    )
+
+
+def padded_vocab(vocab: int, divisible_by: int = 128, tp: int = 1) -> int:
+    """Megatron's padding: ``ceil(V / (m·T)) · (m·T)`` (MAPPING.md §4.1)."""
+    multiple = divisible_by * tp
+    return -(-vocab // multiple) * multiple
+
+
+def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
+    """A transformers ``config.json`` for ``cfg`` (used when a Megatron source has no HF config)."""
+    arch = cfg.arch or "llama"
+    heads = cfg.require("num_attention_heads")
+    out: dict[str, Any] = {
+        "architectures": [HF_CLASS_BY_ARCH[arch]],
+        "model_type": arch,
+        "hidden_size": cfg.require("hidden_size"),
+        "intermediate_size": cfg.require("ffn_hidden_size") if not cfg.is_moe or arch == "qwen2_moe" or
+        cfg.ffn_hidden_size else cfg.moe_ffn_hidden_size,
+        "num_hidden_layers": cfg.require("num_layers"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": cfg.num_kv_heads or heads,
+        "head_dim": cfg.head_dim or cfg.require("hidden_size") // heads,
+        "vocab_size": cfg.require("vocab_size"),
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.norm_epsilon or 1e-5,
+        "rope_theta": cfg.rope_theta or 10000.0,
+        "max_position_embeddings": cfg.max_position_embeddings or 4096,
+        "tie_word_embeddings": bool(cfg.tie_word_embeddings),
+    }
+    if arch in ("llama", "mistral"):
+        out["attention_bias"] = bool(cfg.qkv_bias)
+    if cfg.dtype:
+        out["torch_dtype"] = cfg.dtype
+    if cfg.is_moe:
+        if arch == "mixtral":
+            out["num_local_experts"] = cfg.num_experts
+        else:
+            out["num_experts"] = cfg.num_experts
+            out["moe_intermediate_size"] = cfg.moe_ffn_hidden_size
+        if cfg.shared_expert_ffn_hidden_size:
+            out["shared_expert_intermediate_size"] = cfg.shared_expert_ffn_hidden_size
+    return out
+
+
+def to_megatron_args(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ckpt_format: str = "torch_dist",
+                     make_vocab_size_divisible_by: int = 128) -> dict[str, Any]:
+    """The Megatron argument values a checkpoint of ``cfg`` carries (names as in arguments.py)."""
+    heads = cfg.require("num_attention_heads")
+    kv = cfg.num_kv_heads or heads
+    vocab = cfg.require("vocab_size")
+    args: dict[str, Any] = {
+        "num_layers": cfg.require("num_layers"),
+        "hidden_size": cfg.require("hidden_size"),
+        "ffn_hidden_size": cfg.ffn_hidden_size,
+        "num_attention_heads": heads,
+        "group_query_attention": kv != heads,
+        "num_query_groups": kv,
+        "kv_channels": cfg.head_dim or cfg.require("hidden_size") // heads,
+        "vocab_size": vocab,
+        "padded_vocab_size": padded_vocab(vocab, make_vocab_size_divisible_by, tp),
+        "make_vocab_size_divisible_by": make_vocab_size_divisible_by,
+        "untie_embeddings_and_output_weights": not cfg.tie_word_embeddings,
+        "swiglu": cfg.swiglu if cfg.swiglu is not None else True,
+        "normalization": "RMSNorm",
+        "norm_epsilon": cfg.norm_epsilon or 1e-5,
+        "add_qkv_bias": bool(cfg.qkv_bias),
+        "add_bias_linear": False,
+        "qk_layernorm": bool(cfg.qk_norm),
+        "position_embedding_type": "rope",
+        "rotary_base": cfg.rope_theta or 10000,
+        "max_position_embeddings": cfg.max_position_embeddings or 4096,
+        "seq_length": cfg.max_position_embeddings or 4096,
+        "tensor_model_parallel_size": tp,
+        "pipeline_model_parallel_size": pp,
+        "ckpt_format": ckpt_format,
+        "bf16": cfg.dtype == "bfloat16",
+        "fp16": cfg.dtype == "float16",
+    }
+    if cfg.is_moe:
+        args["num_experts"] = cfg.num_experts
+        args["moe_ffn_hidden_size"] = cfg.moe_ffn_hidden_size
+        if cfg.shared_expert_ffn_hidden_size:
+            args["moe_shared_expert_intermediate_size"] = cfg.shared_expert_ffn_hidden_size
+    return args

@@ -1,0 +1,248 @@
+"""Apply a schema to a concrete checkpoint: which tensors exist, which rule each one matches, and the
+recipes that present the checkpoint in the other name space (``to_hf`` / ``to_mcore``).
+
+Works on names and shapes only (no tensor bytes, no torch), so ``--dry-run`` plans, the TUI preview
+and the diff pairing are all cheap.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from ckptscope.core.errors import CkptError
+from ckptscope.core.index import CheckpointIndex
+from ckptscope.core.tensor import TensorMeta
+from ckptscope.mappings.config import ModelConfig, from_hf_config, from_megatron_args
+from ckptscope.mappings.links import Link, Recipe, box_shape, recipes_from_links, uncovered
+from ckptscope.mappings.schemas import SCHEMAS, Rule, is_ignored
+from ckptscope.mappings.transforms import TRANSFORMS, stacked
+
+MCORE_PREFIXES = ("decoder.", "embedding.", "output_layer.")
+HF_PREFIXES = ("model.layers.", "model.embed_tokens.", "model.norm.", "lm_head.")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorShape:
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass
+class MappedView:
+    """A checkpoint presented in another name space (``space`` is ``"hf"`` or ``"mcore"``)."""
+
+    space: str
+    arch: str
+    config: ModelConfig
+    recipes: dict[str, Recipe]
+    unmapped: list[str] = field(default_factory=list)
+    """Source tensors no rule consumed; the caller decides (diff keeps them by name, convert refuses)."""
+    ignored: list[str] = field(default_factory=list)
+    """Source tensors that are never values (``_extra_state``, ``inv_freq``)."""
+
+
+def naming_family(names: Iterable[str]) -> str:
+    """``"mcore"`` (Megatron-Core GPTModel names), ``"hf"`` (transformers names) or ``"other"``."""
+    hf = mcore = 0
+    for name in names:
+        if name.startswith(MCORE_PREFIXES):
+            mcore += 1
+        elif name.startswith(HF_PREFIXES):
+            hf += 1
+    if not hf and not mcore:
+        return "other"
+    return "mcore" if mcore >= hf else "hf"
+
+
+def config_from_index(index: CheckpointIndex) -> ModelConfig:
+    """Everything the checkpoint itself says about the model: an HF config.json (HF dirs, verl's
+    ``huggingface/``) first, then Megatron ``args``, then what tensor shapes imply."""
+    hf_cfg = ModelConfig()
+    mc_cfg = ModelConfig()
+    for obj in index.objects:
+        value = obj.value
+        if not isinstance(value, dict):
+            continue
+        if "model_type" in value and ("hidden_size" in value or "text_config" in value) and hf_cfg.hidden_size is None:
+            hf_cfg = from_hf_config(value)
+        elif value.get("__class__", "").endswith("Namespace") and "num_layers" in value and mc_cfg.hidden_size is None:
+            mc_cfg = from_megatron_args(value)
+    for key in ("hf_config", "huggingface_config"):
+        if isinstance(index.metadata.get(key), dict) and hf_cfg.hidden_size is None:
+            hf_cfg = from_hf_config(index.metadata[key])
+    return hf_cfg.merged(mc_cfg)
+
+
+def config_from_names(tensors: Mapping[str, TensorShape]) -> ModelConfig:
+    """What the tensor names and shapes alone imply (layers, hidden size, HF vocabulary)."""
+    layers = set()
+    for name in tensors:
+        match = _LAYER_RE.match(name)
+        if match:
+            layers.add(int(match.group(1)))
+    embed = tensors.get("model.embed_tokens.weight")
+    return ModelConfig(
+        num_layers=max(layers) + 1 if layers else None,
+        hidden_size=embed.shape[1] if embed and len(embed.shape) == 2 else None,
+        vocab_size=embed.shape[0] if embed else None,
+        tie_word_embeddings=("lm_head.weight" not in tensors) if embed else None,
+    )
+
+
+_LAYER_RE = re.compile(r"(?:model|decoder)\.layers\.(\d+)\.")
+
+
+def detect_arch(names: Iterable[str], cfg: ModelConfig) -> str:
+    """The schema to use: the config's ``model_type`` when known, else guessed from key names."""
+    if cfg.arch:
+        return cfg.arch
+    joined = "\n".join(names)
+    moe = cfg.is_moe or ".experts." in joined or "block_sparse_moe" in joined
+    qk_norm = "q_norm." in joined or "q_layernorm." in joined
+    bias = "q_proj.bias" in joined or "linear_qkv.bias" in joined
+    if moe:
+        if "block_sparse_moe" in joined:
+            return "mixtral"
+        if "shared_expert" in joined or bias:
+            return "qwen2_moe"
+        return "qwen3_moe" if qk_norm else "mixtral"
+    if qk_norm:
+        return "qwen3"
+    return "qwen2" if bias else "llama"
+
+
+@lru_cache(maxsize=512)
+def _template_regex(template: str) -> re.Pattern[str]:
+    pattern = re.escape(template).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{e\}", r"(?P<e>\d+)")
+    return re.compile(pattern + r"\Z")
+
+
+def _literal_suffix(template: str) -> str:
+    return template.rsplit("}", 1)[-1]
+
+
+def _matches(template: str, names: Iterable[str]) -> Iterable[tuple[str, dict[str, str]]]:
+    suffix = _literal_suffix(template)
+    regex = _template_regex(template)
+    for name in names:
+        if name.endswith(suffix):
+            match = regex.match(name)
+            if match:
+                yield name, match.groupdict()
+
+
+def _fmt(template: str, found: Mapping[str, object]) -> str:
+    return template.format(i=found.get("i"), e=found.get("e"))
+
+
+def _check_rules(arch: str) -> tuple[Rule, ...]:
+    if arch not in SCHEMAS:
+        raise CkptError(f"unknown architecture {arch!r}; known: {', '.join(sorted(SCHEMAS))}")
+    return SCHEMAS[arch]
+
+
+def to_hf(tensors: Mapping[str, TensorShape], cfg: ModelConfig, arch: str | None = None) -> MappedView:
+    """Present Megatron-Core tensors (global, per-layer names; stacked torch_dist layers already
+    split into per-layer views) as HF tensors."""
+    arch = arch or detect_arch(tensors, cfg)
+    rules = _check_rules(arch)
+    names = [n for n in tensors if not is_ignored(n)]
+    links: list[Link] = []
+    consumed: set[str] = set()
+    dst_shapes: dict[str, tuple[int, ...]] = {}
+    dst_dtypes: dict[str, str] = {}
+    for rule in rules:
+        transform = TRANSFORMS[rule.transform]
+        for alias in rule.mcore:
+            is_stack = alias.endswith("[{e}]")
+            base = alias[: -len("[{e}]")] if is_stack else alias
+            for name, found in list(_matches(base, names)):
+                if name in consumed:
+                    continue
+                meta = tensors[name]
+                experts = range(meta.shape[0]) if is_stack else [found.get("e")]
+                elem_shape = meta.shape[1:] if is_stack else meta.shape
+                for expert in experts:
+                    where = dict(found, e=expert)
+                    hf_names = [_fmt(t, where) for t in rule.hf]
+                    mshape, hshapes = transform.shapes(cfg, tuple(elem_shape), None)
+                    new = transform.links(cfg, name, mshape, hf_names, hshapes)
+                    links.extend(stacked(new, expert, name) if is_stack else new)
+                    for hf_name, shape in zip(hf_names, hshapes):
+                        dst_shapes[hf_name] = tuple(shape)
+                        dst_dtypes[hf_name] = meta.dtype
+                consumed.add(name)
+    recipes = recipes_from_links(links, to="hf", shapes=dst_shapes, dtypes=dst_dtypes)
+    _attach_padding(recipes, links, tensors)
+    unmapped = [n for n in names if n not in consumed]
+    ignored = [n for n in tensors if is_ignored(n)]
+    return MappedView("hf", arch, cfg, recipes, unmapped, ignored)
+
+
+def to_mcore(tensors: Mapping[str, TensorShape], cfg: ModelConfig, arch: str | None = None, *,
+             local_spec: bool = False) -> MappedView:
+    """Present HF tensors as Megatron-Core tensors (full TP=1 tensors, per-layer names).
+
+    ``local_spec`` names the two norms the way local-spec per-rank ``torch`` files do.
+    """
+    arch = arch or detect_arch(tensors, cfg)
+    rules = _check_rules(arch)
+    names = [n for n in tensors if not is_ignored(n)]
+    present = set(names)
+    links: list[Link] = []
+    consumed: set[str] = set()
+    dst_shapes: dict[str, tuple[int, ...]] = {}
+    dst_dtypes: dict[str, str] = {}
+    for rule in rules:
+        transform = TRANSFORMS[rule.transform]
+        mcore_template = rule.local if (local_spec and rule.local) else rule.mcore[0]
+        for first, found in list(_matches(rule.hf[0], names)):
+            hf_names = [_fmt(t, found) for t in rule.hf]
+            missing = [n for n in hf_names if n not in present]
+            if missing:
+                raise CkptError(f"{first} is there but {', '.join(missing)} is missing: cannot build "
+                                f"{_fmt(mcore_template, found)}")
+            dtypes = {tensors[n].dtype for n in hf_names}
+            if len(dtypes) > 1:
+                raise CkptError(f"{', '.join(hf_names)} have different dtypes {sorted(dtypes)}: cannot fuse them")
+            mname = _fmt(mcore_template, found)
+            mshape, hshapes = transform.shapes(cfg, None, [tensors[n].shape for n in hf_names])
+            links.extend(transform.links(cfg, mname, mshape, hf_names, hshapes))
+            dst_shapes[mname] = tuple(mshape)
+            dst_dtypes[mname] = dtypes.pop()
+            consumed.update(hf_names)
+    recipes = recipes_from_links(links, to="mcore", shapes=dst_shapes, dtypes=dst_dtypes)
+    for recipe in recipes.values():
+        recipe.fill = uncovered(recipe.shape, [p.dst_box for p in recipe.pieces])
+    unmapped = [n for n in names if n not in consumed]
+    ignored = [n for n in tensors if is_ignored(n)]
+    return MappedView("mcore", arch, cfg, recipes, unmapped, ignored)
+
+
+def _attach_padding(recipes: dict[str, Recipe], links: list[Link], tensors: Mapping[str, TensorShape]) -> None:
+    """Source rows no link reads (vocab padding) are recorded on the recipe that reads the rest."""
+    boxes: dict[str, list] = {}
+    owner: dict[str, str] = {}
+    for link in links:
+        boxes.setdefault(link.mcore, []).append(link.mcore_box)
+        owner.setdefault(link.mcore, link.hf)
+    for source, used in boxes.items():
+        shape = tensors[source].shape
+        if sum(_volume(b) for b in used) == _volume(tuple((0, n) for n in shape)):
+            continue
+        for gap in uncovered(shape, used):
+            recipes[owner[source]].padding.append((source, gap))
+
+
+def _volume(box) -> int:
+    out = 1
+    for n in box_shape(box):
+        out *= n
+    return out
+
+
+def shapes_of(tensors: Mapping[str, TensorMeta]) -> dict[str, TensorShape]:
+    return {name: TensorShape(tuple(meta.shape), meta.dtype) for name, meta in tensors.items()}

@@ -1,0 +1,140 @@
+"""Per-pair difference metrics, accumulated block by block so no tensor is ever held whole.
+
+Every block contributes sums (float64) that merge associatively, so blocks can be computed in any
+order, on several threads or on a GPU, and still give the same totals. Definitions:
+
+* ``num_diff``: elements that are not identical. Same dtype: compared bitwise (so ``-0.0 != 0.0``
+  and two identical NaNs are equal, as ``torch.equal`` would not say). Different dtypes: compared by
+  value after upcasting to float64.
+* ``max_abs_diff`` / ``mean_abs_diff``: over all elements of ``|a - b|`` (float64).
+* ``rel_l2``: ``||a - b|| / ||a||`` (null when ``||a|| = 0`` and they differ).
+* ``cosine``: ``<a, b> / (||a|| ||b||)`` (null when either norm is 0).
+* ``violations``: elements outside ``atol + rtol·|b|`` (numpy ``allclose`` rule); NaN vs non-NaN
+  always violates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+_UINT_BY_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+@dataclass
+class Accumulator:
+    numel: int = 0
+    num_diff: int = 0
+    violations: int = 0
+    sum_abs: float = 0.0
+    sum_sq_diff: float = 0.0
+    sum_sq_a: float = 0.0
+    sum_sq_b: float = 0.0
+    dot: float = 0.0
+    max_abs: float = 0.0
+    max_at: tuple[int, ...] | None = None
+    nan: bool = False
+    """A NaN difference was seen (one side NaN, the other not): max/mean become NaN."""
+
+    def merge(self, other: "Accumulator") -> None:
+        self.numel += other.numel
+        self.num_diff += other.num_diff
+        self.violations += other.violations
+        self.sum_abs += other.sum_abs
+        self.sum_sq_diff += other.sum_sq_diff
+        self.sum_sq_a += other.sum_sq_a
+        self.sum_sq_b += other.sum_sq_b
+        self.dot += other.dot
+        self.nan = self.nan or other.nan
+        if other.max_at is not None and (self.max_at is None or other.max_abs > self.max_abs):
+            self.max_abs, self.max_at = other.max_abs, other.max_at
+
+    def metrics(self) -> dict[str, float | int | None]:
+        norm_a, norm_b = math.sqrt(self.sum_sq_a), math.sqrt(self.sum_sq_b)
+        if self.num_diff == 0:
+            rel = 0.0
+        elif norm_a > 0:
+            rel = math.sqrt(self.sum_sq_diff) / norm_a
+        else:
+            rel = None
+        cosine = self.dot / (norm_a * norm_b) if norm_a > 0 and norm_b > 0 else (1.0 if self.num_diff == 0 else None)
+        if cosine is not None:
+            cosine = max(-1.0, min(1.0, cosine))
+        return {
+            "max_abs_diff": math.nan if self.nan else self.max_abs,
+            "mean_abs_diff": math.nan if self.nan else (self.sum_abs / self.numel if self.numel else 0.0),
+            "rel_l2": None if self.nan else rel,
+            "cosine": None if self.nan else cosine,
+            "num_diff": self.num_diff,
+        }
+
+
+def _as_float64(x: np.ndarray) -> np.ndarray:
+    if x.dtype == np.float64:
+        return x
+    if x.dtype.kind == "b":
+        return x.astype(np.float64)
+    return x.astype(np.float64)
+
+
+def compare_block(a: np.ndarray, b: np.ndarray, origin: tuple[int, ...], *, atol: float = 0.0,
+                  rtol: float = 0.0) -> Accumulator:
+    """Metrics for one block; ``origin`` is the block's first element in canonical coordinates."""
+    acc = Accumulator(numel=int(a.size))
+    if a.size == 0:
+        return acc
+    same_dtype = a.dtype == b.dtype
+    if same_dtype and a.dtype.itemsize in _UINT_BY_SIZE and a.dtype.kind != "c":
+        kind = _UINT_BY_SIZE[a.dtype.itemsize]
+        differ = np.not_equal(np.ascontiguousarray(a).view(kind), np.ascontiguousarray(b).view(kind))
+    else:
+        differ = None
+    a64, b64 = _as_float64(a), _as_float64(b)
+    if differ is None:
+        differ = ~((a64 == b64) | (np.isnan(a64) & np.isnan(b64)))
+    acc.num_diff = int(np.count_nonzero(differ))
+    flat_a, flat_b = a64.reshape(-1), b64.reshape(-1)
+    finite = np.isfinite(flat_a) & np.isfinite(flat_b)
+    if finite.all():
+        acc.sum_sq_a = float(np.dot(flat_a, flat_a))
+        acc.sum_sq_b = float(np.dot(flat_b, flat_b))
+        acc.dot = float(np.dot(flat_a, flat_b))
+    else:
+        fa, fb = flat_a[finite], flat_b[finite]
+        acc.sum_sq_a, acc.sum_sq_b, acc.dot = float(fa @ fa), float(fb @ fb), float(fa @ fb)
+    if acc.num_diff == 0:
+        return acc
+    where = np.flatnonzero(differ.reshape(-1))
+    da, db = flat_a[where], flat_b[where]
+    with np.errstate(invalid="ignore", over="ignore"):
+        delta = np.abs(da - db)
+    both_nan = np.isnan(da) & np.isnan(db)
+    delta[both_nan] = 0.0  # bitwise-different NaN payloads: not a value difference
+    nan_delta = np.isnan(delta)
+    if nan_delta.any():
+        acc.nan = True
+        delta_ok = np.where(nan_delta, 0.0, delta)
+    else:
+        delta_ok = delta
+    acc.sum_abs = float(delta_ok.sum())
+    acc.sum_sq_diff = float(np.dot(delta_ok, delta_ok)) if np.isfinite(delta_ok).all() else math.inf
+    top = int(np.argmax(delta_ok))
+    acc.max_abs = float(delta_ok[top])
+    local = np.unravel_index(int(where[top]), a.shape)
+    acc.max_at = tuple(int(o + i) for o, i in zip(origin, local))
+    with np.errstate(invalid="ignore", over="ignore"):
+        allowed = atol + rtol * np.abs(db)
+        acc.violations = int(np.count_nonzero(~(delta <= allowed)))
+    return acc
+
+
+def equal_block(a: np.ndarray, origin: tuple[int, ...]) -> Accumulator:
+    """Metrics of a block known to be bitwise equal on both sides (norms still count for cosine)."""
+    acc = Accumulator(numel=int(a.size))
+    if a.size:
+        flat = _as_float64(a).reshape(-1)
+        flat = flat[np.isfinite(flat)]
+        acc.sum_sq_a = acc.sum_sq_b = acc.dot = float(flat @ flat)
+    return acc

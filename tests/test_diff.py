@@ -1,0 +1,226 @@
+"""``ckptscope diff``: metrics against numpy, statuses, streaming blocks, exit codes and JSON.
+
+Fixtures are written by safetensors' own torch writer; expected metrics are computed here with
+numpy/torch directly from the tensors, never from ckptscope's reader.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from ckptscope.ops.diff import DiffOptions, diff_checkpoints
+from ckptscope.ops.diff_plan import plan_diff
+
+JSON_TENSOR_KEYS = {"name", "a", "b", "status", "max_abs_diff", "mean_abs_diff", "rel_l2", "cosine", "num_diff"}
+
+
+def _expected(a: torch.Tensor, b: torch.Tensor) -> dict:
+    x, y = a.double().numpy().ravel(), b.double().numpy().ravel()
+    d = np.abs(x - y)
+    differ = a.view(-1).view(torch.int32 if a.element_size() == 4 else torch.int16).numpy() != \
+        b.view(-1).view(torch.int32 if b.element_size() == 4 else torch.int16).numpy() if a.dtype == b.dtype \
+        else x != y
+    return {
+        "max_abs_diff": float(d.max()),
+        "mean_abs_diff": float(d.mean()),
+        "rel_l2": float(np.linalg.norm(x - y) / np.linalg.norm(x)),
+        "cosine": float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y))),
+        "num_diff": int(np.count_nonzero(differ)),
+        "argmax": tuple(int(i) for i in np.unravel_index(int(np.argmax(d)), tuple(a.shape))),
+    }
+
+
+@pytest.fixture
+def pair(tmp_path):
+    """Two single-file checkpoints with every kind of difference, plus the tensors themselves."""
+    g = torch.Generator().manual_seed(0)
+    base = {
+        "same": torch.randn(64, 32, generator=g),
+        "perturbed": torch.randn(128, 48, generator=g),
+        "noisy": torch.randn(33, 17, generator=g),
+        "bf16": torch.randn(40, 8, generator=g).to(torch.bfloat16),
+        "recast": torch.randn(16, 16, generator=g),
+        "reshaped": torch.randn(4, 6, generator=g),
+        "gone": torch.randn(3, generator=g),
+        "signed_zero": torch.zeros(5),
+    }
+    other = {k: v.clone() for k, v in base.items() if k != "gone"}
+    other["perturbed"][77, 5] += 0.5
+    other["perturbed"][3, 40] -= 0.25
+    other["noisy"] += 1e-4 * torch.randn(33, 17, generator=g)
+    other["bf16"][39, 7] = other["bf16"][39, 7] * 2
+    other["recast"] = base["recast"].to(torch.bfloat16)
+    other["reshaped"] = base["reshaped"].reshape(6, 4).clone()
+    other["signed_zero"][2] = -0.0
+    other["new"] = torch.ones(2)
+    save_file(base, str(tmp_path / "a.safetensors"))
+    save_file(other, str(tmp_path / "b.safetensors"))
+    return tmp_path / "a.safetensors", tmp_path / "b.safetensors", base, other
+
+
+def _by_name(report):
+    return {r.name: r for r in report.results}
+
+
+def test_metrics_match_numpy(pair):
+    a, b, base, other = pair
+    report = diff_checkpoints(plan_diff(a, b))
+    results = _by_name(report)
+    for name in ("perturbed", "noisy", "bf16"):
+        want = _expected(base[name], other[name])
+        got = results[name]
+        assert got.status == "different"
+        for key in ("max_abs_diff", "mean_abs_diff", "rel_l2", "cosine"):
+            assert got.metrics[key] == pytest.approx(want[key], rel=1e-9, abs=1e-15), (name, key)
+        assert got.metrics["num_diff"] == want["num_diff"]
+        assert got.max_diff_at == want["argmax"]
+    assert results["perturbed"].metrics["num_diff"] == 2
+    assert results["perturbed"].max_diff_at == (77, 5)
+    assert results["same"].status == "equal" and results["same"].metrics["max_abs_diff"] == 0.0
+
+
+def test_statuses_and_summary(pair):
+    a, b, *_ = pair
+    report = diff_checkpoints(plan_diff(a, b))
+    results = _by_name(report)
+    assert results["recast"].status == "dtype_mismatch"  # compared after upcast, never "equal"
+    assert (results["recast"].dtype_a, results["recast"].dtype_b) == ("float32", "bfloat16")
+    assert results["recast"].metrics["max_abs_diff"] > 0
+    assert results["reshaped"].status == "shape_mismatch"
+    assert results["reshaped"].metrics["max_abs_diff"] is None
+    assert results["gone"].status == "only_a" and results["new"].status == "only_b"
+    # -0.0 vs 0.0: bitwise different, numerically no distance.
+    assert results["signed_zero"].status == "different"
+    assert results["signed_zero"].metrics["num_diff"] == 1 and results["signed_zero"].metrics["max_abs_diff"] == 0.0
+    summary = report.summary()
+    assert summary["only_a"] == 1 and summary["only_b"] == 1 and summary["equal"] == 1
+    assert summary["compared"] == 7
+    assert summary["different"] == 6
+    assert not report.identical
+
+
+def test_a_dtype_change_is_never_identical(tmp_path):
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)  # exactly representable in bf16
+    save_file({"w": t}, str(tmp_path / "a.safetensors"))
+    save_file({"w": t.to(torch.bfloat16)}, str(tmp_path / "b.safetensors"))
+    report = diff_checkpoints(plan_diff(tmp_path / "a.safetensors", tmp_path / "b.safetensors"),
+                              DiffOptions(atol=1.0))
+    (result,) = report.results
+    assert result.status == "dtype_mismatch" and result.metrics["num_diff"] == 0
+    assert not report.identical
+
+
+def test_tolerances_make_close(pair):
+    a, b, base, other = pair
+    report = diff_checkpoints(plan_diff(a, b, include=("noisy",)), DiffOptions(atol=1e-3))
+    assert [r.status for r in report.results] == ["close"]
+    report = diff_checkpoints(plan_diff(a, b, include=("noisy",)), DiffOptions(atol=1e-7))
+    assert [r.status for r in report.results] == ["different"]
+    assert report.results[0].metrics["num_diff"] == _expected(base["noisy"], other["noisy"])["num_diff"]
+
+
+def test_small_blocks_and_threads_give_the_same_report(pair):
+    a, b, *_ = pair
+    whole = diff_checkpoints(plan_diff(a, b), DiffOptions(workers=1))
+    tiny = diff_checkpoints(plan_diff(a, b), DiffOptions(workers=3, block_bytes=256))
+    assert [r.to_json() for r in whole.results] == [r.to_json() for r in tiny.results]
+
+
+def test_nan_handling(tmp_path):
+    x = torch.tensor([1.0, float("nan"), 3.0, 4.0])
+    y = torch.tensor([1.0, float("nan"), 3.5, float("nan")])
+    save_file({"w": x}, str(tmp_path / "a.safetensors"))
+    save_file({"w": y}, str(tmp_path / "b.safetensors"))
+    (result,) = diff_checkpoints(plan_diff(tmp_path / "a.safetensors", tmp_path / "b.safetensors")).results
+    assert result.status == "different"
+    assert result.metrics["num_diff"] == 2  # identical NaNs are equal bitwise
+    assert math.isnan(result.metrics["max_abs_diff"])
+    assert result.to_json()["max_abs_diff"] is None
+
+
+def test_sharded_vs_single_file_hf_is_identical(samples):
+    report = diff_checkpoints(plan_diff(samples["hf_llama_sharded"], samples["hf_llama_single"]))
+    assert report.identical and report.summary()["compared"] == len(report.results) > 10
+
+
+def test_filters(pair):
+    a, b, *_ = pair
+    plan = plan_diff(a, b, include=("p*", "n*"), exclude=("noisy",))
+    assert [p.name for p in plan.pairs] == ["perturbed", "new"]
+
+
+# --- the command line ----------------------------------------------------------------------------
+
+
+def test_cli_exit_codes(pair, cli, samples):
+    a, b, *_ = pair
+    assert cli("diff", str(a), str(a)).code == 0
+    differ = cli("diff", str(a), str(b))
+    assert differ.code == 1
+    assert "perturbed" in differ.out and "77,5" in differ.out
+    missing = cli("diff", str(a), str(a.parent / "nope"))
+    assert missing.code == 2 and missing.err.count("\n") == 1 and "Traceback" not in missing.err
+    bad = cli("diff", str(a), str(b), "--atol", "-1")
+    assert bad.code == 2
+
+
+def test_cli_json_schema(pair, cli):
+    a, b, base, other = pair
+    result = cli("diff", str(a), str(b), "--json")
+    assert result.code == 1 and result.err == ""
+    data = json.loads(result.out)
+    assert {"a", "b", "identical", "summary", "tensors"} <= set(data)
+    assert data["identical"] is False
+    assert {"compared", "equal", "close", "different", "only_a", "only_b"} <= set(data["summary"])
+    for entry in data["tensors"]:
+        assert JSON_TENSOR_KEYS <= set(entry)
+    by = {t["name"]: t for t in data["tensors"]}
+    assert by["gone"]["b"] is None and by["gone"]["max_abs_diff"] is None
+    assert by["perturbed"]["num_diff"] == 2
+    assert by["perturbed"]["max_abs_diff"] == pytest.approx(_expected(base["perturbed"], other["perturbed"])
+                                                            ["max_abs_diff"])
+
+
+def test_cli_top_bounds_the_report(pair, cli):
+    a, b, *_ = pair
+    out = cli("diff", str(a), str(b), "--top", "1", "--plain").out
+    assert "(1 of 8)" in out  # only_a/only_b are differences too
+
+
+def test_cli_tolerance_exit_zero(tmp_path, cli):
+    g = torch.Generator().manual_seed(1)
+    t = torch.randn(10, 10, generator=g)
+    save_file({"w": t}, str(tmp_path / "a.safetensors"))
+    save_file({"w": t + 1e-6}, str(tmp_path / "b.safetensors"))
+    assert cli("diff", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")).code == 1
+    assert cli("diff", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), "--atol", "1e-5").code == 0
+
+
+def test_diff_never_modifies_inputs(samples, tmp_path):
+    src = tmp_path / "copy"
+    shutil.copytree(samples["hf_llama_sharded"], src)
+    before = {p.name: p.read_bytes() for p in src.iterdir()}
+    diff_checkpoints(plan_diff(src, samples["hf_llama_single"]))
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == before
+
+
+def test_perturbed_sharded_tensor_found(samples, tmp_path):
+    src = tmp_path / "perturbed"
+    shutil.copytree(samples["hf_llama_sharded"], src)
+    shard = sorted(src.glob("model-*.safetensors"))[1]
+    tensors = load_file(str(shard))
+    name = sorted(tensors)[0]
+    flat = tensors[name].view(-1)
+    flat[flat.numel() // 2] += 1
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    report = diff_checkpoints(plan_diff(samples["hf_llama_sharded"], src))
+    differing = [r for r in report.results if r.differs]
+    assert [r.name for r in differing] == [name]
+    assert differing[0].metrics["num_diff"] == 1
