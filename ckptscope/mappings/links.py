@@ -139,3 +139,35 @@ def uncovered(shape: tuple[int, ...], boxes: list[Box]) -> list[Box]:
     if cursor < shape[0]:
         gaps.append(((cursor, shape[0]),) + full_box(shape[1:]))
     return gaps
+
+
+def source_slices(piece: Piece, box: Box) -> tuple[slice, ...]:
+    """The source region holding destination ``box`` (inside ``piece.dst_box``) of a piece.
+
+    A source box may carry extra leading axes of size one (a stacked layer or expert index); they
+    are kept, and the region read is reshaped to the destination box.
+    """
+    extra = len(piece.src_box) - len(piece.dst_box)
+    out = [slice(lo, hi) for lo, hi in piece.src_box[:extra]]
+    for (lo, hi), (dlo, _), (slo, _) in zip(box, piece.dst_box, piece.src_box[extra:]):
+        out.append(slice(slo + lo - dlo, slo + hi - dlo))
+    return tuple(out)
+
+
+def materialize(recipe: Recipe, fetch, dtype=None):
+    """Build a whole destination tensor: ``fetch(source, slices)`` returns a numpy array region.
+
+    Pure block copies (no arithmetic), so the result is bit-identical to its sources; regions in
+    ``recipe.fill`` are zeros.
+    """
+    import numpy as np
+
+    out = None
+    for piece in recipe.pieces:
+        block = fetch(piece.source, source_slices(piece, piece.dst_box))
+        if out is None:
+            out = np.zeros(recipe.shape, dtype=dtype or block.dtype)
+        out[tuple(slice(lo, hi) for lo, hi in piece.dst_box)] = block.reshape(box_shape(piece.dst_box))
+    if out is None:
+        out = np.zeros(recipe.shape, dtype=dtype or np.float32)
+    return out

@@ -26,13 +26,15 @@ from typing import Any
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.tensor import Encoding, TensorMeta
-from ckptscope.mappings.links import Box, Piece, Recipe, box_shape
+from ckptscope.mappings.links import Box, Piece, Recipe, box_shape, source_slices
 from ckptscope.ops.diff_metrics import Accumulator, compare_block
 from ckptscope.ops.diff_plan import DiffPair, DiffPlan, DiffSide
 
 BLOCK_BYTES = 16 * 1024 * 1024
 """Upper bound of one block per side (raw bytes); float64 copies make the working set ~4x this."""
-RELEASE_EVERY = 256 * 1024 * 1024
+VALUE_BLOCK_ELEMS = 1 << 22
+"""Elements per block on the value path: a float64 copy of a block is then 32 MB."""
+RELEASE_EVERY = 64 * 1024 * 1024
 """Release mapped pages after this many bytes read, so RSS tracks the working set."""
 SIGNIFICANT = 12
 """Float metrics are reported to this many significant digits: CPU and GPU sum in different
@@ -187,18 +189,9 @@ def _split(box: Box, max_elems: int) -> Iterator[Box]:
         yield ((lo, min(stop, lo + step)),) + box[1:]
 
 
-def _source_slices(piece: Piece, box: Box) -> tuple[slice, ...]:
-    """The source region holding canonical ``box`` of ``piece`` (extra leading unit axes kept)."""
-    extra = len(piece.src_box) - len(piece.dst_box)
-    out = [slice(lo, hi) for lo, hi in piece.src_box[:extra]]
-    for (lo, hi), (dlo, _), (slo, _) in zip(box, piece.dst_box, piece.src_box[extra:]):
-        out.append(slice(slo + lo - dlo, slo + hi - dlo))
-    return tuple(out)
-
-
 def read_piece(side: DiffSide, piece: Piece, box: Box):
     """Canonical ``box`` of a recipe piece, as a numpy array of the box's shape."""
-    array = side.reader.read(piece.source, _source_slices(piece, box))
+    array = side.reader.read(piece.source, source_slices(piece, box))
     return array.reshape(box_shape(box))
 
 
@@ -277,7 +270,7 @@ class DiffEngine:
         self.plan = plan
         self.options = options or DiffOptions()
         self.device = _pick_device(self.options.device)
-        self.workers = self.options.workers or min(4, os.cpu_count() or 1)
+        self.workers = self.options.workers or max(2, min(4, os.cpu_count() or 1))
         self._bytes = _ByteReader()
         self._read_lock = threading.Lock()
         self._read_since_release = 0
@@ -346,7 +339,7 @@ class DiffEngine:
 
     def _value_units(self, pair: DiffPair) -> list[tuple]:
         itemsize = max(_itemsize(pair.a.dtype), _itemsize(pair.b.dtype))
-        max_elems = max(1, self.options.block_bytes // itemsize)
+        max_elems = max(1, min(VALUE_BLOCK_ELEMS, self.options.block_bytes // itemsize))
         units = []
         for box, pa, pb in _overlaps(pair.a, pair.b):
             for block in _split(box, max_elems):

@@ -10,6 +10,7 @@ so the result merges with CPU blocks and reports identically (diff.py rounds the
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -67,16 +68,31 @@ class CudaComparer:
         ga = raw_a.view(dtype_a).reshape(-1)
         gb = raw_b.view(dtype_b).reshape(-1)
         a64, b64 = ga.to(torch.float64), gb.to(torch.float64)
-        if a.dtype == b.dtype and a.dtype.itemsize in _INT_BY_SIZE and a.dtype.kind != "c":
+        same = a.dtype == b.dtype and a.dtype.itemsize in _INT_BY_SIZE and a.dtype.kind != "c"
+        if same:
             kind = getattr(torch, _INT_BY_SIZE[a.dtype.itemsize])
             differ = raw_a.view(kind) != raw_b.view(kind)
         else:
             differ = ~((a64 == b64) | (torch.isnan(a64) & torch.isnan(b64)))
-        finite = torch.isfinite(a64) & torch.isfinite(b64)
-        fa, fb = torch.where(finite, a64, 0.0), torch.where(finite, b64, 0.0)
-        sums = torch.stack([fa @ fa, fb @ fb, fa @ fb, differ.sum().to(torch.float64)]).cpu().tolist()
-        acc.sum_sq_a, acc.sum_sq_b, acc.dot = sums[0], sums[1], sums[2]
-        acc.num_diff = int(sums[3])
+        total = float((a64 @ a64).item()) if same else math.nan
+        if same and math.isfinite(total):
+            # The CPU's shortcut, reproduced: b equals a outside ``differ``.
+            where = torch.nonzero(differ).reshape(-1)
+            da, db = a64[where], b64[where]
+            finite = torch.isfinite(db)
+            fa, fb = torch.where(finite, da, 0.0), torch.where(finite, db, 0.0)
+            drop_v = torch.where(finite, 0.0, da)
+            parts = torch.stack([drop_v @ drop_v, fb @ fb - fa @ fa, fa @ (fb - fa)]).cpu().tolist()
+            acc.sum_sq_a = total - parts[0]
+            acc.sum_sq_b = total - parts[0] + parts[1]
+            acc.dot = total - parts[0] + parts[2]
+            acc.num_diff = int(where.numel())
+        else:
+            finite = torch.isfinite(a64) & torch.isfinite(b64)
+            fa, fb = torch.where(finite, a64, 0.0), torch.where(finite, b64, 0.0)
+            sums = torch.stack([fa @ fa, fb @ fb, fa @ fb, differ.sum().to(torch.float64)]).cpu().tolist()
+            acc.sum_sq_a, acc.sum_sq_b, acc.dot = sums[0], sums[1], sums[2]
+            acc.num_diff = int(sums[3])
         if acc.num_diff == 0:
             return acc
         where = torch.nonzero(differ).reshape(-1)

@@ -85,33 +85,51 @@ def compare_block(a: np.ndarray, b: np.ndarray, origin: tuple[int, ...], *, atol
     acc = Accumulator(numel=int(a.size))
     if a.size == 0:
         return acc
-    same_dtype = a.dtype == b.dtype
-    if same_dtype and a.dtype.itemsize in _UINT_BY_SIZE and a.dtype.kind != "c":
+    flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+    if a.dtype == b.dtype and a.dtype.itemsize in _UINT_BY_SIZE and a.dtype.kind != "c":
         kind = _UINT_BY_SIZE[a.dtype.itemsize]
-        differ = np.not_equal(np.ascontiguousarray(a).view(kind), np.ascontiguousarray(b).view(kind))
+        differ = np.not_equal(np.ascontiguousarray(flat_a).view(kind), np.ascontiguousarray(flat_b).view(kind))
+        where = np.flatnonzero(differ)
+        a64 = _as_float64(flat_a)
+        total = float(np.dot(a64, a64))
+        if math.isfinite(total):
+            # Outside ``where`` b equals a bit for bit, so one full reduction suffices: b's norm and
+            # <a, b> are ||a||^2 corrected on the differing elements only.
+            _sparse_sums(acc, total, a64[where], _as_float64(flat_b[where]))
+            _diff_stats(acc, where, a64[where], _as_float64(flat_b[where]), a.shape, origin, atol, rtol)
+            return acc
+        b64 = _as_float64(flat_b)
     else:
-        differ = None
-    a64, b64 = _as_float64(a), _as_float64(b)
-    if differ is None:
-        differ = ~((a64 == b64) | (np.isnan(a64) & np.isnan(b64)))
-    acc.num_diff = int(np.count_nonzero(differ))
-    flat_a, flat_b = a64.reshape(-1), b64.reshape(-1)
-    finite = np.isfinite(flat_a) & np.isfinite(flat_b)
-    if finite.all():
-        acc.sum_sq_a = float(np.dot(flat_a, flat_a))
-        acc.sum_sq_b = float(np.dot(flat_b, flat_b))
-        acc.dot = float(np.dot(flat_a, flat_b))
-    else:
-        fa, fb = flat_a[finite], flat_b[finite]
-        acc.sum_sq_a, acc.sum_sq_b, acc.dot = float(fa @ fa), float(fb @ fb), float(fa @ fb)
+        a64, b64 = _as_float64(flat_a), _as_float64(flat_b)
+        where = np.flatnonzero(~((a64 == b64) | (np.isnan(a64) & np.isnan(b64))))
+    finite = np.isfinite(a64) & np.isfinite(b64)
+    fa, fb = (a64, b64) if finite.all() else (a64[finite], b64[finite])
+    acc.sum_sq_a, acc.sum_sq_b, acc.dot = float(fa @ fa), float(fb @ fb), float(fa @ fb)
+    _diff_stats(acc, where, a64[where], b64[where], a.shape, origin, atol, rtol)
+    return acc
+
+
+def _sparse_sums(acc: Accumulator, total: float, da: np.ndarray, db: np.ndarray) -> None:
+    """Norms and dot product from ``total = ||a||^2`` (all finite) and the differing elements.
+
+    Sums run over elements finite on both sides, as in the dense path."""
+    finite = np.isfinite(db)
+    drop = float(np.dot(da[~finite], da[~finite])) if not finite.all() else 0.0
+    fa, fb = da[finite], db[finite]
+    acc.sum_sq_a = total - drop
+    acc.sum_sq_b = total - drop + float(fb @ fb - fa @ fa)
+    acc.dot = total - drop + float(fa @ (fb - fa))
+
+
+def _diff_stats(acc: Accumulator, where: np.ndarray, da: np.ndarray, db: np.ndarray, shape: tuple[int, ...],
+                origin: tuple[int, ...], atol: float, rtol: float) -> None:
+    """Counts, |a-b| sums, the largest difference and its location, from the differing elements."""
+    acc.num_diff = int(where.size)
     if acc.num_diff == 0:
-        return acc
-    where = np.flatnonzero(differ.reshape(-1))
-    da, db = flat_a[where], flat_b[where]
+        return
     with np.errstate(invalid="ignore", over="ignore"):
         delta = np.abs(da - db)
-    both_nan = np.isnan(da) & np.isnan(db)
-    delta[both_nan] = 0.0  # bitwise-different NaN payloads: not a value difference
+    delta[np.isnan(da) & np.isnan(db)] = 0.0  # bitwise-different NaN payloads: not a value difference
     nan_delta = np.isnan(delta)
     if nan_delta.any():
         acc.nan = True
@@ -122,19 +140,8 @@ def compare_block(a: np.ndarray, b: np.ndarray, origin: tuple[int, ...], *, atol
     acc.sum_sq_diff = float(np.dot(delta_ok, delta_ok)) if np.isfinite(delta_ok).all() else math.inf
     top = int(np.argmax(delta_ok))
     acc.max_abs = float(delta_ok[top])
-    local = np.unravel_index(int(where[top]), a.shape)
+    local = np.unravel_index(int(where[top]), shape)
     acc.max_at = tuple(int(o + i) for o, i in zip(origin, local))
     with np.errstate(invalid="ignore", over="ignore"):
         allowed = atol + rtol * np.abs(db)
         acc.violations = int(np.count_nonzero(~(delta <= allowed)))
-    return acc
-
-
-def equal_block(a: np.ndarray, origin: tuple[int, ...]) -> Accumulator:
-    """Metrics of a block known to be bitwise equal on both sides (norms still count for cosine)."""
-    acc = Accumulator(numel=int(a.size))
-    if a.size:
-        flat = _as_float64(a).reshape(-1)
-        flat = flat[np.isfinite(flat)]
-        acc.sum_sq_a = acc.sum_sq_b = acc.dot = float(flat @ flat)
-    return acc
