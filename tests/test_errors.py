@@ -64,11 +64,14 @@ def test_unknown_dtype(tmp_path, cli):
 
 
 def test_index_names_missing_shard(samples, tmp_path, cli):
+    """A damaged sharded checkpoint stays browsable: the other shards are shown, with a warning
+    (``ckptscope check`` reports it as a problem: tests/test_check.py)."""
     ckpt = tmp_path / "hf"
     shutil.copytree(samples["hf_llama_sharded"], ckpt)
     (ckpt / "model-00002-of-00004.safetensors").unlink()
-    assert_one_line_error(cli("inspect", str(ckpt)), "model.safetensors.index.json",
-                          "model-00002-of-00004.safetensors, which is missing")
+    result = cli("inspect", str(ckpt))
+    assert result.code == 0 and "Traceback" not in result.err
+    assert "model.safetensors.index.json names shard model-00002-of-00004.safetensors, which is missing" in result.err
 
 
 def test_index_places_tensor_in_wrong_shard(samples, tmp_path, cli):
@@ -80,7 +83,9 @@ def test_index_places_tensor_in_wrong_shard(samples, tmp_path, cli):
     other = next(s for s in sorted(set(index["weight_map"].values())) if s != shard)
     index["weight_map"][name] = other
     index_path.write_text(json.dumps(index))
-    assert_one_line_error(cli("inspect", str(ckpt)), repr(name), f"in {other}, which does not contain it")
+    result = cli("inspect", str(ckpt))
+    assert result.code == 0 and "Traceback" not in result.err
+    assert f"places tensor {name!r} in {other}, which does not contain it" in result.err
 
 
 def test_garbage_shard_in_hf_dir(samples, tmp_path, cli):

@@ -15,7 +15,7 @@ import pytest
 from dist_reference import MEGATRON_ITER, assert_no_torch_on_metadata_path, generators, torch_dcp_tensors, values
 
 from ckptscope.cli import main as cli_main
-from ckptscope.core.errors import CkptError, MissingTensor
+from ckptscope.core.errors import MissingTensor
 from ckptscope.formats import open_checkpoint
 from ckptscope.formats.megatron_dist import MegatronDistReader, stacked_view_name
 from ckptscope.formats.registry import detect_format
@@ -150,8 +150,10 @@ def test_missing_common_and_incomplete_save(tmp_path):
     assert index.iteration == 42  # from the directory name
     assert any("common" in w for w in index.warnings)
     (target / ".metadata").unlink()
-    with pytest.raises(CkptError, match="without a .metadata"):
-        open_checkpoint(target).index()
+    index = open_checkpoint(target).index()  # incomplete: nothing to index, but still recognised
+    assert index.format == "megatron_dist" and not index.tensors
+    assert [(i.kind, i.file) for i in index.issues] == [("missing-marker", ".metadata")]
+    assert any(w.startswith(".metadata: not found") for w in index.warnings)
 
 
 def test_zarr_marker_is_not_claimed(tmp_path):

@@ -110,9 +110,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _register_commands() -> None:
+    from ckptscope.cli.check_cmd import check
+    from ckptscope.cli.diff_cmd import diff
     from ckptscope.cli.rename_cmd import rename
 
     cli.add_command(rename)
+    cli.add_command(check)
+    cli.add_command(diff)
 
 
 _register_commands()

@@ -33,6 +33,24 @@ class ObjectEntry:
     value: Any = None
 
 
+@dataclass(frozen=True, slots=True)
+class Issue:
+    """Damage a reader found while indexing (a missing or short file, a missing completeness marker,
+    an index that disagrees with its shards), kept structured for ``ckptscope check``.
+
+    Readers go on past such damage so that whatever is readable stays browsable; every issue also
+    has a human line in ``CheckpointIndex.warnings``.
+    """
+
+    kind: str
+    """Stable identifier: ``missing-file``, ``truncated``, ``missing-marker``, ``index-mismatch``, ..."""
+    detail: str
+    file: str | None = None
+    """Relative to the checkpoint root, when one file is concerned."""
+    tensors: tuple[str, ...] = ()
+    """Stored tensor names concerned, when known."""
+
+
 @dataclass(slots=True)
 class CheckpointIndex:
     """The metadata view of one checkpoint. Built by a reader's ``index()``; never holds tensor data."""
@@ -45,12 +63,23 @@ class CheckpointIndex:
     """Format metadata: safetensors ``__metadata__``, index metadata, iteration, ..."""
     files: list[FileInfo] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    issues: list[Issue] = field(default_factory=list)
+    """Structured damage (see ``Issue``); each one also appears in ``warnings``."""
     views: dict[str, tuple[str, int]] = field(default_factory=dict)
     """Logical per-layer names derived from stored tensors: ``view name -> (stored name, index on
     axis 0)``. Megatron torch_dist stores all layers of a homogeneous stack as one tensor with a
     leading layer axis (``decoder.layers.mlp.linear_fc2.weight`` ``[L, H, F]``); its views are
     ``decoder.layers.{i}.mlp.linear_fc2.weight`` ``[H, F]``. Views are never in ``tensors``: counts
     and bytes stay those of what is stored. ``CheckpointReader.meta``/``read`` accept view names."""
+
+    def add_issue(self, kind: str, detail: str, *, file: str | None = None, tensors: tuple[str, ...] = (),
+                  warning: str | None = None) -> None:
+        """Record damage: an ``Issue`` for ``check`` and a warning line (``warning``, or one made
+        from the file and detail) for ``inspect`` and the TUI."""
+        self.issues.append(Issue(kind, detail, file, tuple(tensors)))
+        line = warning if warning is not None else (f"{file}: {detail}" if file else detail)
+        if line not in self.warnings:
+            self.warnings.append(line)
 
     def __iter__(self) -> Iterator[TensorMeta]:
         return iter(self.tensors.values())

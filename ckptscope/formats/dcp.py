@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import re
 import struct
 from dataclasses import dataclass, replace
@@ -43,6 +44,11 @@ MAX_DECODED_OBJECT = 4 << 20
 _MAX_ST_HEADER = 100_000_000
 _OPTIMIZER_ROOTS = {"optimizer", "optimizers", "optim", "optim_state", "optimizer_state"}
 _CHAINED = re.compile(r"chained_\d+")
+DATA_SUFFIX = ".distcp"
+MEGATRON_MARKER = "metadata.json"
+_MEGATRON_COMMON = "common.pt"
+_SHARDED_OBJECT_KEY = re.compile(r"/shard_[\d.]+_[\d.]+$")
+"""Megatron ShardedObject keys (``rng_state/shard_0.0_1.2``): a DCP dir with them is a torch_dist save."""
 
 
 def tensor_group(name: str) -> str:
@@ -138,6 +144,21 @@ class DcpContents:
     serialization: str
 
 
+def data_files(path: Path, *, first: bool = False) -> list[str]:
+    """Names of the ``.distcp`` files directly in ``path``, sorted (just one, unsorted, with ``first``)."""
+    found = []
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                if entry.name.endswith(DATA_SUFFIX):
+                    found.append(entry.name)
+                    if first:
+                        break
+    except OSError:
+        return []
+    return sorted(found)
+
+
 class _Files:
     """Plain file handles used while indexing (the reader's mmaps are off limits under its lock)."""
 
@@ -185,15 +206,48 @@ class DcpReader(CheckpointReader):
 
     @classmethod
     def supports(cls, path: Path) -> bool:
+        """A dir with ``.metadata``, or with ``.distcp`` files only: a save that never wrote its
+        ``.metadata`` is still recognised, so ``inspect`` and ``check`` can say what is missing."""
         try:
-            return path.is_dir() and (path / METADATA_FILE).is_file()
+            return path.is_dir() and ((path / METADATA_FILE).is_file() or bool(data_files(path, first=True)))
         except OSError:
             return False
 
+    @classmethod
+    def missing_markers(cls, path: Path) -> tuple[str, ...]:
+        """``.metadata`` is renamed into place after every rank wrote its data (FORMATS.md §5.1);
+        Megatron's ``metadata.json`` comes last of all (§4.1), so a dir holding ``common.pt`` needs it too."""
+        missing = [] if (path / METADATA_FILE).is_file() else [METADATA_FILE]
+        if (path / _MEGATRON_COMMON).is_file() and not (path / MEGATRON_MARKER).is_file():
+            missing.append(MEGATRON_MARKER)
+        return tuple(missing)
+
     def _build_index(self) -> CheckpointIndex:
         index = CheckpointIndex(path=str(self.path), format=self.format_name)
-        self.fill_index(index)
+        if not (self.path / METADATA_FILE).is_file():
+            self.index_without_metadata(index)
+            return index
+        contents = self.fill_index(index)
+        looks_megatron = (self.path / _MEGATRON_COMMON).is_file() or "mcore_data" in contents.metadata.extra \
+            or any(_SHARDED_OBJECT_KEY.search(key) for key in contents.metadata.bytes_entries)
+        if looks_megatron and not (self.path / MEGATRON_MARKER).is_file():
+            index.add_issue("missing-marker", "not found: this looks like a Megatron-Core torch_dist save, whose "
+                            "metadata.json is written last; the save did not finish (or the file was lost)",
+                            file=MEGATRON_MARKER)
         return index
+
+    def index_without_metadata(self, index: CheckpointIndex) -> None:
+        """A dir of ``.distcp`` files without ``.metadata``: list the files, record the damage.
+        Nothing says which tensors the files hold, so the index has none."""
+        found = data_files(self.path)
+        for rel in found:
+            try:
+                index.files.append(FileInfo(rel, (self.path / rel).stat().st_size, "data"))
+            except OSError:
+                continue
+        index.add_issue("missing-marker", f"not found: DCP writes it after all data, so the save did not finish (or "
+                        f"the file was lost); the {len(found)} {DATA_SUFFIX} files cannot be indexed without it",
+                        file=METADATA_FILE)
 
     # --- indexing ----------------------------------------------------------------------------
 
@@ -204,9 +258,9 @@ class DcpReader(CheckpointReader):
         index.files.append(FileInfo(METADATA_FILE, meta_path.stat().st_size, "metadata"))
         files = _Files(self.path)
         try:
-            self._check_files(index, meta, files)
-            serialization = self._sniff_serialization(meta, files)
             names = self._display_names(meta)
+            self._check_files(index, meta, files, names)
+            serialization = self._sniff_serialization(meta, files)
             for key, tensor in meta.tensors.items():
                 index.tensors[names[key]] = self._tensor_meta(index, names[key], tensor, serialization, files)
             objects = self._objects(index, meta, names, files)
@@ -226,24 +280,31 @@ class DcpReader(CheckpointReader):
         index.metadata["groups"] = group_summary(index.tensors)
         return DcpContents(meta, objects, serialization)
 
-    def _check_files(self, index: CheckpointIndex, meta: DcpMetadata, files: _Files) -> None:
-        """Missing or short data files are warnings: everything else stays browsable."""
+    def _check_files(self, index: CheckpointIndex, meta: DcpMetadata, files: _Files, names: dict[str, str]) -> None:
+        """Missing or short data files are issues (and warnings): everything else stays browsable."""
         needed: dict[str, int] = {}
-        infos = [c.storage for t in meta.tensors.values() for c in t.chunks if c.storage is not None]
-        infos += [s for s in meta.bytes_entries.values() if s is not None]
-        for info in infos:
-            needed[info.file] = max(needed.get(info.file, 0), info.offset + info.length)
-        on_disk = sorted(p.name for p in self.path.glob("*.distcp"))
+        entries: dict[str, list[tuple[str, int]]] = {}
+        """file -> (display name, end byte) of every item stored in it."""
+        items = [(key, c.storage) for key, t in meta.tensors.items() for c in t.chunks if c.storage is not None]
+        items += [(key, s) for key, s in meta.bytes_entries.items() if s is not None]
+        for key, info in items:
+            end = info.offset + info.length
+            needed[info.file] = max(needed.get(info.file, 0), end)
+            entries.setdefault(info.file, []).append((names[key], end))
+        on_disk = data_files(self.path)
         for rel in sorted(set(needed) | set(on_disk)):
             size = files.size(rel)
+            held = entries.get(rel, [])
             if size is None:
-                index.warnings.append(f"{rel}: referenced by .metadata but missing; its chunks cannot be read")
+                index.add_issue("missing-file", "referenced by .metadata but missing; its chunks cannot be read",
+                                file=rel, tensors=tuple(dict.fromkeys(n for n, _ in held)))
                 continue
             index.files.append(FileInfo(rel, size, "data"))
             if rel in needed and size < needed[rel]:
-                index.warnings.append(
-                    f"{rel}: truncated: .metadata places data up to byte {needed[rel]}, the file has {size}")
-        if any(info.transforms for info in infos):
+                detail = f".metadata places data up to byte {needed[rel]}, the file has {size}"
+                index.add_issue("truncated", detail, file=rel, warning=f"{rel}: truncated: {detail}",
+                                tensors=tuple(dict.fromkeys(n for n, end in held if end > size)))
+        if any(info.transforms for _, info in items):
             index.warnings.append("some items were written through storage transforms (e.g. compression); "
                                   "ckptscope cannot read those chunks")
 

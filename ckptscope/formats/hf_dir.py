@@ -1,8 +1,10 @@
 """A Hugging Face model directory: safetensors shards (+ index) or ``pytorch_model*.bin`` (+ index).
 
 FORMATS.md §1.5. The index's ``weight_map`` is checked against the shards it names: a missing
-shard, or a tensor the index places in a shard that lacks it, is an error naming both. Config
-and generation files become objects; tokenizer files are listed.
+or truncated shard, a tensor the index places in a shard that lacks it, or a stored tensor the
+index leaves out, is recorded as an issue (and a warning) naming both, and the rest stays
+browsable; ``ckptscope check`` reports them. Config and generation files become objects;
+tokenizer files are listed.
 """
 
 from __future__ import annotations
@@ -12,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from ckptscope.core.errors import CkptError
-from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
+from ckptscope.core.index import CheckpointIndex, FileInfo, Issue, ObjectEntry
 from ckptscope.core.names import natural_key
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import register_reader
-from ckptscope.formats.safetensors_file import parse_safetensors_header
+from ckptscope.formats.safetensors_file import SafetensorsHeader, parse_safetensors_header
 from ckptscope.formats.torch_legacy import TorchLegacyReader, read_legacy
 from ckptscope.formats.torch_pickle import build_torch_index, is_torch_zip, read_torch_zip
 from ckptscope.formats.torch_trusted import TrustedTorchFile
@@ -104,17 +106,25 @@ class HFDirReader(CheckpointReader):
         if index_file is not None:
             weight_map, meta = _read_weight_map(index_file)
             index.metadata["index"] = meta
-            shards = self._shards_named_by(index_file, weight_map)
-            headers = {shard: parse_safetensors_header(self.path / shard, shard) for shard in shards}
+            shards = self._shards_named_by(index, index_file, weight_map)
+            headers = {shard: self._header(index, shard) for shard in shards}
+            owner = {n: shard for shard, header in headers.items() for n in header.tensors}
             for name, shard in weight_map.items():
+                if shard not in headers:
+                    continue  # a missing shard: already an issue
                 found = headers[shard].tensors.get(name)
                 if found is None:
-                    raise CkptError(f"index places tensor {name!r} in {shard}, which does not contain it", index_file)
+                    self._misplaced(index, index_file, name, shard, owner.get(name))
+                    if name in owner:
+                        index.tensors[name] = headers[owner[name]].tensors[name]
+                    continue
                 index.tensors[name] = found
             for shard, header in headers.items():
                 extra = [n for n in header.tensors if n not in weight_map]
                 if extra:
-                    index.warnings.append(f"{shard}: {len(extra)} tensors not listed in {index_file.name}")
+                    index.add_issue("index-mismatch", f"{len(extra)} tensors stored here are not listed in "
+                                    f"{index_file.name} (loaders skip them)", file=shard, tensors=tuple(extra),
+                                    warning=f"{shard}: {len(extra)} tensors not listed in {index_file.name}")
                     for name in extra:
                         index.tensors.setdefault(name, header.tensors[name])
                 index.warnings.extend(header.warnings)
@@ -125,7 +135,7 @@ class HFDirReader(CheckpointReader):
             return
         owners: dict[str, str] = {}
         for path in files:
-            header = parse_safetensors_header(path, path.name)
+            header = self._header(index, path.name)
             index.warnings.extend(header.warnings)
             if header.metadata:
                 index.metadata.setdefault("__metadata__", header.metadata)
@@ -139,7 +149,7 @@ class HFDirReader(CheckpointReader):
         if index_file is not None:
             weight_map, index_meta = _read_weight_map(index_file)
             index.metadata["index"] = index_meta
-            shards = self._shards_named_by(index_file, weight_map)
+            shards = self._shards_named_by(index, index_file, weight_map)
         else:
             weight_map, index_meta, shards = {}, {}, [p.name for p in files]
         for shard in shards:
@@ -165,8 +175,8 @@ class HFDirReader(CheckpointReader):
             index.warnings.extend(w for w in part.warnings if w not in index.warnings)
         for name, shard in weight_map.items():
             found = index.tensors.get(name)
-            if found is None or found.files != (shard,):
-                raise CkptError(f"index places tensor {name!r} in {shard}, which does not contain it", index_file)
+            if shard in shards and (found is None or found.files != (shard,)):
+                self._misplaced(index, index_file, name, shard, found.files[0] if found and found.files else None)
         if index_file is not None:
             self._check_total_size(index, index_meta, index_file)
 
@@ -176,14 +186,39 @@ class HFDirReader(CheckpointReader):
             return trusted.read(meta.name, local)
         return super()._read_chunk(meta, chunk, local)
 
-    def _shards_named_by(self, index_file: Path, weight_map: dict[str, str]) -> list[str]:
+    def _shards_named_by(self, index: CheckpointIndex, index_file: Path, weight_map: dict[str, str]) -> list[str]:
+        """The shards the index names that exist; each missing one is an issue listing its tensors."""
         shards = sorted(set(weight_map.values()), key=natural_key)
+        present = []
         for shard in shards:
             if "/" in shard or "\\" in shard or shard in ("", ".", ".."):
                 raise CkptError(f"index names shard {shard!r} outside the checkpoint directory", index_file)
-            if not (self.path / shard).is_file():
-                raise CkptError(f"index names shard {shard}, which is missing", index_file)
-        return shards
+            if (self.path / shard).is_file():
+                present.append(shard)
+                continue
+            names = tuple(n for n, s in weight_map.items() if s == shard)
+            index.add_issue("missing-file", f"not found; {index_file.name} places {len(names)} tensors in it",
+                            file=shard, tensors=names,
+                            warning=f"{index_file.name} names shard {shard}, which is missing "
+                                    f"({len(names)} tensors cannot be shown)")
+        return present
+
+    def _header(self, index: CheckpointIndex, shard: str) -> SafetensorsHeader:
+        """One shard's header; a shard cut short after its header is an issue, not a failure."""
+        header = parse_safetensors_header(self.path / shard, shard, allow_truncated=True)
+        if header.truncated:
+            end = max(c.byte_offset + c.byte_length for n in header.truncated for c in header.tensors[n].chunks)
+            index.issues.append(Issue("truncated", f"the header places data up to byte {end}, the "
+                                      f"file has {header.file_size}", shard, header.truncated))
+        return header
+
+    @staticmethod
+    def _misplaced(index: CheckpointIndex, index_file: Path, name: str, shard: str, actual: str | None) -> None:
+        where = f"it is stored in {actual}" if actual else "no shard the index names holds it"
+        index.add_issue("index-mismatch", f"{index_file.name} places it in {shard}, which does not contain it; {where}",
+                        file=shard, tensors=(name,),
+                        warning=f"{index_file.name} places tensor {name!r} in {shard}, which does not contain it "
+                                f"({where})")
 
     @staticmethod
     def _check_total_size(index: CheckpointIndex, meta: dict[str, Any], index_file: Path) -> None:

@@ -98,24 +98,27 @@ class MegatronDistReader(DcpReader):
 
     def _build_index(self) -> CheckpointIndex:
         marker = read_marker(self.path) or {}
-        if not (self.path / METADATA_FILE).is_file():
-            raise CkptError("Megatron torch_dist checkpoint without a .metadata file (incomplete save?)", self.path)
         index = CheckpointIndex(path=str(self.path), format=self.format_name)
         index.metadata["megatron"] = dict(marker)
-        contents = self.fill_index(index)
+        contents: DcpContents | None = None
+        if (self.path / METADATA_FILE).is_file():
+            contents = self.fill_index(index)
+        else:  # an incomplete save: common.pt (args, iteration) is still worth showing
+            self.index_without_metadata(index)
         index.files.append(FileInfo(MARKER_FILE, (self.path / MARKER_FILE).stat().st_size, "metadata"))
         self._add_common(index, contents)
         if "iteration" not in index.metadata:
             match = _ITER_DIR.fullmatch(self.path.name)
             if match:
                 index.metadata["iteration"] = int(match.group(1))
-        self._annotate(index, contents)
+        if contents is not None:
+            self._annotate(index, contents)
         index.views, warnings = stacked_layer_views(index.tensors)
         index.warnings.extend(warnings)
         index.metadata["groups"] = group_summary(index.tensors)
         return index
 
-    def _add_common(self, index: CheckpointIndex, contents: DcpContents) -> None:
+    def _add_common(self, index: CheckpointIndex, contents: DcpContents | None) -> None:
         """``common.pt`` (core <= 0.18) or the ``common_state`` ShardedObject (0.19+)."""
         sharded_objects, index.objects = index.objects, []
         consumed = False
@@ -124,12 +127,16 @@ class MegatronDistReader(DcpReader):
         finally:  # args/iteration first, then the ShardedObjects (rng, _extra_state ...)
             index.objects.extend(o for o in sharded_objects if not (consumed and o.name == COMMON_STATE_KEY))
 
-    def _add_common_state(self, index: CheckpointIndex, contents: DcpContents) -> bool:
+    def _add_common_state(self, index: CheckpointIndex, contents: DcpContents | None) -> bool:
         """Add the common objects; True when they came from (and replace) the common_state object."""
         common_path = self.path / COMMON_FILE
         if common_path.is_file():
             consumed = False
-            parsed = read_torch_zip(common_path)
+            try:
+                parsed = read_torch_zip(common_path)
+            except CkptError as exc:  # a damaged common.pt: the sharded tensors are still readable
+                index.add_issue("unreadable-file", exc.problem, file=COMMON_FILE)
+                return False
             index.files.append(FileInfo(COMMON_FILE, common_path.stat().st_size, "common"))
             obj = parsed.obj
             # One object per top-level key (args, iteration, optimizer ...), not one "<root>" dict.
@@ -142,14 +149,18 @@ class MegatronDistReader(DcpReader):
                         index.tensors[target] = replace(meta, attrs=meta.attrs + (("group", "common"),))
                     else:
                         index.objects.append(ObjectEntry(name, type_name(leaf), to_plain(leaf)))
-        elif isinstance(contents.objects.get(COMMON_STATE_KEY), list) and contents.objects[COMMON_STATE_KEY]:
+        elif contents is not None and isinstance(contents.objects.get(COMMON_STATE_KEY), list) \
+                and contents.objects[COMMON_STATE_KEY]:
             obj = contents.objects[COMMON_STATE_KEY][0]
             consumed = True
             if isinstance(obj, dict):
                 for key, value in obj.items():
                     index.objects.append(ObjectEntry(str(key), type_name(value), to_plain(value)))
         else:
-            index.warnings.append("no common.pt and no common_state object: args and iteration are unknown")
+            if contents is not None:
+                index.add_issue("missing-file", "not found, and .metadata has no common_state object either: args "
+                                "and iteration are unknown", file=COMMON_FILE,
+                                warning="no common.pt and no common_state object: args and iteration are unknown")
             return False
         if isinstance(obj, dict):
             for key in _COMMON_METADATA:

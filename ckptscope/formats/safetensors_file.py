@@ -32,6 +32,8 @@ class SafetensorsHeader:
     data_start: int
     file_size: int
     warnings: tuple[str, ...] = ()
+    truncated: tuple[str, ...] = ()
+    """Tensors whose bytes run past the end of the file (only with ``allow_truncated``)."""
 
 
 def sniff_safetensors(path: Path) -> bool:
@@ -51,8 +53,13 @@ def sniff_safetensors(path: Path) -> bool:
     return length < MAX_HEADER_SIZE and head[8:9] == b"{"
 
 
-def parse_safetensors_header(path: Path, rel_name: str) -> SafetensorsHeader:
-    """Read and validate the header of one file. Raises ``CkptError`` naming the file and problem."""
+def parse_safetensors_header(path: Path, rel_name: str, *, allow_truncated: bool = False) -> SafetensorsHeader:
+    """Read and validate the header of one file. Raises ``CkptError`` naming the file and problem.
+
+    With ``allow_truncated`` a file cut short after its header is still described: the tensors
+    past its end are listed in ``truncated`` (a shard of a sharded checkpoint, whose other shards
+    stay readable) instead of failing the whole checkpoint.
+    """
     try:
         with open(path, "rb") as handle:
             file_size = os.fstat(handle.fileno()).st_size
@@ -83,9 +90,12 @@ def parse_safetensors_header(path: Path, rel_name: str) -> SafetensorsHeader:
         raise CkptError("bad safetensors header: __metadata__ is not an object", path)
     tensors: dict[str, TensorMeta] = {}
     spans: list[tuple[int, int, str]] = []
+    truncated: list[str] = []
     for name, entry in header.items():
         begin, end, meta = _parse_entry(path, name, entry, data_start, rel_name)
-        if end > data_size:
+        if end > data_size and allow_truncated:
+            truncated.append(name)
+        elif end > data_size:
             raise CkptError(
                 f"truncated safetensors file: tensor {name!r} ends at byte {data_start + end}, "
                 f"file has {file_size}",
@@ -94,8 +104,11 @@ def parse_safetensors_header(path: Path, rel_name: str) -> SafetensorsHeader:
         spans.append((begin, end, name))
         tensors[name] = meta
     warnings = _check_layout(path, spans, data_size)
+    if truncated:  # the layout warning would count the missing bytes as negative free space
+        end = data_start + max(e for _, e, _ in spans)
+        warnings = [f"{path.name}: truncated: the header places data up to byte {end}, the file has {file_size}"]
     return SafetensorsHeader(tensors, {str(k): str(v) for k, v in metadata.items()}, data_start, file_size,
-                             tuple(warnings))
+                             tuple(warnings), tuple(truncated))
 
 
 def _parse_entry(path: Path, name: str, entry: Any, data_start: int, rel_name: str) -> tuple[int, int, TensorMeta]:

@@ -130,6 +130,10 @@ def plan_rename(src: str | Path, dst: str | Path, *, subs: Sequence[tuple[str, s
         raise CkptError("nothing to do: give --sub, --drop or --map")
     with open_checkpoint(src) as reader:
         index = reader.index()
+    if index.issues:  # readers index damaged checkpoints; a rename would silently copy the damage
+        first = index.issues[0]
+        raise CkptError(f"the checkpoint is damaged ({first.file + ': ' if first.file else ''}{first.detail}); "
+                        f"`ckptscope check` lists every problem", src)
     writer = _writer_for(index, src)
     check_destination(src, dst, overwrite=overwrite)
     changes = compute_name_changes(list(index.tensors), subs=subs, drops=drops, mapping=mapping)

@@ -1,0 +1,478 @@
+"""``check``: is a checkpoint whole? Every tensor covered once by its chunks, every byte on disk.
+
+A crashed or half-copied save is the usual reason to open a checkpoint, and it rarely fails
+loudly: a rank file is missing, a ``.distcp`` is cut short, ``.metadata`` was never renamed into
+place, an HF index names the wrong shard. This module finds such damage from metadata alone (no
+tensor bytes are read), for any format, through what every reader provides:
+
+* the index's logical tensors and their chunks: boxes that must tile the global shape exactly
+  once (``chunk_coverage``: volumes plus a sweep for overlaps, so 20k tensors take milliseconds);
+* the chunks' files and byte ranges, against the files' sizes on disk, and each chunk's byte
+  length against its dtype and shape;
+* the damage readers record while indexing (``CheckpointIndex.issues``: missing completeness
+  markers, HF index vs shard headers, files that hold only objects);
+* for a save root (``iter_*`` + ``latest_checkpointed_iteration.txt``, verl ``global_step_*``),
+  the tracker, then the iteration it names.
+
+A new reader gets all of this without a change here, as long as it describes its chunks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckptscope.core.dtypes import DType
+from ckptscope.core.errors import CkptError, UnknownFormat
+from ckptscope.core.index import CheckpointIndex
+from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
+from ckptscope.formats import open_checkpoint
+from ckptscope.ops.roots import TRACKER, discover_iterations
+
+Box = tuple[tuple[int, int], ...]
+"""``(start, stop)`` per axis, global coordinates."""
+
+MAX_PAIRS = 3
+"""Overlapping chunk pairs spelled out per tensor (the count says how many there are)."""
+_MAX_UNION_BOXES = 512
+"""Above this many overlapping boxes the exact stored volume is not computed (only counted)."""
+_BYTE_ENCODINGS = (Encoding.RAW, Encoding.STRIDED, Encoding.TORCH_ZIP_ITEM)
+"""Chunks with a byte range in a file; ``LOADED`` chunks have none to check."""
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with the checkpoint."""
+
+    kind: str
+    """``missing-file``, ``truncated``, ``missing-marker``, ``tracker``, ``hole``, ``overlap``,
+    ``bad-chunk``, ``byte-length``, ``index-mismatch``, ``unreadable-file``, ``incomplete``."""
+    file: str | None
+    """Relative to the path that was checked (``iter_0000010/__0_0.distcp`` for a save root)."""
+    tensors: tuple[str, ...]
+    detail: str
+
+    @property
+    def tensor(self) -> str | None:
+        """Every tensor concerned, comma-separated (None when no tensor is)."""
+        return ", ".join(self.tensors) if self.tensors else None
+
+    def line(self, max_tensors: int = 3) -> str:
+        """One human line: ``kind: file [tensors]: detail``."""
+        where = self.file or "-"
+        if self.tensors:
+            shown = ", ".join(self.tensors[:max_tensors])
+            more = len(self.tensors) - max_tensors
+            where += f" [{shown}{f', +{more} more' if more > 0 else ''}]"
+        return f"{self.kind}: {where}: {self.detail}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "file": self.file, "tensor": self.tensor, "detail": self.detail}
+
+
+@dataclass(slots=True)
+class CheckReport:
+    path: str
+    """What the user asked to check."""
+    format: str | None
+    """The checked checkpoint's format (None when nothing could be opened under a save root)."""
+    problems: list[Problem] = field(default_factory=list)
+    tensors: int = 0
+    files: int = 0
+    chunks: int = 0
+    target: str | None = None
+    """For a save root: the iteration directory checked, relative to ``path``."""
+    iteration: int | str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        counted = ", ".join(f"{n} {what}{'s' if n != 1 else ''}" for n, what in
+                            ((self.tensors, "tensor"), (self.chunks, "chunk"), (self.files, "file")))
+        if self.ok:
+            return f"ok: {counted} checked"
+        return f"{len(self.problems)} problem{'s' if len(self.problems) != 1 else ''} in {counted}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "format": self.format, "ok": self.ok,
+                "problems": [p.to_json() for p in self.problems],
+                "checked": {"tensors": self.tensors, "files": self.files, "chunks": self.chunks}}
+
+
+# --- coverage: chunks must tile the global shape exactly once -----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    """How the chunks of one tensor cover its global shape."""
+
+    numel: int
+    stored: int
+    """Elements in the chunks that fit the tensor (replicas and overlaps counted again)."""
+    covered: int | None
+    """Distinct elements covered; None when too many boxes overlap to count them exactly."""
+    overlaps: tuple[tuple[int, int, int], ...]
+    """``(chunk i, chunk j, shared elements)`` for the first ``MAX_PAIRS`` overlapping pairs."""
+    overlap_pairs: int
+    bad: tuple[tuple[int, str], ...]
+    """``(chunk index, why)`` for chunks whose rank or bounds do not fit the tensor."""
+
+    @property
+    def holes(self) -> int | None:
+        return None if self.covered is None else self.numel - self.covered
+
+    @property
+    def exact(self) -> bool:
+        return not self.bad and not self.overlap_pairs and self.covered == self.numel
+
+
+def _box(chunk: Chunk) -> Box:
+    return tuple((o, o + s) for o, s in zip(chunk.offsets, chunk.shape))
+
+
+def _volume(box: Box) -> int:
+    return math.prod(hi - lo for lo, hi in box)
+
+
+def _shared(a: Box, b: Box) -> int:
+    total = 1
+    for (alo, ahi), (blo, bhi) in zip(a, b):
+        extent = min(ahi, bhi) - max(alo, blo)
+        if extent <= 0:
+            return 0
+        total *= extent
+    return total
+
+
+def _sweep_axis(boxes: Sequence[Box]) -> int:
+    """The axis with the most distinct chunk starts: sweeping along it keeps the active set small
+    (row shards sweep on axis 0, column shards on axis 1)."""
+    ndim = len(boxes[0])
+    return max(range(ndim), key=lambda axis: len({b[axis][0] for b in boxes}))
+
+
+def find_overlaps(boxes: Sequence[Box], limit: int = MAX_PAIRS) -> tuple[list[tuple[int, int, int]], int]:
+    """Overlapping pairs of non-empty boxes: the first ``limit`` as ``(i, j, shared)``, and the count.
+
+    A sweep along one axis: boxes sorted by start, each compared only with the boxes still open
+    there. Disjoint shards (the normal case) cost ``O(k log k)``.
+    """
+    if not boxes:
+        return [], 0
+    if not boxes[0]:  # 0-d: every chunk is the single element
+        pairs = [(i, j, 1) for i in range(len(boxes)) for j in range(i + 1, len(boxes))]
+        return pairs[:limit], len(pairs)
+    axis = _sweep_axis(boxes)
+    order = sorted(range(len(boxes)), key=lambda i: boxes[i][axis])
+    active: list[int] = []
+    found: list[tuple[int, int, int]] = []
+    count = 0
+    for i in order:
+        start = boxes[i][axis][0]
+        active = [j for j in active if boxes[j][axis][1] > start]
+        for j in active:
+            shared = _shared(boxes[i], boxes[j])
+            if shared:
+                count += 1
+                if len(found) < limit:
+                    found.append((min(i, j), max(i, j), shared))
+        active.append(i)
+    return found, count
+
+
+def union_volume(boxes: Sequence[Box]) -> int:
+    """Elements covered by at least one box: slabs between the box edges along the first axis,
+    each the union of the boxes spanning it one dimension down. Only needed when boxes overlap."""
+    if not boxes:
+        return 0
+    if not boxes[0]:
+        return 1
+    edges = sorted({b[0][0] for b in boxes} | {b[0][1] for b in boxes})
+    total = 0
+    for lo, hi in itertools.pairwise(edges):
+        inner = [b[1:] for b in boxes if b[0][0] <= lo and b[0][1] >= hi]
+        if inner:
+            total += (hi - lo) * union_volume(inner)
+    return total
+
+
+def _one_axis_split(chunks: Sequence[Chunk], shape: tuple[int, ...]) -> int | None:
+    """The axis along which every chunk is cut while spanning all other axes whole (row or
+    column shards, stacked layers), or None. Such chunks are disjoint iff their intervals on
+    that axis are, which is a sort instead of a sweep (tuple compares run at C speed)."""
+    zeros = (0,) * len(shape)
+    for axis in range(len(shape)):
+        head, tail = slice(0, axis), slice(axis + 1, None)
+        if all(c.offsets[head] == zeros[head] and c.offsets[tail] == zeros[tail]
+               and c.shape[head] == shape[head] and c.shape[tail] == shape[tail] for c in chunks):
+            return axis
+    return None
+
+
+def _disjoint_along(chunks: Sequence[Chunk], axis: int) -> bool:
+    spans = sorted((c.offsets[axis], c.offsets[axis] + c.shape[axis]) for c in chunks)
+    return all(start >= prev_end for (_, prev_end), (start, _) in itertools.pairwise(spans))
+
+
+def chunk_coverage(shape: tuple[int, ...], chunks: Sequence[Chunk]) -> Coverage:
+    """Check that ``chunks`` tile ``shape`` exactly once, without visiting elements.
+
+    No overlap and every chunk in bounds means the chunks' volumes add up to the elements they
+    cover, so holes are ``numel - sum``; overlaps are found by a sort (chunks cut along one axis)
+    or a sweep, and only when there are some is the covered volume computed exactly.
+    """
+    numel = math.prod(shape)
+    if len(chunks) == 1 and chunks[0].shape == shape and not any(chunks[0].offsets):
+        return Coverage(numel, numel, numel, (), 0, ())  # the common case: one chunk holds it all
+    ndim = len(shape)
+    bad: list[tuple[int, str]] = []
+    good: list[Chunk] = []
+    index: list[int] = []
+    stored = 0
+    for k, chunk in enumerate(chunks):
+        offsets, sizes = chunk.offsets, chunk.shape
+        if len(offsets) != ndim or len(sizes) != ndim:
+            bad.append((k, f"has {len(offsets)} offsets and {len(sizes)} sizes for a {ndim}-d tensor"))
+            continue
+        volume = 1
+        for o, s, n in zip(offsets, sizes, shape):
+            if o < 0 or s < 0 or o + s > n:
+                volume = -1
+                break
+            volume *= s
+        if volume < 0:
+            bad.append((k, f"{_fmt_box(_box(chunk))} lies outside the tensor's shape {list(shape)}"))
+        elif volume:
+            good.append(chunk)
+            index.append(k)
+            stored += volume
+    axis = _one_axis_split(good, shape) if len(good) > 1 else None
+    if len(good) <= 1 or (axis is not None and _disjoint_along(good, axis)):
+        return Coverage(numel, stored, stored, (), 0, tuple(bad))
+    boxes = [_box(c) for c in good]
+    pairs, count = find_overlaps(boxes)
+    if not count:
+        covered: int | None = stored
+    elif len(boxes) <= _MAX_UNION_BOXES:
+        covered = union_volume(boxes)
+    else:
+        covered = None
+    overlaps = tuple((index[i], index[j], shared) for i, j, shared in pairs)
+    return Coverage(numel, stored, covered, overlaps, count, tuple(bad))
+
+
+def _fmt_box(box: Box) -> str:
+    return "[" + ", ".join(f"{lo}:{hi}" for lo, hi in box) + "]"
+
+
+def coverage_problems(meta: TensorMeta) -> list[Problem]:
+    """``hole``, ``overlap`` and ``bad-chunk`` problems of one tensor (none when it is tiled exactly)."""
+    cov = chunk_coverage(meta.shape, meta.chunks)
+    if cov.exact:
+        return []
+    out: list[Problem] = []
+    for k, why in cov.bad:
+        out.append(Problem("bad-chunk", meta.chunks[k].file or None, (meta.name,), f"chunk #{k} {why}"))
+    if cov.overlap_pairs:
+        spelled = "; ".join(
+            f"#{i} {_fmt_box(_box(meta.chunks[i]))} ({meta.chunks[i].file}) and #{j} {_fmt_box(_box(meta.chunks[j]))} "
+            f"({meta.chunks[j].file}) share {shared} elements" for i, j, shared in cov.overlaps)
+        more = cov.overlap_pairs - len(cov.overlaps)
+        out.append(Problem("overlap", None, (meta.name,),
+                           f"{cov.overlap_pairs} overlapping chunk pair{'s' if cov.overlap_pairs != 1 else ''}: "
+                           f"{spelled}{f'; +{more} more' if more > 0 else ''}"))
+    holes = cov.holes
+    if holes:
+        out.append(Problem("hole", None, (meta.name,),
+                           f"its {len(meta.chunks)} chunk{'s cover' if len(meta.chunks) != 1 else ' covers'} "
+                           f"{cov.covered} of {cov.numel} elements of {meta.dtype}{list(meta.shape)}; "
+                           f"{holes} are stored nowhere"))
+    elif holes is None:
+        out.append(Problem("hole", None, (meta.name,),
+                           f"{len(meta.chunks)} chunks overlap too much to count the covered elements"))
+    return out
+
+
+# --- bytes: chunk lengths against dtype and shape, files against their sizes --------------------
+
+
+def expected_bytes(meta: TensorMeta, chunk: Chunk, info: DType | None = None) -> tuple[int, bool] | None:
+    """Bytes a chunk's range must span, and whether that is a minimum (an embedded zip adds its
+    own headers) rather than an exact length. None when there is nothing to compare."""
+    if info is None:
+        try:
+            info = meta.dtype_info
+        except CkptError:
+            return None
+    encoding = chunk.encoding
+    if encoding is Encoding.RAW or (encoding is Encoding.STRIDED and chunk.strides is None):
+        return info.nbytes(chunk.numel), False
+    if encoding is Encoding.STRIDED:
+        if chunk.numel == 0:
+            return 0, False
+        span = 1 + sum((s - 1) * abs(st) for s, st in zip(chunk.shape, chunk.strides or ()))
+        return span * info.itemsize, False
+    if encoding is Encoding.TORCH_ZIP_ITEM:
+        return info.nbytes(chunk.numel), True
+    return None
+
+
+def byte_length_problems(meta: TensorMeta) -> list[Problem]:
+    """A chunk whose byte range cannot hold its dtype and shape (a header or index lies)."""
+    try:
+        info = meta.dtype_info
+    except CkptError:
+        return []
+    bad = []
+    for k, chunk in enumerate(meta.chunks):
+        want = expected_bytes(meta, chunk, info)
+        if want is None:
+            continue
+        need, at_least = want
+        if chunk.byte_length < need or (not at_least and chunk.byte_length != need):
+            bad.append((k, chunk, need, at_least))
+    if not bad:
+        return []
+    k, chunk, need, at_least = bad[0]
+    more = f" (and {len(bad) - 1} more chunks)" if len(bad) > 1 else ""
+    return [Problem("byte-length", chunk.file or None, (meta.name,),
+                    f"chunk #{k} {_fmt_box(_box(chunk))} is {meta.dtype}{list(chunk.shape)}, which needs "
+                    f"{'at least ' if at_least else ''}{need} bytes; its byte range holds {chunk.byte_length}{more}")]
+
+
+def file_problems(tensors: Iterable[TensorMeta], root: Path) -> tuple[list[Problem], set[str], int]:
+    """Missing and truncated files, naming the tensors whose chunks they hold.
+
+    Returns the problems, every file referenced by a chunk, and the number of chunks.
+    """
+    ends: dict[str, int] = {}
+    holders: dict[str, dict[str, int]] = {}
+    """file -> tensor -> end of its last chunk there."""
+    chunks = 0
+    for meta in tensors:
+        for chunk in meta.chunks:
+            chunks += 1
+            if chunk.encoding not in _BYTE_ENCODINGS or not chunk.file:
+                continue
+            end = chunk.byte_offset + chunk.byte_length
+            ends[chunk.file] = max(ends.get(chunk.file, 0), end)
+            per = holders.setdefault(chunk.file, {})
+            per[meta.name] = max(per.get(meta.name, 0), end)
+    problems = []
+    for rel in sorted(ends):
+        try:
+            size = os.stat(root / rel).st_size if (root / rel).is_file() else None
+        except OSError:
+            size = None
+        names = holders[rel]
+        if size is None:
+            problems.append(Problem("missing-file", rel, tuple(names),
+                                    f"not found; it should hold chunks of {len(names)} "
+                                    f"tensor{'s' if len(names) != 1 else ''} (at least {ends[rel]} bytes)"))
+        elif size < ends[rel]:
+            cut = tuple(name for name, end in names.items() if end > size)
+            problems.append(Problem("truncated", rel, cut,
+                                    f"the file has {size} bytes, its chunks need {ends[rel]} "
+                                    f"({ends[rel] - size} bytes missing; {len(cut)} "
+                                    f"tensor{'s' if len(cut) != 1 else ''} cut)"))
+    return problems, set(ends), chunks
+
+
+# --- putting it together -----------------------------------------------------------------------
+
+
+def check_index(index: CheckpointIndex, root: Path) -> tuple[list[Problem], int, int]:
+    """Every check on one index whose chunk files are relative to ``root``.
+
+    Returns the problems (file paths relative to ``root``), the files examined, and the chunks.
+    """
+    problems, files, chunks = file_problems(index.tensors.values(), root)
+    for meta in index.tensors.values():
+        problems.extend(coverage_problems(meta))
+        problems.extend(byte_length_problems(meta))
+    seen = {(p.kind, p.file) for p in problems if p.file is not None}
+    for issue in index.issues:  # the reader's own findings, unless already reported more precisely
+        if issue.file is not None and (issue.kind, issue.file) in seen:
+            continue
+        problems.append(Problem(issue.kind, issue.file, issue.tensors, issue.detail))
+    files |= {f.path for f in index.files}
+    files |= {i.file for i in index.issues if i.file is not None}
+    return problems, len(files), chunks
+
+
+def _resolve_root(path: Path) -> tuple[Path | None, list[Problem], int | str | None]:
+    """For a save root: the iteration to check (the tracker's, else the newest) and the tracker's
+    problems. ``(path, [], None)`` for anything else."""
+    iterations = discover_iterations(path)
+    if iterations is None:
+        return path, [], None
+    problems: list[Problem] = []
+    newest = Path(iterations[0].path) if iterations else None
+    try:
+        text: str | None = (path / TRACKER).read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        text = None
+    if text is None:
+        problems.append(Problem("missing-marker", TRACKER, (),
+                                "not found; trainers write it once a save is complete, and resume looks for it; "
+                                f"checking the newest iteration ({iterations[0].iteration}) instead"))
+        return newest, problems, iterations[0].iteration
+    if text == "release":
+        target = path / "release"
+        if target.is_dir():
+            return target, problems, "release"
+        problems.append(Problem("tracker", TRACKER, (), "names the 'release' checkpoint, but there is no "
+                                "release/ directory"))
+        return newest, problems, iterations[0].iteration if iterations else None
+    if not text.isdigit():
+        problems.append(Problem("tracker", TRACKER, (), f"holds {text[:40]!r}, not an iteration number"))
+        return newest, problems, iterations[0].iteration if iterations else None
+    wanted = int(text)
+    for info in iterations:
+        if info.iteration == wanted:
+            return Path(info.path), problems, wanted
+    others = ", ".join(str(i.iteration) for i in iterations[:5]) or "none"
+    problems.append(Problem("tracker", TRACKER, (), f"names iteration {wanted}, which is not here "
+                            f"(iterations found: {others})"))
+    return newest, problems, iterations[0].iteration if iterations else None
+
+
+def check_checkpoint(path: str | Path) -> CheckReport:
+    """Check ``path`` (a checkpoint, or a save root: its tracker and the iteration it names).
+
+    Raises ``CkptError`` when the checkpoint cannot be read at all (exit code 2 in the CLI).
+    """
+    given = Path(path)
+    target, problems, iteration = _resolve_root(given)
+    report = CheckReport(path=str(path), format=None, problems=problems, iteration=iteration)
+    if target is None:
+        if not problems:
+            problems.append(Problem("incomplete", None, (), "a save root without any iteration"))
+        return report
+    prefix = ""
+    if target != given:
+        report.target = target.relative_to(given).as_posix()
+        prefix = report.target + "/"
+    try:
+        with open_checkpoint(target) as reader:
+            index = reader.index()
+    except UnknownFormat as exc:
+        if target == given:
+            raise
+        problems.append(Problem("incomplete", report.target, (), f"no checkpoint here: {exc.problem}"))
+        return report
+    report.format = index.format
+    root = target if target.is_dir() else target.parent
+    found, report.files, report.chunks = check_index(index, root)
+    report.tensors = len(index.tensors)
+    for problem in found:
+        file = f"{prefix}{problem.file}" if problem.file is not None else None
+        problems.append(Problem(problem.kind, file, problem.tensors, problem.detail))
+    return report
