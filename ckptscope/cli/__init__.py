@@ -111,12 +111,16 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _register_commands() -> None:
     from ckptscope.cli.check_cmd import check
+    from ckptscope.cli.convert_cmd import convert, merge, verify
     from ckptscope.cli.diff_cmd import diff
     from ckptscope.cli.rename_cmd import rename
 
     cli.add_command(rename)
     cli.add_command(check)
     cli.add_command(diff)
+    cli.add_command(convert)
+    cli.add_command(merge)
+    cli.add_command(verify)
 
 
 _register_commands()

@@ -1,0 +1,171 @@
+"""``ckptscope convert | merge | verify``: HF <-> Megatron-Core conversion, shard merging, round trips.
+
+stdout carries the plan (``--dry-run``) or the result; progress (tensors, bytes, rate) goes to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+from ckptscope.core.errors import CkptError
+
+EXIT_DIFFERENT = 1
+
+
+def _progress(total_tensors: int, total_bytes: int, quiet: bool):
+    """A rich progress bar on stderr (only when stderr is a terminal), as a context + callback."""
+    from contextlib import nullcontext
+
+    if quiet or not sys.stderr.isatty():
+        return nullcontext(), None
+    from rich.console import Console
+    from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TransferSpeedColumn)
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                        TextColumn("tensors"), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=Console(stderr=True), transient=True)
+    task = progress.add_task("writing", total=total_bytes)
+    count = {"n": 0}
+
+    def step(name: str, nbytes: int) -> None:
+        count["n"] += 1 if name else 0
+        progress.update(task, advance=nbytes, description=f"writing {count['n']}/{total_tensors}")
+
+    return progress, step
+
+
+def print_plan(plan, as_json: bool) -> None:
+    from ckptscope.core.units import human_bytes
+
+    if as_json:
+        click.echo(json.dumps(plan.to_json()))
+        return
+    data = plan.to_json()
+    click.echo(f"{plan.src} -> {plan.dst}: to {plan.target} ({data['format']}), arch {plan.arch}, "
+               f"{len(plan.tensors)} tensors, {human_bytes(plan.total_bytes)}"
+               + (f", tp {plan.tp} pp {plan.pp}" if plan.target == "mcore" else f", {len(plan.shards)} file(s)"))
+    for note in plan.notes:
+        click.echo(f"note: {note}")
+    for t in data["tensors"]:
+        sources = " + ".join(_source_text(s) for s in t["sources"])
+        extra = f" [{', '.join(t['transforms'])}]"
+        zero = f" zero rows {t['zero_rows']}" if t["zero_rows"] else ""
+        click.echo(f"  {t['name']} {tuple(t['shape'])} {t['dtype']} <- {sources}{extra}{zero}")
+    for name in data["copies"]:
+        click.echo(f"  copy {name}")
+    if plan.dropped:
+        click.echo(f"  not written: {len(plan.dropped)} ({', '.join(plan.dropped[:5])}{', ...' if len(plan.dropped) > 5 else ''})")
+
+
+def _source_text(source: dict) -> str:
+    box = source["box"]
+    return source["source"] + "[" + ", ".join(f"{a}:{b}" for a, b in box) + "]"
+
+
+def run_convert(src: str, dst: str, *, to: str, tp: int = 1, pp: int = 1, ckpt_format: str = "torch_dist",
+                dtype: str = "keep", hf_config: str | None = None, arch: str | None = None,
+                max_shard_size: str = "5GB", dry_run: bool = False, overwrite: bool = False, as_json: bool = False,
+                trust_pickle: bool = False, quiet: bool = False) -> None:
+    from ckptscope.ops.convert import execute_convert
+    from ckptscope.ops.convert_plan import plan_convert
+
+    plan = plan_convert(src, dst, to=to, tp=tp, pp=pp, ckpt_format=ckpt_format, dtype=dtype, hf_config=hf_config,
+                        arch=arch, max_shard_size=max_shard_size, trust_pickle=trust_pickle)
+    if dry_run:
+        print_plan(plan, as_json)
+        return
+    context, step = _progress(len(plan.tensors), plan.total_bytes, quiet or as_json)
+    with context:
+        execute_convert(plan, overwrite=overwrite, progress=step)
+    if as_json:
+        click.echo(json.dumps({**plan.to_json(), "written": True}))
+    elif not quiet:
+        from ckptscope.core.units import human_bytes
+
+        click.echo(f"wrote {dst}: {len(plan.tensors)} tensors, {human_bytes(plan.total_bytes)} ({plan.target}, "
+                   f"{plan.ckpt_format if plan.target == 'mcore' else 'safetensors'})")
+
+
+_common = [
+    click.option("--dtype", type=click.Choice(["keep", "bfloat16", "float16", "float32"]), default="keep",
+                 show_default=True, help="Output dtype (never a silent cast: keep is the default)."),
+    click.option("--hf-config", type=click.Path(path_type=str), help="Directory with the HF config.json to use."),
+    click.option("--arch", help="Architecture when the checkpoint does not say (llama, qwen2, qwen3, mixtral, ...)."),
+    click.option("--max-shard-size", default="5GB", show_default=True, help="HF output shard size."),
+    click.option("--dry-run", is_flag=True, help="Print the plan (each tensor, its sources, transforms); write nothing."),
+    click.option("--overwrite", is_flag=True, help="Replace DST if it exists."),
+    click.option("--json", "as_json", is_flag=True, help="Print the plan/result as one JSON object."),
+    click.option("--trust-pickle", is_flag=True, help="Load pickles with torch.load(weights_only=False)."),
+]
+
+
+def common_options(fn):
+    for option in reversed(_common):
+        fn = option(fn)
+    return fn
+
+
+@click.command()
+@click.argument("src", type=click.Path(path_type=str))
+@click.argument("dst", type=click.Path(path_type=str))
+@click.option("--to", "to", type=click.Choice(["hf", "mcore"]), required=True, help="Target format family.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor parallel size (mcore).")
+@click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline parallel size (mcore).")
+@click.option("--ckpt-format", type=click.Choice(["torch_dist", "torch"]), default="torch_dist", show_default=True)
+@common_options
+def convert(src, dst, to, tp, pp, ckpt_format, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, as_json,
+            trust_pickle) -> None:
+    """Convert SRC to HF safetensors or to a Megatron-Core save root (torch_dist or per-rank torch)."""
+    if to == "hf" and (tp != 1 or pp != 1):
+        raise CkptError("--tp/--pp only apply to --to mcore")
+    run_convert(src, dst, to=to, tp=tp, pp=pp, ckpt_format=ckpt_format, dtype=dtype, hf_config=hf_config, arch=arch,
+                max_shard_size=max_shard_size, dry_run=dry_run, overwrite=overwrite, as_json=as_json,
+                trust_pickle=trust_pickle)
+
+
+@click.command()
+@click.argument("src", type=click.Path(path_type=str))
+@click.argument("dst", type=click.Path(path_type=str))
+@common_options
+def merge(src, dst, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, as_json, trust_pickle) -> None:
+    """Merge sharded training checkpoints (verl FSDP, Megatron TP/PP or torch_dist, DCP) into one HF model."""
+    run_convert(src, dst, to="hf", dtype=dtype, hf_config=hf_config, arch=arch, max_shard_size=max_shard_size,
+                dry_run=dry_run, overwrite=overwrite, as_json=as_json, trust_pickle=trust_pickle)
+
+
+@click.command()
+@click.argument("src", type=click.Path(path_type=str))
+@click.option("--via", type=click.Choice(["mcore", "hf"]), default="mcore", show_default=True)
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--ckpt-format", type=click.Choice(["torch_dist", "torch"]), default="torch_dist", show_default=True)
+@click.option("--arch", help="Architecture when the checkpoint does not say.")
+@click.option("--hf-config", type=click.Path(path_type=str), help="Directory with the HF config.json to use.")
+@click.option("--json", "as_json", is_flag=True, help="Print the diff report as one JSON object.")
+def verify(src, via, tp, pp, ckpt_format, arch, hf_config, as_json) -> None:
+    """Convert SRC to the target and back in a temp dir, then diff bitwise. Exit 0 iff identical."""
+    from ckptscope.cli.diff_cmd import print_report
+    from ckptscope.ops.diff import DiffOptions, diff_checkpoints
+    from ckptscope.ops.diff_plan import plan_diff
+
+    back_to = "hf" if via == "mcore" else "mcore"
+    with tempfile.TemporaryDirectory(prefix="ckptscope-verify-") as tmp:
+        there, back = Path(tmp) / "there", Path(tmp) / "back"
+        run_convert(src, str(there), to=via, tp=tp, pp=pp, ckpt_format=ckpt_format, arch=arch, hf_config=hf_config,
+                    quiet=True)
+        run_convert(str(there), str(back), to=back_to, arch=arch, hf_config=hf_config,
+                    ckpt_format=ckpt_format, quiet=True)
+        report = diff_checkpoints(plan_diff(src, back, mapping="auto"),
+                                  DiffOptions(device="cpu"))
+    report.a, report.b = str(src), f"{src} -> {via} (tp {tp}, pp {pp}, {ckpt_format}) -> {back_to}"
+    if as_json:
+        click.echo(json.dumps(report.to_json(), allow_nan=False))
+    else:
+        print_report(report, top=50)
+    sys.exit(0 if report.identical else EXIT_DIFFERENT)

@@ -1,0 +1,109 @@
+"""Run a ``ConvertPlan``: stream tensor by tensor into a temporary directory, rename into place.
+
+Each destination tensor is assembled from its recipe's source regions (block copies only), cast if
+``--dtype`` asked for it, written, and dropped before the next one: peak memory is about one
+destination tensor plus the regions being read, whatever the model size.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from ckptscope.core.dtypes import dtype_by_name
+from ckptscope.core.errors import CkptError
+from ckptscope.mappings.links import materialize
+from ckptscope.ops.atomic import atomic_output, check_destination
+from ckptscope.ops.convert_plan import ConvertPlan, OutputTensor
+
+Progress = Callable[[str, int], None]
+"""``progress(tensor_name, nbytes_written)``."""
+
+
+def produce(plan: ConvertPlan, tensor: OutputTensor):
+    """The destination tensor as a numpy array (assembled, cast when asked)."""
+    reader = plan.reader
+    array = materialize(tensor.recipe, lambda source, slices: reader.read(source, slices),
+                        dtype=dtype_by_name(tensor.recipe.dtype).numpy())
+    if tensor.dtype != tensor.recipe.dtype:
+        array = array.astype(dtype_by_name(tensor.dtype).numpy())
+    return array
+
+
+def _safetensors_header(tensors: list[OutputTensor]) -> bytes:
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for t in tensors:
+        code = dtype_by_name(t.dtype).safetensors
+        if code is None:
+            raise CkptError(f"{t.name}: dtype {t.dtype} cannot be stored in safetensors")
+        header[t.name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def write_hf(plan: ConvertPlan, out: Path, progress: Progress | None = None) -> None:
+    by_name = {t.name: t for t in plan.tensors}
+    weight_map: dict[str, str] = {}
+    for filename, names in plan.shards:
+        tensors = [by_name[n] for n in names]
+        with open(out / filename, "wb") as handle:
+            handle.write(_safetensors_header(tensors))
+            for t in tensors:
+                array = produce(plan, t)
+                if array.shape != t.shape:
+                    raise CkptError(f"{t.name}: assembled shape {array.shape} is not the planned {t.shape}")
+                handle.write(memoryview(array.reshape(-1).view("uint8")) if array.size else b"")
+                weight_map[t.name] = filename
+                plan.reader.release_pages()
+                if progress:
+                    progress(t.name, t.nbytes)
+    if len(plan.shards) > 1:
+        index = {"metadata": {"total_size": plan.total_bytes}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    config = dict(plan.hf_config or {})
+    dtypes = {t.dtype for t in plan.tensors if t.dtype.startswith(("float", "bfloat"))}
+    if len(dtypes) == 1:
+        config["torch_dtype"] = dtypes.pop()
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    for source, name in plan.copies:
+        if not (out / name).exists():
+            shutil.copy2(source, out / name)
+
+
+def write_mcore(plan: ConvertPlan, out: Path, progress: Progress | None = None) -> None:
+    from ckptscope.formats.megatron_write import OutTensor, write_torch_dist, write_torch_legacy
+
+    iter_dir = out / f"iter_{plan.iteration:07d}"
+    iter_dir.mkdir()
+    tensors = [OutTensor(t.name, t.shape, t.dtype, (lambda t=t: produce(plan, t))) for t in plan.tensors]
+    by_name = {t.name: t for t in plan.tensors}
+
+    def step(name_or_bytes) -> None:
+        if progress:
+            t = by_name.get(name_or_bytes) if isinstance(name_or_bytes, str) else None
+            progress(t.name if t else "", t.nbytes if t else int(name_or_bytes or 0))
+        plan.reader.release_pages()
+
+    args = dict(plan.megatron_args or {})
+    if plan.ckpt_format == "torch":
+        write_torch_legacy(iter_dir, tensors, args=args, iteration=plan.iteration, tp=plan.tp, pp=plan.pp,
+                           progress=step)
+    else:
+        write_torch_dist(iter_dir, tensors, args=args, iteration=plan.iteration, progress=step)
+    (out / "latest_checkpointed_iteration.txt").write_text(f"{plan.iteration}\n")
+
+
+def execute_convert(plan: ConvertPlan, *, overwrite: bool = False, progress: Progress | None = None) -> Path:
+    dst = Path(plan.dst)
+    check_destination(Path(plan.src), dst, overwrite=overwrite)
+    with atomic_output(dst, directory=True, overwrite=overwrite) as staging:
+        if plan.target == "hf":
+            write_hf(plan, staging, progress)
+        else:
+            write_mcore(plan, staging, progress)
+    return dst
