@@ -17,6 +17,8 @@ from ckptscope import __version__
 from ckptscope.core.errors import CkptError
 
 EXIT_TROUBLE = 2
+_ITERATION_HELP = ("On a save directory (iter_*, global_step_*, step-*): open iteration N instead of the latest "
+                   "complete one.")
 
 
 def _fail(message: str) -> "None":
@@ -51,8 +53,13 @@ def cli() -> None:
 @click.option("--trust-pickle", is_flag=True,
               help="Load pickles with real torch.load(weights_only=False). Runs code from the file: only for files you trust.")
 @click.option("--light", is_flag=True, help="Start with the light theme (ctrl+t toggles).")
-def open_(path: str, trust_pickle: bool, light: bool) -> None:
+@click.option("--iteration", type=int, metavar="N", help=_ITERATION_HELP)
+def open_(path: str, trust_pickle: bool, light: bool, iteration: int | None) -> None:
     """Browse a checkpoint in the terminal: tensor tree, shard layout, stats, values, objects."""
+    if iteration is not None:  # straight to that iteration; without it the TUI offers its picker
+        from ckptscope.cli.roots_view import resolve
+
+        path = resolve(path, iteration).path
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise CkptError("`ckptscope open` needs an interactive terminal; use `ckptscope inspect` in scripts")
     from ckptscope.tui import run_tui  # lazy: only this command imports textual
@@ -70,19 +77,29 @@ def open_(path: str, trust_pickle: bool, light: bool) -> None:
 @click.option("--trust-pickle", is_flag=True,
               help="Load pickles with real torch.load(weights_only=False). Runs code from the file: only for files you trust.")
 @click.option("--no-collapse", is_flag=True, help="Show every layer instead of collapsing identical ones into ranges.")
+@click.option("--iteration", type=int, metavar="N", help=_ITERATION_HELP)
 def inspect(path: str, as_json: bool, include: tuple[str, ...], exclude: tuple[str, ...], trust_pickle: bool,
-            no_collapse: bool) -> None:
-    """Summarise a checkpoint: format, files, tensors, parameters, bytes per dtype, module tree."""
+            no_collapse: bool, iteration: int | None) -> None:
+    """Summarise a checkpoint: format, files, tensors, parameters, bytes per dtype, module tree.
+
+    On a save directory, list its iterations and inspect the latest complete one (or --iteration N)."""
+    from ckptscope.cli.roots_view import iterations_json, print_iterations, resolve
     from ckptscope.ops.inspect import inspect_checkpoint, report_to_json
 
-    report = inspect_checkpoint(path, include=include, exclude=exclude, trust_pickle=trust_pickle)
+    target = resolve(path, iteration)
+    report = inspect_checkpoint(target.path, include=include, exclude=exclude, trust_pickle=trust_pickle)
     for warning in report.index.warnings:
         click.echo(f"ckptscope: warning: {warning}", err=True)
     if as_json:
-        click.echo(json.dumps(report_to_json(report), indent=None if not sys.stdout.isatty() else 2))
+        doc = report_to_json(report)
+        if target.iterations is not None:
+            doc.update(root=target.root, iterations=iterations_json(target))
+        click.echo(json.dumps(doc, indent=None if not sys.stdout.isatty() else 2))
         return
     from ckptscope.cli.render import print_inspect
 
+    if target.iterations is not None:
+        print_iterations(target)
     print_inspect(report, collapse=not no_collapse)
 
 

@@ -66,3 +66,5 @@ def _load_builtin_readers() -> None:
         return
     _loaded = True
     from ckptscope.formats import dcp, hf_dir, megatron_dist, safetensors_file, torch_legacy, torch_zip  # noqa: F401
+    from ckptscope.formats import megatron_legacy  # noqa: F401
+    from ckptscope.formats import verl  # noqa: F401

@@ -53,8 +53,11 @@ def is_torch_zip(path: Path) -> bool:
         return False
 
 
-def read_torch_zip(path: Path, file: IO[bytes] | None = None) -> TorchZip:
-    """Parse a torch zip's ``data.pkl`` with the safe unpickler and locate every storage record."""
+def read_torch_zip(path: Path, file: IO[bytes] | None = None, *,
+                   extra_globals: dict[tuple[str, str], Any] | None = None) -> TorchZip:
+    """Parse a torch zip's ``data.pkl`` with the safe unpickler and locate every storage record.
+
+    ``extra_globals`` are passed to the unpickler (a format's own data-only stand-ins)."""
     try:
         archive = zipfile.ZipFile(file if file is not None else path)
     except zipfile.BadZipFile as exc:
@@ -73,7 +76,7 @@ def read_torch_zip(path: Path, file: IO[bytes] | None = None) -> TorchZip:
         if f"{prefix}byteorder" in names:
             big_endian = archive.read(f"{prefix}byteorder").strip() == b"big"
         try:
-            obj = safe_loads(archive.read(pkl))
+            obj = safe_loads(archive.read(pkl), extra_globals)
         except CkptError:
             raise
         except Exception as exc:  # any malformed pickle: report it, never execute it

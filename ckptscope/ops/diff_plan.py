@@ -28,7 +28,7 @@ from ckptscope.mappings.resolve import (
     to_hf,
 )
 from ckptscope.mappings.schemas import is_ignored
-from ckptscope.ops.roots import discover_iterations
+from ckptscope.ops.roots import discover_iterations, pick_iteration
 
 OPTIMIZER_GROUP = "optimizer"
 
@@ -107,17 +107,12 @@ class DiffPlan:
 
 
 def resolve_root(path: str | Path) -> str:
-    """A save root (Megatron tracker, verl/torchtitan step dirs) diffs its latest complete iteration."""
+    """A save root (Megatron tracker, verl/torchtitan step dirs) stands for its default iteration:
+    the tracker's when complete, else the newest complete one (``roots.pick_iteration``)."""
     found = discover_iterations(path)
     if not found:
         return str(path)
-    for info in found:
-        if info.latest and info.complete:
-            return info.path
-    complete = [info for info in found if info.complete]
-    if not complete:
-        raise CkptError("a save root with no complete iteration", path)
-    return complete[0].path
+    return pick_iteration(path, found).path
 
 
 def _identity_recipes(tensors: dict) -> dict[str, Recipe]:

@@ -1,0 +1,255 @@
+#!/usr/bin/env python
+"""Write tiny verl checkpoints the way verl's checkpoint managers do, with the real writers.
+
+    python sample_ckpts/make_verl_samples.py [OUT_DIR]      # default: sample_ckpts/
+
+* ``verl_run/``: a verl experiment dir (``latest_checkpointed_iteration.txt`` = 2 and
+  ``global_step_2/actor/``) as ``FSDPCheckpointManager.save_checkpoint`` writes it (FORMATS.md §6.1):
+  a tiny transformers Llama wrapped with FSDP2 ``fully_shard`` (per decoder layer, then the root) on
+  a 1-D ``("fsdp",)`` mesh of 2 gloo ranks, one AdamW step, then per rank
+  ``torch.save(model.state_dict())`` (DTensor values) to ``model_world_size_2_rank_{r}.pt``, the
+  optimizer state to ``optim_…``, ``{"lr_scheduler", "rng"}`` to ``extra_state_…``, and on rank 0
+  ``fsdp_config.json`` and ``huggingface/`` (config, generation config, tokenizer). The vocabulary
+  (37 rows) does not divide by 2, so embedding and lm_head shards are uneven (19 + 18 rows).
+
+Only for tests (written into temporary dirs, not shipped):
+
+* ``write_verl_hsdp_and_fsdp1``: on 4 ranks, the same with an HSDP ``("ddp", "fsdp")`` 2x2 mesh
+  (placements ``(Replicate(), Shard(0))``), and FSDP1 with ``SHARDED_STATE_DICT`` and no device
+  mesh (``ShardedTensor`` values).
+* ``write_verl_megatron_actor``: verl's Megatron layout (``dist_ckpt/`` + ``huggingface/``, or the
+  newer ``model/dist_ckpt/``) around a megatron-core torch_dist dir written by
+  ``make_dist_samples.write_megatron_torch_dist``.
+
+With ``oracle=True`` rank 0 also ``torch.save``s ``{name: full tensor}`` (``DTensor.full_tensor()``,
+or FSDP1's ``FULL_STATE_DICT``) next to the run dir, as ground truth for tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # spawned ranks import this module by name
+
+from make_dist_samples import _init_gloo, _spawn
+
+STEP = 2
+VERL_LLAMA = {"hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "vocab_size": 37, "max_position_embeddings": 64, "tie_word_embeddings": False}
+"""vocab_size 37 is odd: dim-0 shards of embed_tokens / lm_head are uneven on 2 and 4 ranks."""
+
+
+def oracle_path(run: Path) -> Path:
+    """Where ``oracle=True`` puts the gathered full state dict of ``run`` (outside the run dir)."""
+    return run.parent / f"{run.name}.full_state_dict.pt"
+
+
+def _tiny_model():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(21)
+    return LlamaForCausalLM(LlamaConfig(**VERL_LLAMA)).float()
+
+
+def _train_step(model, optimizer, scheduler) -> None:
+    import torch
+
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, VERL_LLAMA["vocab_size"], (2, 8), generator=gen)
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad()
+
+
+def _rng_state() -> dict:
+    """verl's ``BaseCheckpointManager.get_rng_state`` on a CPU-only node."""
+    import random
+
+    import numpy as np
+    import torch
+
+    return {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}
+
+
+def _save_like_verl(actor: Path, rank: int, world: int, model, optimizer, scheduler, fsdp_version: int,
+                    model_state: dict, optim_state: dict) -> None:
+    """``FSDPCheckpointManager.save_checkpoint``: three files per rank, config + HF dir on rank 0."""
+    import torch
+    import torch.distributed as dist
+
+    if rank == 0:
+        actor.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    torch.save(model_state, actor / f"model_world_size_{world}_rank_{rank}.pt")
+    torch.save(optim_state, actor / f"optim_world_size_{world}_rank_{rank}.pt")
+    torch.save({"lr_scheduler": scheduler.state_dict(), "rng": _rng_state()},
+               actor / f"extra_state_world_size_{world}_rank_{rank}.pt")
+    if rank == 0:
+        (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": fsdp_version, "world_size": world},
+                                                           indent=4))
+        hf = actor / "huggingface"
+        model.config.save_pretrained(hf)
+        model.generation_config.save_pretrained(hf)
+        _tokenizer().save_pretrained(hf)
+    dist.barrier()
+
+
+def _tokenizer():
+    """A word-level tokenizer over the 37-token vocabulary (verl saves the tokenizer with the config)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VERL_LLAMA["vocab_size"])}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def _optimizer(model):
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 10))
+    return optimizer, scheduler
+
+
+def _write_tracker(root: Path) -> None:
+    """verl's trainer writes the tracker after every rank has saved (``ray_trainer._save_checkpoint``)."""
+    (root / "latest_checkpointed_iteration.txt").write_text(str(STEP))
+
+
+# --- FSDP2 (the verl default, 1-D mesh or HSDP) and FSDP1 -------------------------------------------
+
+
+def _save_fsdp2(rank: int, world_size: int, root: Path, *, hsdp: bool, oracle: bool) -> None:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    model = _tiny_model()
+    if hsdp:  # verl fsdp_workers: mesh ("ddp", "fsdp") when fsdp_size < world size
+        mesh = init_device_mesh("cpu", (2, world_size // 2), mesh_dim_names=("ddp", "fsdp"))
+    else:
+        mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("fsdp",))
+    for layer in model.model.layers:  # verl apply_fsdp2: every _no_split_modules block, then the root
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer, scheduler = _optimizer(model)
+    _train_step(model, optimizer, scheduler)
+    model_state = model.state_dict()
+    _save_like_verl(root / f"global_step_{STEP}" / "actor", rank, world_size, model, optimizer, scheduler, 2,
+                    model_state, optimizer.state_dict())
+    full = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model_state.items()}  # collective
+    if rank == 0:
+        _write_tracker(root)
+        if oracle:
+            torch.save(full, oracle_path(root))
+
+
+def _save_fsdp1(rank: int, world_size: int, root: Path, *, oracle: bool) -> None:
+    """FSDP1 ``SHARDED_STATE_DICT`` without a device mesh: ShardedTensor values (FORMATS.md §6.1)."""
+    import functools
+    import warnings
+
+    import torch
+    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    warnings.filterwarnings("ignore")
+    model = _tiny_model()
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={LlamaDecoderLayer})
+    fsdp = FSDP(model, auto_wrap_policy=policy, device_id=torch.device("cpu"), use_orig_params=False)
+    optimizer, scheduler = _optimizer(fsdp)
+    _train_step(fsdp, optimizer, scheduler)
+    with FSDP.state_dict_type(fsdp, StateDictType.SHARDED_STATE_DICT):
+        model_state = fsdp.state_dict()
+        optim_state = optimizer.state_dict()
+    _save_like_verl(root / f"global_step_{STEP}" / "actor", rank, world_size, model, optimizer, scheduler, 1,
+                    model_state, optim_state)
+    with FSDP.state_dict_type(fsdp, StateDictType.FULL_STATE_DICT, FullStateDictConfig(rank0_only=True)):
+        full = fsdp.state_dict()
+    if rank == 0:
+        _write_tracker(root)
+        if oracle:
+            torch.save(full, oracle_path(root))
+
+
+def _run_rank(rank: int, world_size: int, out: str, init_file: str, *, jobs: tuple[str, ...], oracle: bool) -> None:
+    _init_gloo(rank, world_size, init_file)
+    import torch
+
+    for job in jobs:
+        if job == "fsdp1":
+            _save_fsdp1(rank, world_size, Path(out) / "verl_fsdp1", oracle=oracle)
+        else:
+            _save_fsdp2(rank, world_size, Path(out) / job, hsdp=job == "verl_hsdp", oracle=oracle)
+    torch.distributed.barrier()  # no rank tears the group down while another still talks to it
+    torch.distributed.destroy_process_group()
+
+
+def write_verl_run(out: Path, *, oracle: bool = False) -> Path:
+    """The shipped sample: verl experiment dir, FSDP2 actor on 2 ranks, uneven vocab shards."""
+    out.mkdir(parents=True, exist_ok=True)
+    _spawn(functools.partial(_run_rank, jobs=("verl_run",), oracle=oracle), out, world_size=2)
+    return out / "verl_run"
+
+
+def write_verl_hsdp_and_fsdp1(out: Path, *, oracle: bool = False) -> tuple[Path, Path]:
+    """Two runs from one group of 4 ranks (one spawn, to keep tests fast): ``verl_hsdp/`` (FSDP2 on a
+    2x2 ("ddp", "fsdp") mesh, every shard stored twice) and ``verl_fsdp1/`` (FSDP1 ShardedTensors)."""
+    out.mkdir(parents=True, exist_ok=True)
+    _spawn(functools.partial(_run_rank, jobs=("verl_hsdp", "fsdp1"), oracle=oracle), out, world_size=4)
+    return out / "verl_hsdp", out / "verl_fsdp1"
+
+
+# --- Megatron backend ---------------------------------------------------------------------------------
+
+
+def write_verl_megatron_actor(out: Path, dist_ckpt: Path, *, nested: bool = False) -> Path:
+    """verl ``MegatronCheckpointManager`` layout around a megatron-core torch_dist dir.
+
+    ``nested`` gives the newer ``actor/model/{dist_ckpt,huggingface}``; otherwise
+    ``actor/{dist_ckpt,huggingface}``. ``transformer_config.json`` and the HF config/tokenizer are
+    written by transformers as verl does; the tensors are megatron-core's own files.
+    """
+    from transformers import LlamaConfig
+
+    actor = out / f"global_step_{STEP}" / "actor"
+    base = actor / "model" if nested else actor
+    shutil.copytree(dist_ckpt, base / "dist_ckpt")
+    from make_dist_samples import TINY_GPT, VOCAB
+
+    config = LlamaConfig(hidden_size=TINY_GPT["hidden_size"], intermediate_size=TINY_GPT["ffn_hidden_size"],
+                         num_hidden_layers=TINY_GPT["num_layers"], num_attention_heads=TINY_GPT["num_attention_heads"],
+                         num_key_value_heads=TINY_GPT["num_query_groups"], vocab_size=VOCAB,
+                         tie_word_embeddings=True)
+    config.save_pretrained(base / "huggingface")
+    _tokenizer().save_pretrained(base / "huggingface")
+    (actor / "transformer_config.json").write_text(json.dumps({**TINY_GPT, "params_dtype": "torch.bfloat16",
+                                                                "tensor_model_parallel_size": 2}, indent=2))
+    _write_tracker(out)
+    return actor
+
+
+WRITERS = {
+    "verl_run": write_verl_run,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from make_samples import run_writers
+
+    return run_writers(WRITERS, argv, __doc__.splitlines()[0])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

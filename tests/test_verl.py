@@ -1,0 +1,285 @@
+"""verl checkpoint dirs: FSDP actor (DTensor / HSDP / FSDP1 ShardedTensor rank files) and Megatron actor.
+
+Fixtures come from sample_ckpts/make_verl_samples.py (FSDP2 / FSDP1 on gloo ranks, saved the way
+verl's checkpoint manager saves). Ground truth is torch's own: ``DTensor.full_tensor()`` /
+FSDP1 ``FULL_STATE_DICT`` saved by the generator, ``torch.chunk`` for the expected shard sizes,
+``torch.load`` of each rank file for the local tensors, and ``dcp.load`` for the Megatron case.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dist_reference import MEGATRON_ITER, SAMPLES, assert_no_torch_on_metadata_path, torch_dcp_tensors, values
+
+from ckptscope.core.errors import CkptError
+from ckptscope.formats import open_checkpoint
+from ckptscope.formats.registry import detect_format
+from ckptscope.formats.verl import VerlFsdpReader, VerlMegatronReader, fsdp_layout, verl_complete
+
+VERL_RUN = SAMPLES / "verl_run"
+ACTOR = VERL_RUN / "global_step_2" / "actor"
+EMBED = "model.embed_tokens.weight"
+
+
+def verl_generators():
+    if str(SAMPLES) not in sys.path:
+        sys.path.insert(0, str(SAMPLES))
+    return importlib.import_module("make_verl_samples")
+
+
+def load_oracle(run: Path) -> dict[str, np.ndarray]:
+    import torch
+
+    full = torch.load(verl_generators().oracle_path(run), weights_only=True)
+    return {k: v.detach().numpy() for k, v in full.items()}
+
+
+def chunk_rows(rows: int, pieces: int) -> list[int]:
+    import torch
+
+    return [len(c) for c in torch.arange(rows).chunk(pieces)]
+
+
+def assert_bitwise_equal(reader, oracle: dict[str, np.ndarray]) -> None:
+    index = reader.index()
+    assert set(index.tensors) == set(oracle)
+    for name, want in oracle.items():
+        assert index.tensors[name].shape == want.shape, name
+        got = reader.read(name)
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        assert got.tobytes() == want.tobytes(), name
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory) -> Path:
+    """A fresh FSDP2 run (2 gloo ranks) with its gathered full state dict."""
+    return verl_generators().write_verl_run(tmp_path_factory.mktemp("verl"), oracle=True)
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory) -> tuple[Path, Path]:
+    """HSDP (2x2 mesh) and FSDP1 ShardedTensor runs from one group of 4 gloo ranks."""
+    return verl_generators().write_verl_hsdp_and_fsdp1(tmp_path_factory.mktemp("verl_variants"), oracle=True)
+
+
+def actor_of(run: Path) -> Path:
+    return run / "global_step_2" / "actor"
+
+
+# --- FSDP2, the shipped sample ------------------------------------------------------------------
+
+
+def test_shipped_sample_layout():
+    assert detect_format(ACTOR) is VerlFsdpReader
+    assert (VERL_RUN / "latest_checkpointed_iteration.txt").read_text() == "2"
+    with open_checkpoint(ACTOR) as reader:
+        index = reader.index()
+    assert index.format == "verl_fsdp" and index.iteration == 2
+    assert index.metadata["verl"] == {"backend": "fsdp", "world_size": 2, "world_size_from": "fsdp_config.json",
+                                      "fsdp_version": 2, "role": "actor"}
+    assert index.warnings == []
+    roles = {f.path: f.role for f in index.files}
+    assert roles["model_world_size_2_rank_0.pt"] == roles["model_world_size_2_rank_1.pt"] == "data"
+    assert roles["optim_world_size_2_rank_1.pt"] == "optimizer"
+    assert roles["extra_state_world_size_2_rank_0.pt"] == "extra_state"
+    assert roles["huggingface/config.json"] == "config" and roles["huggingface/tokenizer.json"] == "tokenizer"
+    for info in index.files:
+        assert info.size == (ACTOR / info.path).stat().st_size
+    objects = {o.name: o for o in index.objects}
+    config = json.loads((ACTOR / "huggingface" / "config.json").read_text())
+    assert objects["huggingface.config"].value == config
+    assert index.metadata["model_type"] == config["model_type"]
+    assert objects["fsdp_config"].value == json.loads((ACTOR / "fsdp_config.json").read_text())
+    optim = objects["optim"].value
+    assert optim["bytes"] == sum(p.stat().st_size for p in ACTOR.glob("optim_world_size_2_rank_*.pt"))
+    import torch
+
+    extra = torch.load(ACTOR / "extra_state_world_size_2_rank_0.pt", weights_only=False)
+    assert objects["extra_state.lr_scheduler"].value["last_epoch"] == extra["lr_scheduler"]["last_epoch"]
+    assert {"cpu", "numpy", "random"} <= set(objects["extra_state.rng"].value)
+
+
+def test_values_match_full_tensor_oracle(fresh):
+    with open_checkpoint(actor_of(fresh)) as reader:
+        assert_bitwise_equal(reader, load_oracle(fresh))
+
+
+def test_shipped_sample_matches_a_fresh_run(fresh):
+    """The writer is deterministic, so the shipped files hold the values torch gathered for the fresh run."""
+    with open_checkpoint(ACTOR) as reader:
+        assert_bitwise_equal(reader, load_oracle(fresh))
+
+
+def test_uneven_shards_follow_torch_chunk():
+    with open_checkpoint(ACTOR) as reader:
+        meta = reader.meta(EMBED)
+        rows = meta.shape[0]
+        assert rows % 2 == 1
+        sizes = chunk_rows(rows, 2)
+        assert [c.shape[0] for c in meta.chunks] == sizes
+        assert [c.offsets for c in meta.chunks] == [(0, 0), (sizes[0], 0)]
+        assert [c.file for c in meta.chunks] == [f"model_world_size_2_rank_{r}.pt" for r in range(2)]
+        assert dict(meta.attrs)["placements"] == "(Shard(0))" and dict(meta.attrs)["mesh"] == "fsdp=2"
+
+
+def test_chunks_hold_each_ranks_local_tensor():
+    """torch.load of every rank file (no process group needed for DTensor): each local tensor is
+    exactly the region of the global tensor its chunk claims."""
+    import torch
+    import torch.distributed.tensor  # registers DTensor for unpickling
+
+    with open_checkpoint(ACTOR) as reader:
+        index = reader.index()
+        for rank in range(2):
+            state = torch.load(ACTOR / f"model_world_size_2_rank_{rank}.pt", weights_only=False)
+            assert set(state) == set(index.tensors)
+            for name, dtensor in state.items():
+                local = dtensor._local_tensor
+                chunk = next(c for c in index.tensors[name].chunks if c.file.endswith(f"rank_{rank}.pt"))
+                assert chunk.shape == tuple(local.shape)
+                box = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.shape))
+                assert reader.read(name, box).tobytes() == local.numpy().tobytes(), (name, rank)
+                assert dtensor.shape == index.tensors[name].shape
+
+
+def test_missing_rank_file_is_a_warning_and_a_read_error(tmp_path, cli):
+    actor = tmp_path / "actor"
+    shutil.copytree(ACTOR, actor)
+    (actor / "model_world_size_2_rank_1.pt").unlink()
+    assert verl_complete(actor) is False and verl_complete(ACTOR) is True
+    with open_checkpoint(ACTOR) as whole, open_checkpoint(actor) as reader:
+        index = reader.index()
+        assert any(w.startswith("model_world_size_2_rank_1.pt: missing") for w in index.warnings)
+        assert index.tensors[EMBED].shape == whole.meta(EMBED).shape
+        assert dict(index.tensors[EMBED].attrs)["missing"] == "model_world_size_2_rank_1.pt"
+        top = chunk_rows(whole.meta(EMBED).shape[0], 2)[0]
+        np.testing.assert_array_equal(reader.read(EMBED, (slice(0, top),)), whole.read(EMBED, (slice(0, top),)))
+        with pytest.raises(CkptError, match="model_world_size_2_rank_1.pt, which is missing"):
+            reader.read(EMBED)
+    result = cli("inspect", str(actor))
+    assert result.code == 0
+    assert "model_world_size_2_rank_1.pt: missing" in result.err
+
+
+def test_old_verl_without_fsdp_config(tmp_path):
+    actor = tmp_path / "global_step_7" / "actor"
+    shutil.copytree(ACTOR, actor)
+    (actor / "fsdp_config.json").unlink()
+    layout = fsdp_layout(actor)
+    assert layout is not None and layout.world_size == 2 and layout.source == "file names"
+    with open_checkpoint(actor) as reader, open_checkpoint(ACTOR) as shipped:
+        index = reader.index()
+        assert index.iteration == 7 and index.metadata["verl"]["fsdp_version"] is None
+        for name in shipped.index().tensors:
+            assert reader.read(name).tobytes() == shipped.read(name).tobytes()
+
+
+def test_truncated_rank_file_is_one_line_error(tmp_path, cli):
+    actor = tmp_path / "actor"
+    shutil.copytree(ACTOR, actor)
+    rank0 = actor / "model_world_size_2_rank_0.pt"
+    rank0.write_bytes(rank0.read_bytes()[:500])
+    result = cli("inspect", str(actor))
+    assert result.code == 2
+    assert result.err.count("\n") == 1 and "model_world_size_2_rank_0.pt" in result.err
+    assert "Traceback" not in result.err
+
+
+def test_inspect_json(cli):
+    result = cli("inspect", str(ACTOR), "--json")
+    assert result.code == 0
+    doc = json.loads(result.out)
+    assert doc["format"] == "verl_fsdp" and doc["metadata"]["iteration"] == 2
+    embed = next(t for t in doc["tensors"] if t["name"] == EMBED)
+    assert [c["file"] for c in embed["chunks"]] == ["model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"]
+    assert {"fsdp_config", "optim", "extra_state", "huggingface.config"} <= {o["name"] for o in doc["objects"]}
+
+
+def test_index_and_read_import_no_torch():
+    assert_no_torch_on_metadata_path(ACTOR, read=EMBED)
+
+
+# --- HSDP and FSDP1 -------------------------------------------------------------------------------
+
+
+def test_hsdp_replicas_are_read_once(variants):
+    hsdp, _ = variants
+    actor = actor_of(hsdp)
+    with open_checkpoint(actor) as reader:
+        assert_bitwise_equal(reader, load_oracle(hsdp))
+        meta = reader.meta(EMBED)
+        attrs = dict(meta.attrs)
+        assert attrs["placements"] == "(Replicate(), Shard(0))" and attrs["mesh"] == "ddp=2, fsdp=2"
+        assert "2x" in attrs["copies"]
+        # the fsdp dim splits rows like torch.chunk; the ddp replica group (ranks 2, 3) is not read
+        assert [c.shape[0] for c in meta.chunks] == chunk_rows(meta.shape[0], 2)
+        assert [c.file for c in meta.chunks] == ["model_world_size_4_rank_0.pt", "model_world_size_4_rank_1.pt"]
+
+
+def test_hsdp_missing_replica_costs_nothing(variants, tmp_path):
+    hsdp, _ = variants
+    actor = tmp_path / "actor"
+    shutil.copytree(actor_of(hsdp), actor)
+    (actor / "model_world_size_4_rank_3.pt").unlink()  # its shard is also on rank 1
+    with open_checkpoint(actor) as reader:
+        index = reader.index()
+        assert any("model_world_size_4_rank_3.pt: missing" in w for w in index.warnings)
+        assert not any("lack the shards" in w for w in index.warnings)
+        assert_bitwise_equal(reader, load_oracle(hsdp))
+
+
+def test_fsdp1_sharded_tensors(variants):
+    _, fsdp1 = variants
+    actor = actor_of(fsdp1)
+    with open_checkpoint(actor) as reader:
+        index = reader.index()
+        assert index.metadata["verl"]["fsdp_version"] == 1
+        assert_bitwise_equal(reader, load_oracle(fsdp1))
+        meta = reader.meta(EMBED)
+        assert dict(meta.attrs)["kind"] == "ShardedTensor"
+        assert [c.shape[0] for c in meta.chunks] == chunk_rows(meta.shape[0], 4)
+    assert_no_torch_on_metadata_path(actor, read=EMBED)
+
+
+# --- Megatron backend -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["dist_ckpt", "model/dist_ckpt"])
+def test_megatron_actor_delegates_to_torch_dist(tmp_path, nested):
+    actor = verl_generators().write_verl_megatron_actor(tmp_path, MEGATRON_ITER, nested=nested)
+    prefix = "model/" if nested else ""
+    assert detect_format(actor) is VerlMegatronReader
+    assert verl_complete(actor) is True
+    expected = torch_dcp_tensors(MEGATRON_ITER)
+    with open_checkpoint(actor) as reader:
+        index = reader.index()
+        assert index.format == "verl_megatron"
+        assert index.metadata["verl"]["dist_ckpt"] == f"{prefix}dist_ckpt"
+        assert set(index.tensors) == set(expected)
+        for name, want in expected.items():
+            np.testing.assert_array_equal(values(reader.read(name)), want, err_msg=name)
+            assert all(c.file.startswith(f"{prefix}dist_ckpt/") for c in index.tensors[name].chunks)
+        layer1 = reader.read("decoder.layers.1.mlp.linear_fc1.weight")
+        np.testing.assert_array_equal(values(layer1), expected["decoder.layers.mlp.linear_fc1.weight"][1])
+        objects = {o.name: o.value for o in index.objects}
+        hf = f"{prefix}huggingface"
+        assert objects[f"{hf}.config"] == json.loads((actor / hf / "config.json").read_text())
+        assert objects["transformer_config"] == json.loads((actor / "transformer_config.json").read_text())
+        assert {"args", "iteration"} <= set(objects)  # from Megatron's common.pt
+        assert f"{hf}/tokenizer.json" in {f.path for f in index.files}
+    assert_no_torch_on_metadata_path(actor, read="decoder.layers.1.mlp.linear_fc1.weight")
+
+
+def test_megatron_actor_without_marker_is_incomplete(tmp_path):
+    actor = verl_generators().write_verl_megatron_actor(tmp_path, MEGATRON_ITER)
+    (actor / "dist_ckpt" / "metadata.json").unlink()
+    assert verl_complete(actor) is False
+    with pytest.raises(CkptError, match="incomplete save"):
+        open_checkpoint(actor).index()
