@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Drive ``ckptscope open`` headlessly and save an SVG screenshot of each main view.
+"""Drive ``ckptscope open`` (and ``ckptscope diff``) headlessly and save an SVG screenshot of each main view.
 
     python screenshots/make_screenshots.py [--only NAME ...]
 
@@ -36,7 +36,70 @@ VIEWS: dict[str, tuple[str, list[str], dict[str, str]]] = {
     "palette": ("sample_ckpts/hf_llama_sharded", ["ctrl+p", *"tensor:"], {}),
     "light": ("sample_ckpts/dtypes.safetensors", ["down", "down", "down", "down", "down", "s"], {"theme": "ckptscope-light"}),
     "error": ("sample_ckpts/make_samples.py", [], {}),
+    # r on the layers.[0-3] range, replacement typed so that every layer maps onto one name: the
+    # dialog's live preview with the conflicts highlighted
+    "rename": ("sample_ckpts/hf_llama_sharded", ["down"] * 3 + ["r", "tab", "ctrl+u", *"model.blocks."], {}),
 }
+
+
+DIFF_VIEWS: dict[str, tuple[str, str, list[str]]] = {
+    # name: (A, B, keys), run in a temp dir holding the pair that write_diff_pair() writes:
+    # differing tensors only, largest max |a-b| first, so the detail pane shows its heatmap
+    "diff": ("llama_base", "llama_tuned", ["d", "3"]),
+}
+
+
+def write_diff_pair(root: Path) -> None:
+    """``llama_base`` (a copy of sample_ckpts/hf_llama_single) and ``llama_tuned``: one band of rows
+    moved in a layer-1 MLP weight, one spike in a layer-2 q_proj, small noise over a layer-3 o_proj,
+    and lm_head saved as float32 (written with safetensors.torch.save_file)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(REPO / "sample_ckpts" / "hf_llama_single", root / "llama_base")
+    shutil.copytree(REPO / "sample_ckpts" / "hf_llama_single", root / "llama_tuned")
+    path = root / "llama_tuned" / "model.safetensors"
+    tensors = load_file(str(path))
+    g = torch.Generator().manual_seed(0)
+    down = tensors["model.layers.1.mlp.down_proj.weight"]
+    down[16:24] += (0.1 * torch.randn(down[16:24].shape, generator=g)).to(down.dtype)
+    tensors["model.layers.2.self_attn.q_proj.weight"][40, 7] += 0.2
+    o_proj = tensors["model.layers.3.self_attn.o_proj.weight"]
+    tensors["model.layers.3.self_attn.o_proj.weight"] = o_proj + (1e-3 * torch.randn(o_proj.shape, generator=g)).to(
+        o_proj.dtype)
+    tensors["lm_head.weight"] = tensors["lm_head.weight"].float()
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+async def shoot_diff(name: str, a: str, b: str, keys: list[str]) -> Path:
+    """The diff screen (``ckptscope diff A B``) on the pair ``write_diff_pair`` makes in a temp dir."""
+    import tempfile
+
+    from ckptscope.ops.diff import DiffOptions
+    from ckptscope.tui.diff_app import make_diff_app
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_diff_pair(Path(tmp))
+        os.chdir(tmp)  # the header shows the short names a user would type
+        try:
+            app = make_diff_app(a, b, options=DiffOptions(device="cpu"), keymap={})
+            async with app.run_test(size=SIZE) as pilot:
+                for _ in range(50):  # until the engine is done
+                    await settle(pilot)
+                    if getattr(app.screen, "progress", None) and app.screen.progress.state != "comparing":
+                        break
+                for key in keys:
+                    await pilot.press(key)
+                    await settle(pilot, 1)
+                await pilot.pause(0.4)  # the detail pane's delay before it computes the heatmap
+                await settle(pilot)
+                target = OUT / f"{name}.svg"
+                app.save_screenshot(filename=target.name, path=str(OUT))
+        finally:
+            os.chdir(REPO)
+    return target
 
 
 async def settle(pilot, rounds: int = 2) -> None:
@@ -65,10 +128,14 @@ async def shoot(name: str, path: str, keys: list[str], options: dict[str, str]) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="*", choices=sorted(VIEWS))
+    parser.add_argument("--only", nargs="*", choices=sorted([*VIEWS, *DIFF_VIEWS]))
     args = parser.parse_args(argv)
     os.chdir(REPO)
-    for name in args.only or VIEWS:
+    for name in args.only or [*VIEWS, *DIFF_VIEWS]:
+        if name in DIFF_VIEWS:
+            target = asyncio.run(shoot_diff(name, *DIFF_VIEWS[name]))
+            print(f"wrote {target.relative_to(REPO)}", file=sys.stderr)
+            continue
         path, keys, options = VIEWS[name]
         target = asyncio.run(shoot(name, path, keys, options))
         print(f"wrote {target.relative_to(REPO)}", file=sys.stderr)

@@ -50,18 +50,72 @@ def compile_patterns(patterns: Iterable[str], what: str) -> list[re.Pattern[str]
     return compiled
 
 
-def compute_name_changes(names: Sequence[str], *, subs: Sequence[tuple[str, str]] = (), drops: Sequence[str] = (),
-                         mapping: Mapping[str, str] | None = None) -> NameChanges:
-    """Apply drops, the explicit map and the substitutions to ``names`` and validate the result."""
+@dataclass(frozen=True, slots=True)
+class NameReport:
+    """Everything ``compute_name_changes`` checks, collected instead of raised.
+
+    The TUI previews a rule while it is typed and highlights each offending name; the CLI raises
+    the first problem. Both read this one report, so the rules cannot drift apart.
+    """
+
+    changes: NameChanges
+    subs: tuple[tuple[str, str], ...] = ()
+    drops: tuple[str, ...] = ()
+    sub_hits: tuple[int, ...] = ()
+    """Tensors each ``--sub`` changed, in the order given."""
+    drop_hits: tuple[int, ...] = ()
+    """Tensors each ``--drop`` removed."""
+    unknown_keys: tuple[str, ...] = ()
+    """``--map`` keys that name no tensor."""
+    empty: tuple[str, ...] = ()
+    """Old names whose new name would be empty."""
+    clashes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """new name -> every old name that would end up with it (two or more; an untouched name
+    collides with itself: it is listed as its own old name)."""
+
+    @property
+    def unmatched_subs(self) -> tuple[int, ...]:
+        return tuple(i for i, n in enumerate(self.sub_hits) if not n)
+
+    @property
+    def unmatched_drops(self) -> tuple[int, ...]:
+        return tuple(i for i, n in enumerate(self.drop_hits) if not n)
+
+    @property
+    def ok(self) -> bool:
+        return self.error() is None
+
+    def error(self) -> RenamePlanError | None:
+        """The error ``compute_name_changes`` raises for this report (the first problem), or None."""
+        if self.unknown_keys:
+            return RenamePlanError(f"--map names tensors that do not exist: {_listing(self.unknown_keys)}")
+        unmatched = [f"--drop {self.drops[i]!r}" for i in self.unmatched_drops]
+        unmatched += [f"--sub {self.subs[i][0]!r}" for i in self.unmatched_subs]
+        if unmatched:
+            return RenamePlanError(f"pattern matches no tensor: {', '.join(unmatched)}")
+        if self.empty:
+            return RenamePlanError(f"renaming would leave an empty name for: {_listing(self.empty)}")
+        if self.clashes:
+            shown = [f"{', '.join(repr(o) for o in olds)} -> {new!r}" for new, olds in self.clashes.items()]
+            more = f" and {len(shown) - _SHOW} more" if len(shown) > _SHOW else ""
+            return RenamePlanError(f"names would collide: {'; '.join(shown[:_SHOW])}{more}")
+        return None
+
+
+def check_name_changes(names: Sequence[str], *, subs: Sequence[tuple[str, str]] = (), drops: Sequence[str] = (),
+                       mapping: Mapping[str, str] | None = None) -> NameReport:
+    """Apply drops, the explicit map and the substitutions to ``names``; report every problem.
+
+    Raises ``RenamePlanError`` only for a pattern or replacement that is not a valid regex (there
+    is no result to report then).
+    """
     mapping = dict(mapping or {})
     drop_res = compile_patterns(drops, "--drop")
     sub_res = [(rx, repl) for rx, (_, repl) in zip(compile_patterns([p for p, _ in subs], "--sub"), subs)]
     drop_hits = [0] * len(drop_res)
     sub_hits = [0] * len(sub_res)
-
-    unknown_keys = [k for k in mapping if k not in set(names)]
-    if unknown_keys:
-        raise RenamePlanError(f"--map names tensors that do not exist: {_listing(unknown_keys)}")
+    known = set(names)
+    unknown_keys = tuple(k for k in mapping if k not in known)
 
     renamed: dict[str, str] = {}
     dropped: list[str] = []
@@ -88,22 +142,23 @@ def compute_name_changes(names: Sequence[str], *, subs: Sequence[tuple[str, str]
         else:
             untouched.append(name)
 
-    unmatched = [f"--drop {drops[i]!r}" for i, n in enumerate(drop_hits) if not n]
-    unmatched += [f"--sub {subs[i][0]!r}" for i, n in enumerate(sub_hits) if not n]
-    if unmatched:
-        raise RenamePlanError(f"pattern matches no tensor: {', '.join(unmatched)}")
-
-    empty = [old for old, new in renamed.items() if not new.strip()]
-    if empty:
-        raise RenamePlanError(f"renaming would leave an empty name for: {_listing(empty)}")
-
+    empty = tuple(old for old, new in renamed.items() if not new.strip())
     owners: dict[str, list[str]] = {}
     for old in untouched:
         owners.setdefault(old, []).append(old)
     for old, new in renamed.items():
         owners.setdefault(new, []).append(old)
-    clashes = [f"{', '.join(repr(o) for o in olds)} -> {new!r}" for new, olds in owners.items() if len(olds) > 1]
-    if clashes:
-        more = f" and {len(clashes) - _SHOW} more" if len(clashes) > _SHOW else ""
-        raise RenamePlanError(f"names would collide: {'; '.join(clashes[:_SHOW])}{more}")
-    return NameChanges(renamed=renamed, dropped=tuple(dropped), untouched=tuple(untouched))
+    clashes = {new: tuple(olds) for new, olds in owners.items() if len(olds) > 1}
+    return NameReport(changes=NameChanges(renamed=renamed, dropped=tuple(dropped), untouched=tuple(untouched)),
+                      subs=tuple((p, r) for p, r in subs), drops=tuple(drops), sub_hits=tuple(sub_hits),
+                      drop_hits=tuple(drop_hits), unknown_keys=unknown_keys, empty=empty, clashes=clashes)
+
+
+def compute_name_changes(names: Sequence[str], *, subs: Sequence[tuple[str, str]] = (), drops: Sequence[str] = (),
+                         mapping: Mapping[str, str] | None = None) -> NameChanges:
+    """Apply drops, the explicit map and the substitutions to ``names`` and validate the result."""
+    report = check_name_changes(names, subs=subs, drops=drops, mapping=mapping)
+    error = report.error()
+    if error is not None:
+        raise error
+    return report.changes

@@ -10,9 +10,10 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ckptscope.ops.diff import DiffOptions
     from ckptscope.tui.app import CkptScopeApp
 
-__all__ = ["make_app", "run_tui"]
+__all__ = ["make_app", "run_diff_tui", "run_tui"]
 
 
 def make_app(path: str | os.PathLike[str], **kwargs: Any) -> CkptScopeApp:
@@ -32,3 +33,21 @@ def run_tui(path: str | os.PathLike[str], *, trust_pickle: bool = False, theme: 
         print(f"ckptscope: error: {app.error_reason}", file=sys.stderr)
         return 2
     return app.return_code or 0
+
+
+def run_diff_tui(a: str | os.PathLike[str], b: str | os.PathLike[str], *, mapping: str = "auto",
+                 include: tuple[str, ...] = (), exclude: tuple[str, ...] = (), options: DiffOptions | None = None,
+                 arch: str | None = None, trust_pickle: bool = False, theme: str | None = None) -> int:
+    """The diff screen in the terminal; returns diff(1)'s exit code: 0 identical, 1 different, 2 trouble
+    (the checkpoints could not be opened or read, or the user quit before any difference was seen)."""
+    from ckptscope.tui.diff_app import make_diff_app
+
+    app = make_diff_app(str(a), str(b), mapping=mapping, include=include, exclude=exclude, options=options, arch=arch,
+                        trust_pickle=trust_pickle, theme=theme)
+    app.run()
+    if app.error_reason:
+        import sys
+
+        print(f"ckptscope: error: {app.error_reason}", file=sys.stderr)
+        return 2
+    return 2 if app.diff_code is None else app.diff_code  # None: it crashed (Textual printed why)

@@ -33,6 +33,11 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("ops: diff with…", "op('diff')", "Compare with another checkpoint"),
     ("ops: convert / merge…", "op('convert')", "Convert formats or merge checkpoints"),
     ("ops: rename…", "op('rename')", "Rename tensors by rules"),
+    ("rename: tensor or module under the cursor…", "rename_selection", "New name, new prefix or regex, with a preview"),
+    ("rename: drop the tensor or module under the cursor", "rename_drop", "Leave it out of the renamed copy"),
+    ("rename: pending rules", "rename_pending", "Review, undo or remove the pending rename rules"),
+    ("rename: undo the last rule", "rename_undo", "Remove the most recent pending rule"),
+    ("rename: apply (write a renamed copy)…", "rename_apply", "Asks for the destination, shows the plan, writes"),
 )
 APP_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("view: toggle light / dark theme", "toggle_dark", "Switch between the light and the dark theme"),
@@ -49,6 +54,9 @@ class CkptCommands(Provider):
         out: list[tuple[str, object, str]] = []
         if isinstance(screen, BrowseScreen):
             out.extend((title, partial(screen.run_action, action), help_) for title, action, help_ in COMMANDS)
+        # Other screens (the diff screen) list their own commands in PALETTE_COMMANDS.
+        for title, action, help_ in getattr(screen, "PALETTE_COMMANDS", ()):
+            out.append((title, partial(screen.run_action, action), help_))
         out.extend((title, partial(self.app.run_action, action), help_) for title, action, help_ in APP_COMMANDS)
         return out
 

@@ -16,9 +16,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ckptscope.core.index import CheckpointIndex
     from ckptscope.formats.base import CheckpointReader
+    from ckptscope.ops.rename import RenamePlan
+    from ckptscope.ops.rename_plan import NameReport
     from ckptscope.ops.roots import IterationInfo
     from ckptscope.ops.stats import TensorStats, ValuePeek
     from ckptscope.ops.tree import TreeNode
+    from ckptscope.tui.renaming import PendingView, Preview
 
 
 @dataclass
@@ -79,3 +82,110 @@ class FilterApplied(Message):
     """Displayed leaves as ancestor chains, for jumping from match to match."""
     jump: bool = False
     """Move the cursor to the first match once shown (the user pressed enter)."""
+
+
+@dataclass
+class PendingRenamesChecked(Message):
+    """The pending rename rules were applied to every stored name (for the tree and the header)."""
+
+    version: int
+    """Version of the rule list the report is for (a newer one may have arrived meanwhile)."""
+    report: NameReport
+    view: PendingView | None
+    """What the tree shows (None when no rule is pending)."""
+
+
+@dataclass
+class RenamePreviewed(Message):
+    """The rename dialog's rule, as typed, was checked against every stored name."""
+
+    token: int
+    """Which edit of the dialog this answers (older answers are ignored)."""
+    preview: Preview | None
+    error: str = ""
+    """Set when the rule itself is invalid (a bad regex)."""
+
+
+@dataclass
+class RenamePlanned(Message):
+    """``plan_rename`` accepted the pending rules and the destination."""
+
+    plan: RenamePlan
+
+
+@dataclass
+class RenameProgressed(Message):
+    """``execute_rename`` has written ``done`` of ``total`` bytes."""
+
+    done: int
+    total: int
+
+
+@dataclass
+class RenameApplied(Message):
+    """The renamed copy is complete at ``dst``."""
+
+    dst: str
+    seconds: float
+
+
+@dataclass
+class RenameFailed(Message):
+    """Planning or writing the renamed copy failed; ``reason`` is the one-line message shown."""
+
+    stage: str
+    """``plan`` or ``write``."""
+    reason: str
+
+
+# --- diff screen (``ckptscope diff A B``, "diff with…") ---------------------------------------------
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckptscope.ops.diff import DiffEngine, DiffReport, PairResult
+    from ckptscope.ops.diff_detail import DiffDetail
+    from ckptscope.ops.diff_plan import DiffPlan
+
+
+@dataclass
+class DiffPlanned(Message):
+    """Both checkpoints are open and their tensors paired; the engine is about to run."""
+
+    plan: DiffPlan
+    engine: DiffEngine
+    """Read by the screen's progress timer (``bytes_read``) while it runs."""
+
+
+@dataclass
+class PairsCompared(Message):
+    """More pairs are compared (batched: one message per ~0.1 s, not one per tensor)."""
+
+    results: list[PairResult]
+    done: int
+    total: int
+
+
+@dataclass
+class DiffFinished(Message):
+    """The engine stopped: every pair compared, or cancelled (``cancelled``)."""
+
+    report: DiffReport
+    seconds: float
+    cancelled: bool = False
+
+
+@dataclass
+class DiffFailed(Message):
+    """Planning or comparing failed; ``reason`` is the one-line message shown to the user."""
+
+    stage: str
+    """``plan`` or ``compare``."""
+    reason: str
+
+
+@dataclass
+class DiffDetailComputed(Message):
+    """Histogram and heatmap of one pair are ready (or failed: ``detail`` None and ``error`` set)."""
+
+    name: str
+    detail: DiffDetail | None
+    error: str = ""

@@ -30,6 +30,7 @@ from ckptscope.tui.messages import (
     StatsComputed,
     ValuesPeeked,
 )
+from ckptscope.tui.screens.rename_actions import RENAME_BINDINGS, RenameActions
 from ckptscope.tui.widgets.files_table import FilesTable
 from ckptscope.tui.widgets.filter_bar import FilterBar
 from ckptscope.tui.widgets.objects_table import ObjectsTable
@@ -54,7 +55,7 @@ REVEAL_ALL_UNDER = 60
 """Filter results with at most this many leaves are expanded fully."""
 
 
-class BrowseScreen(Screen[None]):
+class BrowseScreen(RenameActions, Screen[None]):
     """Browse one checkpoint (or offer the iterations of a save root first)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -89,7 +90,9 @@ class BrowseScreen(Screen[None]):
                 tooltip="Compare this checkpoint with another"),
         Binding("C", "op('convert')", "convert/merge…", show=False, id="ops.convert",
                 tooltip="Convert or merge checkpoints"),
-        Binding("R", "op('rename')", "rename…", show=False, id="ops.rename", tooltip="Rename tensors by rules"),
+        Binding("R", "op('rename')", "rename…", show=False, id="ops.rename",
+                tooltip="Pending rename rules: review, undo, remove, apply"),
+        *RENAME_BINDINGS,  # r rename, x drop, u undo, A apply (screens/rename_actions.py); R lists the rules
     ]
 
     def __init__(self, path: str, *, trust_pickle: bool = False, discover: bool = True) -> None:
@@ -456,5 +459,13 @@ class BrowseScreen(Screen[None]):
             self.notify(f"copied {self.current.name}")
 
     def action_op(self, op: str) -> None:
+        if op == "rename":
+            self.action_rename_pending()
+            return
+        if op == "diff":
+            from ckptscope.tui.screens.diff_with import ask_diff_with
+
+            ask_diff_with(self)
+            return
         self.notify(f"'{op}' opens here once the {op} operation lands (see the ops issues).",
                     title="not available yet", severity="information")

@@ -49,9 +49,11 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         keymap = dict(getattr(self.app, "_keymap", {}) or {})
-        groups: list[tuple[str, list[Binding]]] = [
-            ("This screen", [b for b in self.target.BINDINGS if isinstance(b, Binding)]),
-        ]
+        own = [b for b in self.target.BINDINGS if isinstance(b, Binding)]
+        rename = [b for b in own if (b.id or "").startswith("rename.") or b.id == "ops.rename"]
+        groups: list[tuple[str, list[Binding]]] = [("This screen", [b for b in own if b not in rename])]
+        if rename:
+            groups.append(("Rename", rename))
         for tree in self.target.query("TensorTree"):  # absent on the error and picker screens
             groups.append(("Tree", [b for b in tree.BINDINGS if isinstance(b, Binding)]))
         groups.append(("Everywhere", [b for b in self.app.BINDINGS if isinstance(b, Binding)]))
@@ -62,6 +64,10 @@ class HelpScreen(ModalScreen[None]):
             yield Static(Text("Tree: ↑ ↓ move · → / enter expand · ← collapse · mouse: click to select, "
                               "scroll to move\nFilter: text = substring, * ? [] = glob (e.g. *.mlp.*.weight); "
                               "enter jumps to the first match", style="dim"), classes="help-group")
+            if rename:
+                yield Static(Text("Rename: r on a tensor edits its name, on a module its prefix; ctrl+r switches "
+                                  "to a regex. Rules pile up as pending (the tree shows old → new) until A writes "
+                                  "a renamed copy; the source is never modified.", style="dim"), classes="help-group")
             yield Static(Text(KEYMAP_HINT, style="dim"), classes="help-group")
 
     async def action_dismiss(self, result: None = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.reactive import reactive
@@ -58,6 +59,7 @@ class SummaryHeader(Widget):
         super().__init__(id=id)
         self.path = path
         self._rendered: Table | None = None
+        self._pending: Text | None = None
 
     def show(self, index: CheckpointIndex | None, rendered: Table | None = None, *, path: str | None = None) -> None:
         """Set the index; ``rendered`` is its summary when already built (by the index worker).
@@ -70,7 +72,18 @@ class SummaryHeader(Widget):
         self.index = index
         self.refresh(layout=True)
 
-    def render(self) -> Table | Text:
+    def set_pending(self, line: Text | None) -> None:
+        """An extra line under the summary (pending renames), or None to remove it."""
+        self._pending = line
+        self.refresh(layout=True)
+
+    def render(self) -> Table | Text | Group:
         if self._rendered is None:
             return Text.assemble((self.path, "bold"), ("   reading metadata…", "dim italic"))
+        if self._pending is not None:
+            row = Table.grid(padding=(0, 1), expand=True)
+            row.add_column(style="bold yellow", no_wrap=True, width=10)
+            row.add_column(ratio=1)
+            row.add_row("rename", self._pending)
+            return Group(self._rendered, row)
         return self._rendered

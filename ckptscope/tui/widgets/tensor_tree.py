@@ -9,7 +9,7 @@ catalog pattern: populate on expand). Repeated layers arrive already collapsed i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
 from textual.binding import Binding, BindingType
@@ -21,6 +21,9 @@ from ckptscope.core.tensor import TensorMeta
 from ckptscope.core.units import human_bytes, human_count, shape_str
 from ckptscope.ops.tree import TreeNode
 from ckptscope.tui.colors import DTYPE_ICON, dtype_color
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckptscope.tui.renaming import PendingView
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,17 +52,69 @@ PAGE = 200
 "… N more" row that builds the next page when selected."""
 
 
-def node_label(entry: Entry) -> Text:
-    """``● q_proj.weight  bf16 [64, 64]  4.1K  8.0 KiB``, or a module with its totals."""
+def _relative(old: str, new: str, label: str) -> str:
+    """``new`` without the module path it shares with ``old`` (what the row's label leaves out)."""
+    parent = ".".join(old.split(".")[: -(label.count(".") + 1)])
+    return new[len(parent) + 1:] if parent and new.startswith(parent + ".") else new
+
+
+def _template(names: list[str]) -> str | None:
+    """One name for several copies: ``model.blocks.[0-3].w`` for ``model.blocks.0.w`` … ``.3.w``."""
+    parts = [n.split(".") for n in names]
+    if len({len(p) for p in parts}) != 1:
+        return None
+    out = []
+    for column in zip(*parts):
+        values = set(column)
+        if len(values) == 1:
+            out.append(column[0])
+        elif all(v.isdigit() for v in values):
+            out.append(f"[{min(map(int, values))}-{max(map(int, values))}]")
+        else:
+            out.append("*")
+    return ".".join(out)
+
+
+def pending_note(entry: Entry, pending: PendingView, copies: list[str]) -> tuple[Text | None, bool]:
+    """What a pending rename adds to a row, and whether the row's own name is dimmed.
+
+    ``copies`` are the stored names (tensor) or prefixes (module) the row stands for.
+    """
+    if entry.tensor is None:
+        count = pending.count(copies)
+        return (Text(f"  ✎ {count} pending", style="bold yellow"), False) if count else (None, False)
+    news = [pending.new_name(c) for c in copies]
+    changed = [(old, new) for old, new in zip(copies, news) if new != old]
+    if not changed:
+        return None, False
+    if all(new is None for _, new in changed) and len(changed) == len(copies):
+        return Text("  ✗ dropped" + (f" ×{len(copies)}" if len(copies) > 1 else ""), style="bold red"), True
+    if len(changed) == len(copies) and all(new is not None for _, new in changed):
+        olds, news = _template([o for o, _ in changed]), _template([n for _, n in changed if n is not None])
+        if olds is not None and news is not None:
+            return Text(f"  → {_relative(olds, news, entry.label)}", style="bold yellow"), True
+    return Text(f"  → {len(changed)} of {len(copies)} renamed", style="bold yellow"), False
+
+
+def node_label(entry: Entry, pending: PendingView | None = None, copies: list[str] | None = None) -> Text:
+    """``● q_proj.weight  bf16 [64, 64]  4.1K  8.0 KiB``, or a module with its totals.
+
+    With pending renames, a renamed tensor shows ``dim old name  → new name`` (a dropped one
+    ``✗ dropped``) and a module the number of pending changes below it.
+    """
     node = entry.node
     text = Text(no_wrap=True, overflow="ellipsis")
     if entry.more_from >= 0:
         rest = len(node.children) - entry.more_from
         return Text(f"… {rest:,} more (enter to show {min(rest, PAGE)})", style="italic dim")
+    note, dim = pending_note(entry, pending, copies) if pending is not None and copies else (None, False)
     meta = entry.tensor
     if meta is not None:
         text.append(f"{DTYPE_ICON} ", style=dtype_color(meta.dtype))
-        text.append(entry.label)
+        text.append(entry.label, style="dim strike" if note is not None and "dropped" in note.plain else
+                    "dim" if dim else "")
+        if note is not None:
+            text.append_text(note)
         if node.is_range:
             text.append(f" ×{node.repeat}", style="bold magenta")
         text.append(f"  {shape_str(meta.shape)}", style="dim")
@@ -73,6 +128,8 @@ def node_label(entry: Entry) -> Text:
         text.append(f" ×{node.repeat}", style="magenta")
     else:
         text.append(entry.label, style="bold")
+    if note is not None:
+        text.append_text(note)
     text.append(f"  {human_count(node.num_params)} params", style="dim")
     text.append(f"  {human_bytes(node.nbytes)}", style="dim italic")
     return text
@@ -103,6 +160,8 @@ class TensorTree(Tree[Entry]):
         self._populated: set[int] = set()
         self._by_node: dict[int, WidgetNode[Entry]] = {}
         """Widget node for an ops node id, for the levels populated so far (reveal, jump)."""
+        self.pending: PendingView | None = None
+        """Pending renames shown on the rows (None: none pending)."""
 
     # --- data in ------------------------------------------------------------------------------
 
@@ -134,6 +193,7 @@ class TensorTree(Tree[Entry]):
             return
         self._populated.add(id(widget_node))
         children = entry.node.folded_children()
+        chain = self.chain(widget_node) if self.pending is not None else []
         for label, target in children[start: start + PAGE]:
             repeat = entry.repeat * target.repeat
             range_path = entry.range_path
@@ -142,11 +202,40 @@ class TensorTree(Tree[Entry]):
                 range_path = f"{prefix}.{target.label}" if prefix else target.label
             child = Entry(target, label, repeat, range_path)
             leaf = not target.children
-            added = widget_node.add(node_label(child), child, allow_expand=not leaf)
+            added = widget_node.add(self._label(child, [*chain, target]), child, allow_expand=not leaf)
             self._by_node[id(target)] = added
         if start + PAGE < len(children):
             more = Entry(entry.node, "", entry.repeat, entry.range_path, more_from=start + PAGE)
             widget_node.add_leaf(node_label(more), more)
+
+    # --- pending renames -----------------------------------------------------------------------
+
+    def chain(self, widget_node: WidgetNode[Entry]) -> list[TreeNode]:
+        """The ops nodes from the first level down to ``widget_node`` (the root excluded)."""
+        out: list[TreeNode] = []
+        node: WidgetNode[Entry] | None = widget_node
+        while node is not None and not node.is_root:
+            if node.data is not None:
+                out.append(node.data.node)
+            node = node.parent
+        return out[::-1]
+
+    def _label(self, entry: Entry, chain: list[TreeNode]) -> Text:
+        if self.pending is None or entry.more_from >= 0 or not chain:
+            return node_label(entry)
+        from ckptscope.tui.renaming import selection_of
+
+        copies = selection_of(chain, tensor=entry.tensor is not None).paths()
+        return node_label(entry, self.pending, copies)
+
+    def set_pending(self, pending: PendingView | None) -> None:
+        """Show ``pending`` renames on every row built so far (and on rows built later)."""
+        if pending is None and self.pending is None:
+            return
+        self.pending = pending
+        for widget_node in list(self._by_node.values()):
+            if widget_node.data is not None:
+                widget_node.set_label(self._label(widget_node.data, self.chain(widget_node)))
 
     def _show_more(self, placeholder: WidgetNode[Entry]) -> bool:
         """Replace a "… N more" row by the next page of its parent's children."""

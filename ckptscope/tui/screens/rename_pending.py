@@ -1,0 +1,130 @@
+"""``R``: the pending rename rules, in order, with what each one does; undo, remove, apply.
+
+The list belongs to the browse screen (``RenameActions``); this panel only shows it and asks the
+owner to change it, so the tree and the header follow every change.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, DataTable, Footer, Static
+
+from ckptscope.ops.rename_rules import rule_hits
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckptscope.tui.screens.rename_actions import RenameActions
+
+
+class PendingRenamesScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q,R", "close", "close", id="pending.close", tooltip="Close the pending renames"),
+        Binding("u", "undo", "undo last", id="pending.undo", tooltip="Remove the most recent rule"),
+        Binding("delete,d", "remove", "remove rule", id="pending.remove", tooltip="Remove the highlighted rule"),
+        Binding("A", "apply", "apply…", id="pending.apply",
+                tooltip="Write a renamed copy with these rules (asks for the destination)"),
+    ]
+
+    def __init__(self, owner: RenameActions) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="pending-box"):
+            yield Static(Text("Pending renames", style="bold"), id="pending-title")
+            table: DataTable[object] = DataTable(id="pending-table", cursor_type="row", zebra_stripes=True)
+            yield table
+            yield Static("", id="pending-status")
+            yield Static(Text("Substitutions apply in order, each to the names the ones before produced; drops "
+                              "match the stored names. The last column is the same rule for `ckptscope rename`.",
+                              style="dim"), id="pending-hint")
+            with Horizontal(id="pending-buttons"):
+                yield Button("Apply…", variant="primary", id="pending-apply")
+                yield Button("Undo last", id="pending-undo")
+                yield Button("Remove", id="pending-remove")
+                yield Button("Close", id="pending-close")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns("#", "rule", "tensors", "as a CLI option")
+        self.refresh_rules()
+        table.focus()
+
+    def refresh_rules(self) -> None:
+        """Show the owner's rules and the report of applying all of them."""
+        pending = self.owner.pending_renames()
+        table = self.query_one(DataTable)
+        row = table.cursor_row
+        table.clear()
+        status = self.query_one("#pending-status", Static)
+        if pending is None or not pending.rules:
+            status.update(Text("No pending renames. Press r on a tensor or module to add one, x to drop it.",
+                               style="italic"))
+            self.query_one("#pending-title", Static).update(Text("Pending renames", style="bold"))
+            return
+        report = pending.report()
+        hits = rule_hits(report, pending.rules)
+        for position, (rule, hit) in enumerate(zip(pending.rules, hits), start=1):
+            verb = "dropped" if rule.kind == "drop" else "renamed"
+            table.add_row(Text(str(position), justify="right"),
+                          Text(rule.label, style="red" if rule.kind == "drop" else ""),
+                          Text(f"{hit:,} {verb}", style="bold red" if not hit else "", justify="right"),
+                          Text(rule.as_cli(), style="dim"))
+        if row is not None:
+            table.move_cursor(row=min(row, table.row_count - 1))
+        self.query_one("#pending-title", Static).update(
+            Text.assemble(("Pending renames", "bold"), f"  {len(pending.rules)} rule{'s' if len(pending) != 1 else ''}"))
+        changes = report.changes
+        line = Text.assemble((f"{len(changes.renamed):,}", "bold"), " renamed · ",
+                             (f"{len(changes.dropped):,}", "bold"), " dropped · ",
+                             f"{len(changes.untouched):,} untouched")
+        error = report.error()
+        if error is not None:
+            line.append(f"\n✗ {error}", style="bold red")
+        status.update(line)
+
+    # --- actions -----------------------------------------------------------------------------
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+    def action_undo(self) -> None:
+        self.owner.action_rename_undo()
+        self.refresh_rules()
+
+    def action_remove(self) -> None:
+        pending = self.owner.pending_renames()
+        table = self.query_one(DataTable)
+        if pending is None or not pending.rules or table.cursor_row is None:
+            self.notify("No rule to remove.", severity="information")
+            return
+        self.owner.remove_rename_rule(table.cursor_row)
+        self.refresh_rules()
+
+    def action_apply(self) -> None:
+        owner = self.owner
+        self.dismiss(None)
+        owner.action_rename_apply()
+
+    @on(Button.Pressed, "#pending-apply")
+    def _apply(self) -> None:
+        self.action_apply()
+
+    @on(Button.Pressed, "#pending-undo")
+    def _undo(self) -> None:
+        self.action_undo()
+
+    @on(Button.Pressed, "#pending-remove")
+    def _remove(self) -> None:
+        self.action_remove()
+
+    @on(Button.Pressed, "#pending-close")
+    def _close(self) -> None:
+        self.action_close()

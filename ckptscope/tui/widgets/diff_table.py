@@ -1,0 +1,109 @@
+"""The diff screen's table of pairs: one row per tensor (keyed by its canonical name), sortable.
+
+The name column takes whatever width the metric columns leave. A name that does not fit is
+shortened the way fish shortens paths: leading components become their first letter, layer
+numbers and the last two components stay (``m.l.12.s.q_proj.weight``); only if that is still too
+long does it lose its head (``…12.s.q_proj.weight``). The detail pane always shows the whole name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
+from rich.text import Text
+from textual import events
+from textual.widgets import DataTable
+
+from ckptscope.tui.diff_rows import COLUMNS, row_cells
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckptscope.ops.diff import PairResult
+
+MIN_NAME_WIDTH = 16
+
+
+def shorten(name: str, width: int) -> str:
+    if len(name) <= width:
+        return name
+    parts = name.split(".")
+    for i in range(len(parts) - 2):
+        if parts[i].isdigit() or len(parts[i]) <= 1:
+            continue
+        parts[i] = parts[i][0]
+        short = ".".join(parts)
+        if len(short) <= width:
+            return short
+    short = ".".join(parts)
+    return "…" + short[len(short) - width + 1:] if width > 1 else short[:width]
+
+
+class NameCell:
+    """A tensor name as a table cell: drawn to the column's width, never parsed as markup."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield Text(shorten(self.name, options.max_width), no_wrap=True, end="")
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement(min(len(self.name), MIN_NAME_WIDTH), len(self.name))
+
+
+class DiffTable(DataTable[object]):
+    """Rows are added as results stream in; the screen decides what is shown and in which order."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, id=id)
+
+    def on_mount(self) -> None:
+        for column in COLUMNS:
+            self.add_column(column.label, key=column.key, width=column.width or MIN_NAME_WIDTH)
+        self.set_sort(None, False)
+        self.call_after_refresh(self.fit_name_column)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.fit_name_column()
+
+    def fit_name_column(self) -> None:
+        """Give the name column the width the other columns leave (a vertical scrollbar included)."""
+        others = sum(c.width or 0 for c in COLUMNS[1:]) + 2 * self.cell_padding * len(COLUMNS)
+        width = max(MIN_NAME_WIDTH, self.size.width - others - 2)
+        column = self.columns.get("name")  # type: ignore[call-overload]
+        if column is None or column.width == width:
+            return
+        column.width, column.auto_width = width, False
+        self._clear_caches()
+        self._require_update_dimensions = True
+        self.refresh()
+
+    def set_sort(self, column: str | None, reverse: bool) -> None:
+        """Mark the sorted column's header: ▼ largest (or last) first, ▲ smallest (or first) first."""
+        for spec in COLUMNS:
+            justify = "left" if spec.metric is None else "right"
+            label = Text(spec.label, justify=justify)
+            if spec.key == column:
+                arrow = " ▼" if spec.descending != reverse else " ▲"
+                label = Text(spec.label + arrow, style="bold", justify=justify)
+            self.columns[spec.key].label = label  # type: ignore[index]
+        self._clear_caches()
+        self.refresh()
+
+    def add_results(self, results: Iterable[PairResult]) -> None:
+        for result in results:
+            self.add_row(NameCell(result.name), *row_cells(result)[1:], key=result.name)
+
+    def order_by(self, key: Callable[[str], object]) -> None:
+        """Sort rows by ``key(name)``; the cursor keeps its row index (the screen moves it)."""
+        self.sort("name", key=lambda cell: key(cell.name))
+
+    def key_at_cursor(self) -> str | None:
+        if not self.row_count:
+            return None
+        row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
+        return row_key.value
