@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import click
@@ -151,19 +150,9 @@ def merge(src, dst, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, 
 def verify(src, via, tp, pp, ckpt_format, arch, hf_config, as_json) -> None:
     """Convert SRC to the target and back in a temp dir, then diff bitwise. Exit 0 iff identical."""
     from ckptscope.cli.diff_cmd import print_report
-    from ckptscope.ops.diff import DiffOptions, diff_checkpoints
-    from ckptscope.ops.diff_plan import plan_diff
+    from ckptscope.ops.verify import verify_round_trip
 
-    back_to = "hf" if via == "mcore" else "mcore"
-    with tempfile.TemporaryDirectory(prefix="ckptscope-verify-") as tmp:
-        there, back = Path(tmp) / "there", Path(tmp) / "back"
-        run_convert(src, str(there), to=via, tp=tp, pp=pp, ckpt_format=ckpt_format, arch=arch, hf_config=hf_config,
-                    quiet=True)
-        run_convert(str(there), str(back), to=back_to, arch=arch, hf_config=hf_config,
-                    ckpt_format=ckpt_format, quiet=True)
-        report = diff_checkpoints(plan_diff(src, back, mapping="auto"),
-                                  DiffOptions(device="cpu"))
-    report.a, report.b = str(src), f"{src} -> {via} (tp {tp}, pp {pp}, {ckpt_format}) -> {back_to}"
+    report = verify_round_trip(src, via=via, tp=tp, pp=pp, ckpt_format=ckpt_format, arch=arch, hf_config=hf_config)
     if as_json:
         click.echo(json.dumps(report.to_json(), allow_nan=False))
     else:

@@ -94,7 +94,9 @@ def write_mcore(plan: ConvertPlan, out: Path, progress: Progress | None = None) 
         write_torch_legacy(iter_dir, tensors, args=args, iteration=plan.iteration, tp=plan.tp, pp=plan.pp,
                            progress=step)
     else:
-        write_torch_dist(iter_dir, tensors, args=args, iteration=plan.iteration, progress=step)
+        final = Path(plan.dst).resolve() / iter_dir.name  # .metadata records where it will live, not the temp dir
+        write_torch_dist(iter_dir, tensors, args=args, iteration=plan.iteration, progress=step,
+                         checkpoint_id=str(final))
     (out / "latest_checkpointed_iteration.txt").write_text(f"{plan.iteration}\n")
 
 

@@ -1,0 +1,235 @@
+"""Streaming writers for Megatron-Core checkpoints, with no process group and no GPU.
+
+* ``write_torch_dist``: a ``--ckpt-format torch_dist`` iteration dir (FORMATS.md §4) equal to what
+  megatron-core 0.16.1 ``dist_checkpointing.save`` writes for a GPTModel saved on one rank: data
+  files ``__0_{k}.distcp``, ``.metadata`` (torch DCP ``Metadata``, ``planner_data`` None, Megatron's
+  ``all_local_plans``), ``common.pt`` (args, iteration, checkpoint_version) and ``metadata.json``,
+  written last because its presence marks a complete save. Per-layer tensors are stacked under the
+  key without the layer index (global ``[L, ...]``, one chunk per layer at ``(i, 0, ...)``, §4.5),
+  SwiGLU ``linear_fc1`` goes in as its two halves (gate at row 0, up at row F, §4.7), local-spec
+  norms under the TE names (§4.5), and each linear's ``_extra_state`` as a ShardedObject
+  ``<key>/shard_{i}_{L}`` (§4.4), which megatron-core's load asks for.
+* ``write_torch_legacy`` (megatron_write_legacy.py): a ``--ckpt-format torch`` dir of per-rank
+  ``mp_rank_TT[_PPP]/model_optim_rng.pt`` files (§3).
+
+Megatron's own writers need an initialised process group and the whole model in memory; a
+converter has neither. Here each ``OutTensor.produce`` is called exactly once, when its bytes are
+due, and the array is dropped before the next one, so the peak is about one tensor whatever the
+model size. For torch_dist every chunk is one ``torch.save`` appended to a data file, which is how
+torch's ``FileSystemWriter`` stores an item (§5.4); that writer itself is not used because it keeps
+every tensor it wrote alive until its file is closed.
+
+torch is imported inside the writers: importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import pickle
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ckptscope.core.errors import CkptError
+from ckptscope.formats.megatron_write_legacy import legacy_rank_dir, write_torch_legacy
+from ckptscope.formats.megatron_write_model import (
+    GLU,
+    LAYERS,
+    LINEARS,
+    Entry,
+    OutTensor,
+    Progress,
+    analyse,
+    check_spec,
+    extra_state_value,
+    pipeline_layer_ranges,
+    produce_array,
+    torch_view,
+)
+
+__all__ = ["OutTensor", "Progress", "legacy_rank_dir", "pipeline_layer_ranges", "write_torch_dist",
+           "write_torch_legacy"]
+
+COMMON_FILE = "common.pt"
+MARKER_FILE = "metadata.json"
+CHECKPOINT_VERSION = 3.0
+DCP_VERSION = "1.0.0"
+"""torch's ``CURRENT_DCP_VERSION``, which ``FileSystemWriter.finish`` stamps on ``.metadata``."""
+MARKER = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+          "common_backend": "torch", "common_backend_version": 1}
+"""megatron-core <= 0.18 ``CheckpointingConfig`` (FORMATS.md §4.1, checked on disk with 0.16.1)."""
+
+
+@dataclass
+class _Chunk:
+    key: str
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    global_shape: tuple[int, ...]
+    rows: tuple[int, int] | None
+    """Rows (axis 0) of the produced array this chunk holds; None: all of it."""
+
+
+def _chunks(entry: Entry, num_layers: int) -> list[_Chunk]:
+    """Where one tensor goes in a TP=1 torch_dist save (FORMATS.md §4.5, §4.7)."""
+    shape = entry.out.shape
+    halves: list[tuple[int, int] | None] = [None]
+    if entry.layout == GLU:  # apply_swiglu_sharded_factory: W at fragment 0 of 2, V at fragment 1
+        halves = [(0, shape[0] // 2), (shape[0] // 2, shape[0])]
+    chunks = []
+    for rows in halves:
+        start, stop = rows if rows else (0, shape[0] if shape else 0)
+        local = (stop - start,) + shape[1:] if shape else ()
+        offsets = (start,) + (0,) * (len(shape) - 1) if shape else ()
+        if entry.layer is None:
+            chunks.append(_Chunk(entry.sub, offsets, local, shape, rows))
+        else:
+            chunks.append(_Chunk(LAYERS + entry.sub, (entry.layer,) + offsets, (1,) + local,
+                                 (num_layers,) + shape, rows))
+    return chunks
+
+
+class _DataFile:
+    """One ``.distcp`` file being appended to: each item a self-contained ``torch.save`` zip, or raw bytes."""
+
+    def __init__(self, path: Path) -> None:
+        self.name = path.name
+        self.handle = open(path, "wb")  # noqa: SIM115 -- closed by the writer's finally
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        """What torch.save calls. No seek or tell: torch's zip offsets then count from the item's start,
+        as with the ``NoCloseWriter`` torch's ``FileSystemWriter`` hands it."""
+        n = self.handle.write(data)
+        self.size += n
+        return n
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+    def append(self, payload: Any) -> tuple[int, int]:
+        """Append bytes, or ``torch.save`` a tensor; returns (offset, length)."""
+        import torch
+
+        start = self.size
+        if isinstance(payload, (bytes, bytearray, memoryview)):
+            self.write(payload)
+        else:
+            torch.save(payload, self)  # type: ignore[arg-type]
+        return start, self.size - start
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+class _Metadata:
+    """The ``.metadata`` being collected as items are written, with torch's own classes."""
+
+    def __init__(self) -> None:
+        from torch.distributed.checkpoint import filesystem, metadata, planner
+
+        self.md, self.fs, self.planner = metadata, filesystem, planner
+        self.state: dict[str, Any] = {}
+        self.storage: dict[Any, Any] = {}
+        self.items: list[Any] = []
+
+    def add_bytes(self, key: str, file: str, offset: int, length: int) -> None:
+        index = self.md.MetadataIndex(key)
+        self.storage[index] = self.fs._StorageInfo(file, offset, length)
+        self.state[key] = self.md.BytesStorageMetadata()
+        self.items.append(self.planner.WriteItem(index=index, type=self.planner.WriteItemType.BYTE_IO))
+
+    def add_chunk(self, chunk: _Chunk, dtype: Any, file: str, offset: int, length: int) -> None:
+        import torch
+
+        md = self.md
+        index = md.MetadataIndex(chunk.key, chunk.offsets)
+        self.storage[index] = self.fs._StorageInfo(file, offset, length)
+        properties = md.TensorProperties(dtype=dtype)
+        entry = self.state.get(chunk.key)
+        if entry is None:
+            entry = self.state[chunk.key] = md.TensorStorageMetadata(properties, torch.Size(chunk.global_shape), [])
+        placement = md.ChunkStorageMetadata(torch.Size(chunk.offsets), torch.Size(chunk.sizes))
+        entry.chunks.append(placement)
+        self.items.append(self.planner.WriteItem(
+            index=index, type=self.planner.WriteItemType.SHARD,
+            tensor_data=self.planner.TensorWriteData(chunk=placement, properties=properties,
+                                                     size=torch.Size(chunk.global_shape))))
+
+    def dump(self, path: Path, checkpoint_id: str) -> None:
+        metadata = self.md.Metadata(
+            state_dict_metadata=self.state, planner_data=None, storage_data=self.storage,
+            storage_meta=self.md.StorageMeta(checkpoint_id=checkpoint_id, save_id=str(uuid.uuid4())),
+            version=DCP_VERSION)
+        # megatron-core's save caches the local plans here (only to reuse a plan on a later save of
+        # the same structure); a one-rank save has one plan.
+        metadata.all_local_plans = [self.planner.SavePlan(items=self.items, planner_data={})]  # type: ignore[attr-defined]
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as handle:
+            pickle.dump(metadata, handle)
+        os.replace(tmp, path)
+
+
+def _write_tensor(entry: Entry, chunks: list[_Chunk], files: list[_DataFile], meta: _Metadata) -> None:
+    """Produce one tensor and append its chunks (locals die on return: the array never outlives its turn)."""
+    import torch
+
+    array = produce_array(entry)
+    dtype = getattr(torch, entry.dtype.name)
+    for chunk in chunks:
+        part = array if chunk.rows is None else array[chunk.rows[0]:chunk.rows[1]]
+        target = min(files, key=lambda f: f.size)  # torch's greedy balancing of bytes over files
+        offset, length = target.append(torch_view(part.reshape(chunk.sizes), entry.dtype))
+        meta.add_chunk(chunk, dtype, target.name, offset, length)
+
+
+def write_torch_dist(iter_dir: Path, tensors: list[OutTensor], *, args: dict, iteration: int, spec: str = "local",
+                     progress: Progress | None = None, num_files: int = 2, checkpoint_id: str | None = None) -> None:
+    """Write a Megatron-Core torch_dist iteration dir into ``iter_dir`` (see the module docstring).
+
+    ``args``: Megatron argument values, stored as an ``argparse.Namespace`` in ``common.pt``;
+    ``swiglu`` decides the fc1 layout and ``untie_embeddings_and_output_weights`` whether
+    ``output_layer.weight`` belongs (tied: no ``output_layer`` key at all, as Megatron saves it).
+    ``spec`` ("local" or "te") only changes the ``_extra_state`` objects' values (None, or TE's
+    empty uint8 tensor). ``num_files``: data files per rank (megatron-core 0.16 writes 2).
+    ``checkpoint_id``: the location recorded in ``.metadata`` (default ``iter_dir``; a caller that
+    renames the dir into place may pass the final path). Tensors are produced and written in list
+    order, one at a time; ``progress(nbytes)`` follows each.
+    """
+    check_spec(spec)
+    if num_files < 1:
+        raise CkptError("num_files must be at least 1")
+    model = analyse(tensors, args)
+    namespace = argparse.Namespace(**args)
+    import torch
+
+    iter_dir = Path(iter_dir)
+    iter_dir.mkdir(parents=True, exist_ok=True)
+    meta = _Metadata()
+    # ShardedObjects: each layer linear's _extra_state; the bytes are a torch.save of the list of the
+    # rank's local objects (_mcore_to_torch_sharded_object, FORMATS.md §4.4).
+    buffer = io.BytesIO()
+    torch.save([extra_state_value(spec)], buffer)
+    payload = buffer.getvalue()
+    objects = [f"{LAYERS}{module}._extra_state/shard_{i}_{model.num_layers}"
+               for i in range(model.num_layers) for module in LINEARS if f"{module}.weight" in model.layer_subs]
+    files = [_DataFile(iter_dir / f"__0_{k}.distcp") for k in range(num_files)]
+    try:
+        for j, key in enumerate(objects):  # as torch's writer: bytes items first, round robin over the files
+            offset, length = files[j % num_files].append(payload)
+            meta.add_bytes(key, files[j % num_files].name, offset, length)
+        for entry in model.entries:
+            _write_tensor(entry, _chunks(entry, model.num_layers), files, meta)
+            if progress:
+                progress(entry.nbytes)
+    finally:
+        for data_file in files:
+            data_file.close()
+    meta.dump(iter_dir / ".metadata", str(checkpoint_id or iter_dir))
+    torch.save({"args": namespace, "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration},
+               iter_dir / COMMON_FILE)
+    (iter_dir / MARKER_FILE).write_text(json.dumps(MARKER))
