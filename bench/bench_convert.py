@@ -95,7 +95,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)
         hf = root / "hf"
-        total, largest = write_hf(hf, args.gb)
+        # Generate in a child so this process stays small: a forked child's ru_maxrss starts from
+        # the parent's RSS (Linux keeps it across exec) and would hide the converter's own peak.
+        out = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r});"
+                              f"from bench_convert import write_hf; from pathlib import Path;"
+                              f"print(*write_hf(Path({str(hf)!r}), {args.gb}))"],
+                             check=True, capture_output=True, text=True).stdout.split()
+        total, largest = int(out[0]), int(out[1])
         print(f"HF checkpoint {total / 1e9:.2f} GB, largest tensor {largest / 1e6:.0f} MB")
         with open(hf / "model.safetensors", "rb") as handle:
             while handle.read(64 << 20):

@@ -137,7 +137,13 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)
-        a, b, total, largest = write_pair(root, args.gb)
+        # Generate in a child: the parent must stay small, because a forked child's ru_maxrss
+        # starts from the parent's RSS (Linux keeps it across exec) and would hide ours.
+        out = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r});"
+                              f"from bench_diff import write_pair; from pathlib import Path;"
+                              f"print(*write_pair(Path({str(root)!r}), {args.gb})[2:])"],
+                             check=True, capture_output=True, text=True).stdout.split()
+        a, b, total, largest = root / "a", root / "b", int(out[0]), int(out[1])
         print(f"checkpoints: 2 x {total / 1e9:.2f} GB, 3 differing tensors, largest tensor {largest / 1e6:.0f} MB")
         for path in (a, b):  # warm the page cache for everyone
             with open(path / "model.safetensors", "rb") as handle:
