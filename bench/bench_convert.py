@@ -29,6 +29,7 @@ from pathlib import Path
 RUN = r"""
 import resource, sys
 from ckptscope.cli import main
+code = 0
 try:
     main(sys.argv[1:])
 except SystemExit as exc:

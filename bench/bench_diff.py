@@ -44,6 +44,7 @@ print(differ, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 RUN_CKPTSCOPE = r"""
 import resource, sys
 from ckptscope.cli import main
+code = 0
 try:
     main(sys.argv[1:])
 except SystemExit as exc:
