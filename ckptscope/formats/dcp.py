@@ -228,8 +228,13 @@ class DcpReader(CheckpointReader):
             self.index_without_metadata(index)
             return index
         contents = self.fill_index(index)
-        looks_megatron = (self.path / _MEGATRON_COMMON).is_file() or "mcore_data" in contents.metadata.extra \
+        # common.pt or Megatron ShardedObject keys: a torch_dist save whose last file is missing.
+        # ``mcore_data`` alone is weaker evidence (other tools reuse Megatron's planner): a warning.
+        looks_megatron = (self.path / _MEGATRON_COMMON).is_file() \
             or any(_SHARDED_OBJECT_KEY.search(key) for key in contents.metadata.bytes_entries)
+        if "mcore_data" in contents.metadata.extra and not looks_megatron and not (self.path / MEGATRON_MARKER).is_file():
+            index.warnings.append(f"{MEGATRON_MARKER} not found but .metadata carries Megatron's mcore_data: "
+                                  "if this is a Megatron-Core save, it did not finish")
         if looks_megatron and not (self.path / MEGATRON_MARKER).is_file():
             index.add_issue("missing-marker", "not found: this looks like a Megatron-Core torch_dist save, whose "
                             "metadata.json is written last; the save did not finish (or the file was lost)",

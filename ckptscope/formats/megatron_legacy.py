@@ -186,7 +186,8 @@ class MegatronLegacyReader(CheckpointReader):
         names = rank_dirs(self.path)
         present = [n for n in names if (self.path / n / MODEL_FILE).is_file()]
         for name in sorted(set(names) - set(present)):
-            index.warnings.append(f"{name}/{MODEL_FILE} is missing (incomplete save?); that rank's tensors are absent")
+            index.add_issue("missing-file", "missing (incomplete save?); that rank's tensors are absent",
+                            file=f"{name}/{MODEL_FILE}")
         if not present:
             raise CkptError(f"no {MODEL_FILE} in any mp_rank_* folder (incomplete save?)", self.path)
         first = self._first_readable(present)
@@ -260,7 +261,8 @@ class MegatronLegacyReader(CheckpointReader):
             try:
                 parsed = first if name == present[0] else read_torch_zip(path)
             except CkptError as exc:  # one damaged rank: the others stay browsable
-                index.warnings.append(f"{name}/{MODEL_FILE}: {exc.problem}; that rank's tensors are absent")
+                index.add_issue("unreadable-file", f"{exc.problem}; that rank's tensors are absent",
+                                file=f"{name}/{MODEL_FILE}")
                 continue
             ranks.append(_Rank(name, *where, parsed=parsed))
         if not ranks:
@@ -275,7 +277,7 @@ class MegatronLegacyReader(CheckpointReader):
                    if (t, p, e) not in have]
         if missing:
             shown = ", ".join(f"tp{t}/pp{p}/ep{e}" for t, p, e in missing[:8])
-            index.warnings.append(f"{len(missing)} rank file(s) missing ({shown}): their shards read as zeros")
+            index.add_issue("missing-file", f"{len(missing)} rank file(s) missing ({shown}): their shards read as zeros")
         extra = sorted(f"{r.dir}" for r in ranks if r.tp >= sizes.tp or r.pp >= sizes.pp or r.ep >= sizes.ep)
         if extra:
             index.warnings.append(f"rank folders beyond the sizes in args: {', '.join(extra)}")

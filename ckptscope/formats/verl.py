@@ -245,9 +245,9 @@ class VerlFsdpReader(CheckpointReader):
         if step is not None:
             index.metadata["iteration"] = step
         missing = layout.missing("model")
-        for name in missing:
-            index.warnings.append(f"{name}: missing (world size {world} from {layout.source}); "
-                                  "the shards it held cannot be read")
+        for name in missing:  # an issue, so `check` reports the file (not only the holes it leaves)
+            index.add_issue("missing-file", f"missing (world size {world} from {layout.source}); "
+                            "the shards it held cannot be read", file=name)
         assembled = self._read_rank_files(index, layout)
         self._finish(index, assembled, {r for r in range(world) if r not in layout.files.get("model", {})}, world)
         self._add_side_files(index, layout)
