@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ckptscope.core.errors import CkptError
 from ckptscope.mappings.config import ModelConfig
-from ckptscope.mappings.links import Box, Link, full_box
+from ckptscope.mappings.links import Link, full_box
 
 Shape = tuple[int, ...]
 
