@@ -39,6 +39,9 @@ VIEWS: dict[str, tuple[str, list[str], dict[str, str]]] = {
     # r on the layers.[0-3] range, replacement typed so that every layer maps onto one name: the
     # dialog's live preview with the conflicts highlighted
     "rename": ("sample_ckpts/hf_llama_sharded", ["down"] * 3 + ["r", "tab", "ctrl+u", *"model.blocks."], {}),
+    # C on a Megatron-Core iteration: the convert form (target hf) with its live plan, the fused qkv
+    # row highlighted so the detail line shows the blocks it is cut from
+    "convert": ("sample_ckpts/mcore_llama_gqa/iter_0000000", ["C"] + ["tab"] * 4 + ["down"] * 5, {}),
 }
 
 

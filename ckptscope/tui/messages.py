@@ -189,3 +189,58 @@ class DiffDetailComputed(Message):
     name: str
     detail: DiffDetail | None
     error: str = ""
+
+
+# --- convert / merge (screens/convert.py) ------------------------------------------------------------
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckptscope.ops.convert_plan import ConvertPlan
+
+
+@dataclass
+class ConvertPlanned(Message):
+    """``plan_convert`` laid out the destination for the form's current fields."""
+
+    token: int
+    """Which edit of the form this answers (older answers are ignored)."""
+    plan: ConvertPlan
+    problem: str = ""
+    """Why it cannot be written as it stands (the destination exists, lies inside the source)."""
+
+
+@dataclass
+class ConvertProgressed(Message):
+    """``execute_convert`` has written ``done`` of ``total`` bytes and ``tensors`` of ``tensors_total``."""
+
+    done: int
+    total: int
+    tensors: int
+    tensors_total: int
+
+
+@dataclass
+class ConvertFinished(Message):
+    """The converted checkpoint is complete at ``dst``; ``open_path`` is what the browser opens."""
+
+    dst: str
+    open_path: str
+    seconds: float
+
+
+@dataclass
+class ConvertFailed(Message):
+    """Planning, writing or verifying failed; ``reason`` is the one-line message shown in the form."""
+
+    stage: str
+    """``plan``, ``write`` or ``verify``."""
+    reason: str
+    token: int = 0
+    """For ``plan``: the edit it answers."""
+
+
+@dataclass
+class ConvertVerified(Message):
+    """``verify_round_trip`` compared the source with its round trip through the chosen target."""
+
+    report: DiffReport
+    seconds: float

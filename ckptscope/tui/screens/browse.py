@@ -89,7 +89,7 @@ class BrowseScreen(RenameActions, Screen[None]):
         Binding("D", "op('diff')", "diff with…", show=False, id="ops.diff",
                 tooltip="Compare this checkpoint with another"),
         Binding("C", "op('convert')", "convert/merge…", show=False, id="ops.convert",
-                tooltip="Convert or merge checkpoints"),
+                tooltip="Convert or merge: form, live plan, verify"),
         Binding("R", "op('rename')", "rename…", show=False, id="ops.rename",
                 tooltip="Pending rename rules: review, undo, remove, apply"),
         *RENAME_BINDINGS,  # r rename, x drop, u undo, A apply (screens/rename_actions.py); R lists the rules
@@ -461,6 +461,11 @@ class BrowseScreen(RenameActions, Screen[None]):
     def action_op(self, op: str) -> None:
         if op == "rename":
             self.action_rename_pending()
+            return
+        if op in ("convert", "merge"):
+            from ckptscope.tui.screens.convert import open_convert
+
+            open_convert(self, merge=op == "merge")
             return
         if op == "diff":
             from ckptscope.tui.screens.diff_with import ask_diff_with

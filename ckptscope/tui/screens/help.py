@@ -68,6 +68,11 @@ class HelpScreen(ModalScreen[None]):
                 yield Static(Text("Rename: r on a tensor edits its name, on a module its prefix; ctrl+r switches "
                                   "to a regex. Rules pile up as pending (the tree shows old → new) until A writes "
                                   "a renamed copy; the source is never modified.", style="dim"), classes="help-group")
+            if any(b.id == "ops.convert" for b in own):
+                yield Static(Text("Convert: C (or \"ops: merge to HF…\") opens a form: target hf / mcore, tp, pp, "
+                                  "format, dtype, destination. The plan (each destination tensor, its sources and "
+                                  "transforms) follows the fields; ctrl+s writes it, ctrl+r verifies a round trip, "
+                                  "ctrl+o browses the result.", style="dim"), classes="help-group")
             yield Static(Text(KEYMAP_HINT, style="dim"), classes="help-group")
 
     async def action_dismiss(self, result: None = None) -> None:

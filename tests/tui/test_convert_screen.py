@@ -1,0 +1,264 @@
+"""Convert / merge from the browser, end to end with Pilot on copies of the shipped samples: the form's
+live plan, an existing destination refused in the form, the write (checked with the safetensors
+library against the transformers-written HF sample, bit for bit), "open result", and verify."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from textual.widgets import Button, DataTable, Input, Select, Static
+from tui_helpers import settle, sync, text_of
+
+from ckptscope.tui.app import make_app
+from ckptscope.tui.screens.browse import BrowseScreen
+from ckptscope.tui.screens.convert import PLAN_DELAY, ConvertScreen
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_ckpts"
+SIZE = (140, 45)
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8),
+                                                                     b.contiguous().view(torch.uint8))
+
+
+async def replan(pilot) -> None:
+    """Wait for the form's debounce timer, then for the plan worker and the repaint."""
+    for _ in range(2):
+        await pilot.pause(PLAN_DELAY + 0.1)
+        await settle(pilot)
+
+
+async def choose(pilot, select_id: str, value: str) -> None:
+    """Pick ``value`` in a Select with the keyboard, as a user does: focus, enter, arrows, enter."""
+    select = pilot.app.screen.query_one(select_id, Select)
+    select.focus()
+    await pilot.pause()
+    values = [v for _, v in select._options]
+    steps = values.index(value) - values.index(select.value)
+    await pilot.press("enter", *(["down"] * steps if steps > 0 else ["up"] * -steps), "enter")
+    await replan(pilot)
+    assert select.value == value
+
+
+async def type_into(pilot, field_id: str, value: str) -> None:
+    pilot.app.screen.query_one(field_id, Input).focus()
+    await pilot.press("ctrl+u", *value)
+    await replan(pilot)
+
+
+def plan_rows(screen: ConvertScreen) -> dict[str, list[str]]:
+    table = screen.query_one("#convert-plan", DataTable)
+    return {str(row[0]): [str(cell) for cell in row] for row in (table.get_row_at(i) for i in range(table.row_count))}
+
+
+@pytest.fixture
+def mcore_iter(tmp_path) -> Path:
+    shutil.copytree(SAMPLES / "mcore_llama_gqa", tmp_path / "mcore_llama_gqa")
+    return tmp_path / "mcore_llama_gqa" / "iter_0000000"
+
+
+@sync
+async def test_convert_megatron_to_hf_end_to_end(mcore_iter, tmp_path):
+    before = tree_hashes(mcore_iter.parent)
+    app = make_app(mcore_iter, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        browser = app.screen
+        assert isinstance(browser, BrowseScreen) and browser.index is not None
+        await pilot.press("C")
+        await replan(pilot)
+        form = app.screen
+        assert isinstance(form, ConvertScreen) and not form.merge
+        dst_input = form.query_one("#convert-dst", Input)
+        # the target follows the other family; the default destination follows the target
+        await choose(pilot, "#convert-target", "mcore")
+        assert dst_input.value == str(tmp_path / "mcore_llama_gqa-mcore")
+        assert not form.query_one("#convert-tp", Input).disabled
+        await choose(pilot, "#convert-target", "hf")
+        assert dst_input.value == str(tmp_path / "mcore_llama_gqa-hf")
+        assert form.query_one("#convert-tp", Input).disabled  # tp/pp only mean something for mcore
+
+        # the live plan: summary and one row per destination tensor with its sources and transforms
+        assert form.plan is not None and form.plan.target == "hf" and not form.problem
+        status = text_of(form.query_one("#convert-status", Static))
+        assert f"{len(form.plan.tensors)} tensors" in status and "arch llama" in status
+        assert "config.json derived from the Megatron args" in status
+        rows = plan_rows(form)
+        want = load_file(str(SAMPLES / "hf_llama_gqa" / "model.safetensors"))
+        assert set(rows) == set(want)
+        q_row = rows["model.layers.0.self_attn.q_proj.weight"]
+        assert q_row[1:4] == ["(64, 64)", "float32", "qkv"]
+        assert "decoder.layers.0.self_attention.linear_qkv.weight" in q_row[4]
+        table = form.query_one("#convert-plan", DataTable)
+        table.move_cursor(row=list(rows).index("model.layers.0.self_attn.q_proj.weight"))
+        await pilot.pause()
+        detail = text_of(form.query_one("#convert-detail", Static))
+        assert "model.layers.0.self_attn.q_proj.weight (64, 64) float32  [qkv]" in detail
+        assert "linear_qkv.weight[0:32, 0:64] → [0:32, 0:64]" in detail
+
+        # an existing destination is refused in the form; ctrl+s writes nothing
+        taken = tmp_path / "taken"
+        taken.mkdir()
+        await type_into(pilot, "#convert-dst", str(taken))
+        assert "destination exists" in text_of(form.query_one("#convert-status", Static))
+        assert form.query_one("#convert-go", Button).disabled
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        assert form.stage == "editing" and list(taken.iterdir()) == []
+
+        # a free destination: enter goes to Convert, enter writes
+        dst = tmp_path / "out_hf"
+        await type_into(pilot, "#convert-dst", str(dst))
+        assert form.plan is not None and form.plan.dst == str(dst) and not form.problem
+        assert not dst.exists()
+        await pilot.press("enter")
+        assert form.focused is form.query_one("#convert-go", Button)
+        await pilot.press("enter")
+        await settle(pilot)
+        assert form.stage == "done", text_of(form.query_one("#convert-status", Static))
+        assert "✓ wrote" in text_of(form.query_one("#convert-status", Static))
+        assert form.written == str(dst)
+
+        # open result: the browser shows DST in place of the source
+        await pilot.press("ctrl+o")
+        await settle(pilot)
+        reopened = app.screen
+        assert isinstance(reopened, BrowseScreen) and reopened is not browser
+        assert reopened.path == str(dst)
+        assert "model.layers.0.self_attn.q_proj.weight" in reopened.index.tensors
+
+    got = load_file(str(dst / "model.safetensors"))
+    assert set(got) == set(want)
+    for name, tensor in want.items():
+        assert same_bits(got[name], tensor), name
+    assert tree_hashes(mcore_iter.parent) == before, "the source changed"
+
+
+@sync
+async def test_verify_hf_through_megatron_tp2(tmp_path):
+    src = tmp_path / "hf_llama_gqa"
+    shutil.copytree(SAMPLES / "hf_llama_gqa", src)
+    app = make_app(src, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("C")
+        await replan(pilot)
+        form = app.screen
+        assert isinstance(form, ConvertScreen)
+        assert form.query_one("#convert-target", Select).value == "mcore"  # HF names: the other family
+        await type_into(pilot, "#convert-tp", "2")
+        assert form.plan is not None and (form.plan.tp, form.plan.pp) == (2, 1)
+        status = text_of(form.query_one("#convert-status", Static))
+        assert "tp 2 pp 1" in status and "vocabulary 250 padded to 256 rows" in status
+        qkv = plan_rows(form)["decoder.layers.0.self_attention.linear_qkv.weight"]
+        assert qkv[3] == "qkv" and "model.layers.0.self_attn.q_proj.weight (2 blocks)" in qkv[4]
+        embed = plan_rows(form)["embedding.word_embeddings.weight"]
+        assert "zero rows 250:256" in embed[3]
+        await type_into(pilot, "#convert-tp", "0")
+        assert "tp must be a whole number of at least 1" in text_of(form.query_one("#convert-status", Static))
+        await type_into(pilot, "#convert-tp", "2")
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        verdict = text_of(form.query_one("#convert-verify", Static))
+        assert form.verified is not None and form.verified.identical, verdict
+        summary = form.verified.summary()
+        assert "✓ identical" in verdict and f"{summary['equal']} of {summary['compared']} tensors" in verdict
+        assert "tp 2" in verdict
+        assert summary["compared"] == len(load_file(str(src / "model.safetensors")))
+        assert not any(p.name.endswith("-mcore") for p in tmp_path.iterdir())  # verify writes only to a temp dir
+
+
+@sync
+async def test_merge_palette_and_plan_error_inline(tmp_path):
+    """"ops: merge to HF…" presets hf; a source ``plan_convert`` refuses shows the reason, not a traceback."""
+    src = tmp_path / "dtypes.safetensors"
+    shutil.copy(SAMPLES / "dtypes.safetensors", src)
+    app = make_app(src, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"ops: merge to HF")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await replan(pilot)
+        form = app.screen
+        assert isinstance(form, ConvertScreen) and form.merge
+        assert form.query_one("#convert-target", Select).value == "hf"
+        assert form.query_one("#convert-dst", Input).value == str(tmp_path / "dtypes-hf")
+        status = text_of(form.query_one("#convert-status", Static))
+        assert "✗ cannot plan the conversion" in status and "pass --hf-config DIR" in status
+        assert "Traceback" not in status and form.plan is None
+        assert form.query_one("#convert-go", Button).disabled
+        assert form.query_one("#convert-plan", DataTable).row_count == 0
+        await choose(pilot, "#convert-target", "mcore")
+        assert "needs HF or Megatron-Core tensor names" in text_of(form.query_one("#convert-status", Static))
+        await pilot.press("escape")
+        await settle(pilot)
+        assert isinstance(app.screen, BrowseScreen)
+    assert not (tmp_path / "dtypes-hf").exists() and not (tmp_path / "dtypes-mcore").exists()
+
+
+@sync
+async def test_help_lists_convert_keys(tmp_path):
+    from ckptscope.tui.screens.help import HelpScreen
+
+    src = tmp_path / "hf_llama_gqa"
+    shutil.copytree(SAMPLES / "hf_llama_gqa", src)
+    app = make_app(src, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        assert "ops.convert" in " ".join(text_of(s) for s in app.screen.query(".help-group"))
+        await pilot.press("escape", "C")
+        await replan(pilot)
+        await pilot.press("ctrl+p")  # a modal form holds the app's keys ("?" in a field is typed)
+        await pilot.pause()
+        await pilot.press(*"view: help")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        text = " ".join(text_of(s) for s in app.screen.query(".help-group"))
+        for binding_id in ("convert.close", "convert.run", "convert.verify", "convert.open"):
+            assert binding_id in text
+
+
+def test_convert_bindings_have_ids_and_tooltips():
+    from textual.binding import Binding
+
+    from ckptscope.tui.app import CkptScopeApp
+
+    ids = []
+    for owner in (CkptScopeApp, ConvertScreen):
+        for binding in owner.BINDINGS:
+            assert isinstance(binding, Binding) and binding.id and binding.tooltip, (owner.__name__, binding)
+            ids.append(binding.id)
+    assert len(ids) == len(set(ids))
+
+
+def _form_keys():
+    async def run_before(pilot) -> None:
+        await settle(pilot)
+        await pilot.press("C")
+        await replan(pilot)
+
+    return run_before
+
+
+def test_convert_form_snapshot(snap_compare, in_repo):
+    assert snap_compare(make_app("sample_ckpts/mcore_llama_gqa/iter_0000000", keymap={}), terminal_size=SIZE,
+                        run_before=_form_keys())
