@@ -8,9 +8,15 @@
   key without the layer index (global ``[L, ...]``, one chunk per layer at ``(i, 0, ...)``, §4.5),
   SwiGLU ``linear_fc1`` goes in as its two halves (gate at row 0, up at row F, §4.7), local-spec
   norms under the TE names (§4.5), and each linear's ``_extra_state`` as a ShardedObject
-  ``<key>/shard_{i}_{L}`` (§4.4), which megatron-core's load asks for.
+  ``<key>/shard_{i}_{L}`` (§4.4), which megatron-core's load asks for. MoE layers (SequentialMLP,
+  EP=1 on one rank): ``mlp.router.weight`` ``[L, E, H]``, every expert of a layer under
+  ``mlp.experts.experts.linear_fc1.weight`` / ``linear_fc2.weight`` with the expert axis after the
+  layer axis (``[L, E, ...]``, chunk at ``(i, e, ...)``, fc1 again in two halves), their extra states
+  ``…/shard_{i}.{e}_{L}.{E}``, ``mlp.shared_experts.*`` stacked like a dense MLP, and the norm under
+  the local spec's keys-map name ``mlp.linear_fc1.layer_norm_weight`` (``pre_mlp_layernorm.weight``
+  with the TE spec).
 * ``write_torch_legacy`` (megatron_write_legacy.py): a ``--ckpt-format torch`` dir of per-rank
-  ``mp_rank_TT[_PPP]/model_optim_rng.pt`` files (§3).
+  ``mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt`` files (§3).
 
 Megatron's own writers need an initialised process group and the whole model in memory; a
 converter has neither. Here each ``OutTensor.produce`` is called exactly once, when its bytes are
@@ -37,10 +43,15 @@ from typing import Any
 from ckptscope.core.errors import CkptError
 from ckptscope.formats.megatron_write_legacy import legacy_rank_dir, write_torch_legacy
 from ckptscope.formats.megatron_write_model import (
+    DIST_EXPERTS,
+    EXPERTS,
     GLU,
     LAYERS,
     LINEARS,
+    LOCAL_TO_TE,
+    MOE_NORM,
     Entry,
+    ModelTensors,
     OutTensor,
     Progress,
     analyse,
@@ -74,9 +85,23 @@ class _Chunk:
     """Rows (axis 0) of the produced array this chunk holds; None: all of it."""
 
 
-def _chunks(entry: Entry, num_layers: int) -> list[_Chunk]:
+def _dist_key(entry: Entry, model: ModelTensors, spec: str) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+    """The torch_dist key of one tensor and the axes prepended to it: (key, offsets, global sizes)."""
+    if entry.layer is None:
+        return entry.sub, (), ()
+    if entry.expert is not None:
+        return (LAYERS + DIST_EXPERTS + entry.expert_sub, (entry.layer, entry.expert),
+                (model.num_layers, model.num_experts))
+    sub = entry.sub
+    if model.moe and spec == "local" and sub.startswith(MOE_NORM):  # the local spec's keys map still applies
+        sub = LOCAL_TO_TE[MOE_NORM] + sub[len(MOE_NORM):]
+    return LAYERS + sub, (entry.layer,), (model.num_layers,)
+
+
+def _chunks(entry: Entry, model: ModelTensors, spec: str = "local") -> list[_Chunk]:
     """Where one tensor goes in a TP=1 torch_dist save (FORMATS.md §4.5, §4.7)."""
     shape = entry.out.shape
+    key, prefix, prefix_shape = _dist_key(entry, model, spec)
     halves: list[tuple[int, int] | None] = [None]
     if entry.layout == GLU:  # apply_swiglu_sharded_factory: W at fragment 0 of 2, V at fragment 1
         halves = [(0, shape[0] // 2), (shape[0] // 2, shape[0])]
@@ -85,12 +110,25 @@ def _chunks(entry: Entry, num_layers: int) -> list[_Chunk]:
         start, stop = rows if rows else (0, shape[0] if shape else 0)
         local = (stop - start,) + shape[1:] if shape else ()
         offsets = (start,) + (0,) * (len(shape) - 1) if shape else ()
-        if entry.layer is None:
-            chunks.append(_Chunk(entry.sub, offsets, local, shape, rows))
-        else:
-            chunks.append(_Chunk(LAYERS + entry.sub, (entry.layer,) + offsets, (1,) + local,
-                                 (num_layers,) + shape, rows))
+        chunks.append(_Chunk(key, prefix + offsets, (1,) * len(prefix) + local, prefix_shape + shape, rows))
     return chunks
+
+
+def _extra_state_objects(model: ModelTensors) -> list[str]:
+    """ShardedObject keys of the layers' linears' ``_extra_state``, in the order megatron-core's
+    sharded state dict lists them: per layer the attention linears, then the dense ``linear_fc1`` /
+    ``linear_fc2``, or each routed expert's (``shard_{i}.{e}_{L}.{E}``) and the shared experts'."""
+    subs = set(model.layer_subs)
+    layers, experts = model.num_layers, model.num_experts
+    modules: list[tuple[str, str]] = [(m, f"{m}._extra_state/shard_{{i}}_{layers}") for m in LINEARS]
+    for e in range(experts):
+        for linear in ("linear_fc1", "linear_fc2"):
+            key = f"{DIST_EXPERTS}{linear}._extra_state/shard_{{i}}.{e}_{layers}.{experts}"
+            modules.append((f"{EXPERTS}{e}.{linear}", key))
+    for m in ("mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2"):
+        modules.append((m, f"{m}._extra_state/shard_{{i}}_{layers}"))
+    present = [key for module, key in modules if f"{module}.weight" in subs]
+    return [LAYERS + key.format(i=i) for i in range(layers) for key in present]
 
 
 class _DataFile:
@@ -215,15 +253,14 @@ def write_torch_dist(iter_dir: Path, tensors: list[OutTensor], *, args: dict, it
     buffer = io.BytesIO()
     torch.save([extra_state_value(spec)], buffer)
     payload = buffer.getvalue()
-    objects = [f"{LAYERS}{module}._extra_state/shard_{i}_{model.num_layers}"
-               for i in range(model.num_layers) for module in LINEARS if f"{module}.weight" in model.layer_subs]
+    objects = _extra_state_objects(model)
     files = [_DataFile(iter_dir / f"__0_{k}.distcp") for k in range(num_files)]
     try:
         for j, key in enumerate(objects):  # as torch's writer: bytes items first, round robin over the files
             offset, length = files[j % num_files].append(payload)
             meta.add_bytes(key, files[j % num_files].name, offset, length)
         for entry in model.entries:
-            _write_tensor(entry, _chunks(entry, model.num_layers), files, meta)
+            _write_tensor(entry, _chunks(entry, model, spec), files, meta)
             if progress:
                 progress(entry.nbytes)
     finally:

@@ -1,10 +1,11 @@
-"""What the Megatron-Core writers (megatron_write.py) know about a dense GPTModel: tensor names,
-TP layouts, pipeline stages, and turning a produced tensor into bytes.
+"""What the Megatron-Core writers (megatron_write.py) know about a GPTModel, dense or MoE: tensor
+names, TP layouts, pipeline stages, and turning a produced tensor into bytes.
 
 Kept apart from the writers so both formats check the tensor list the same way, before anything is
 produced or written: a bad name, a missing layer or a shape that does not split over TP is one
 clear ``CkptError`` up front rather than a half-written checkpoint. Facts: MAPPING.md §1.2–1.5
-(names, ``_extra_state``, tied embeddings), §3–§4 (TP dims, SwiGLU), §5.1 (pipeline stages).
+(names, ``_extra_state``, tied embeddings), §3–§4 (TP dims, SwiGLU), §5.1 (pipeline stages), §6
+(MoE: router, SequentialMLP ``local_experts.{e}``, shared experts; every layer a MoE layer).
 torch and numpy are imported only inside the functions that need them.
 """
 
@@ -78,6 +79,29 @@ LOCAL_TO_TE = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_",
 LINEARS = ("self_attention.linear_proj", "self_attention.linear_qkv", "mlp.linear_fc1", "mlp.linear_fc2")
 """Layer modules with an ``_extra_state`` in both specs (mcore's own linears return None, TE's a tensor)."""
 
+# --- MoE layers (MAPPING.md §6; checked on disk with megatron-core 0.16.1, local spec) ---
+MOE_NORM = "pre_mlp_layernorm."
+"""A MoE layer's norm is its own module in both specs (TE cannot fuse it into the router). The local
+spec still applies its keys map, so torch_dist stores it as ``mlp.linear_fc1.layer_norm_*``; the TE
+spec stores ``pre_mlp_layernorm.*``; per-rank ``torch`` files hold ``pre_mlp_layernorm.*`` in both."""
+MOE_LAYER_LAYOUT: dict[str, str] = {
+    "pre_mlp_layernorm.weight": REPLICATED,
+    "pre_mlp_layernorm.bias": REPLICATED,
+    "mlp.router.weight": REPLICATED,
+    "mlp.router.expert_bias": REPLICATED,  # fp32 buffer, only with moe_router_enable_expert_bias
+    "mlp.shared_experts.gate_weight": REPLICATED,  # [1, H], Qwen2-MoE's sigmoid gate
+    "mlp.shared_experts.linear_fc1.weight": COLUMN,  # an MLP on the TP group: [gate; up] like a dense fc1
+    "mlp.shared_experts.linear_fc2.weight": ROW,
+}
+EXPERTS = "mlp.experts.local_experts."
+"""SequentialMLP experts: ``mlp.experts.local_experts.{e}.linear_fc1.weight`` ([gate; up]) / ``linear_fc2``."""
+EXPERT_LAYOUT: dict[str, str] = {"linear_fc1.weight": COLUMN, "linear_fc2.weight": ROW}
+"""Split over the expert TP group (``expert_tensor_parallel_size``, which defaults to TP)."""
+DIST_EXPERTS = "mlp.experts.experts."
+"""torch_dist stacks every expert of a layer under one key with an expert axis after the layer axis
+(``[L, E, ...]``), SequentialMLP and grouped GEMM alike (FORMATS.md §4.5)."""
+MOE_PREFIXES = ("mlp.router.", "mlp.experts.", "mlp.shared_experts.")
+
 
 def split_layer(name: str) -> tuple[int, str] | None:
     """``decoder.layers.3.x.y`` -> ``(3, "x.y")``; None for a top-level name."""
@@ -98,12 +122,51 @@ def te_sub(sub: str) -> str:
 
 
 def spec_sub(sub: str, spec: str) -> str:
-    """Canonical (TE) per-layer name -> the name ``spec``'s modules use in ``state_dict()``."""
+    """Canonical (TE) per-layer name -> the name ``spec``'s modules use in ``state_dict()``. A MoE
+    layer's canonical norm is ``pre_mlp_layernorm.*`` already, the same in both specs."""
     if spec == "local":
         for local, te in LOCAL_TO_TE.items():
             if sub.startswith(te):
                 return local + sub[len(te):]
     return sub
+
+
+def canonical_sub(sub: str, moe: bool) -> str:
+    """A per-layer name in the writers' canonical spelling: TE names, except that a MoE layer's norm
+    is ``pre_mlp_layernorm.*`` (its local-spec torch_dist spelling ``mlp.linear_fc1.layer_norm_*`` is
+    accepted too)."""
+    if not moe:
+        return te_sub(sub)
+    fused = LOCAL_TO_TE[MOE_NORM]
+    if sub.startswith(fused):
+        return MOE_NORM + sub[len(fused):]
+    return sub if sub.startswith(MOE_NORM) else te_sub(sub)
+
+
+def split_expert(sub: str) -> tuple[int, str] | None:
+    """``mlp.experts.local_experts.3.linear_fc1.weight`` -> ``(3, "linear_fc1.weight")``; None otherwise."""
+    if not sub.startswith(EXPERTS):
+        return None
+    index, _, rest = sub[len(EXPERTS):].partition(".")
+    if not index.isdigit() or not rest:
+        return None
+    return int(index), rest
+
+
+def _is_moe_sub(sub: str) -> bool:
+    return sub.startswith(MOE_PREFIXES)
+
+
+def _layer_layout(sub: str) -> str | None:
+    expert = split_expert(sub)
+    if expert is not None:
+        return EXPERT_LAYOUT.get(expert[1])
+    return MOE_LAYER_LAYOUT.get(sub) or LAYER_LAYOUT.get(sub)
+
+
+def _is_fc1(sub: str) -> bool:
+    parts = sub.split(".")
+    return len(parts) >= 2 and parts[-2] == "linear_fc1"
 
 
 def check_spec(spec: str) -> None:
@@ -120,8 +183,12 @@ class Entry:
     layer: int | None
     """Global layer index; None for top-level tensors."""
     sub: str
-    """Canonical name: the per-layer suffix (TE spelling), or the top-level name."""
+    """Canonical name: the per-layer suffix (TE spelling, ``canonical_sub``), or the top-level name."""
     layout: str
+    expert: int | None = None
+    """Global expert id of a routed expert's tensor; None for everything else."""
+    expert_sub: str = ""
+    """The expert's own suffix (``linear_fc1.weight``) when ``expert`` is set."""
 
     @property
     def nbytes(self) -> int:
@@ -138,11 +205,15 @@ class ModelTensors:
     tied: bool
     layer_subs: list[str] = field(default_factory=list)
     """Canonical per-layer names; every layer has all of them (homogeneous stack)."""
+    moe: bool = False
+    """Every layer is a MoE layer (router, experts, maybe shared experts)."""
+    num_experts: int = 0
 
 
 def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
     """Validate names, shapes and layers before anything is produced or written."""
     swiglu = bool(args.get("swiglu", False))
+    moe = any(split is not None and _is_moe_sub(split[1]) for split in (split_layer(t.name) for t in tensors))
     entries: list[Entry] = []
     seen: set[tuple[int | None, str]] = set()
     per_layer: dict[int, dict[str, Entry]] = {}
@@ -150,17 +221,20 @@ def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
         dtype = dtype_by_name(out.dtype)
         shape = tuple(int(s) for s in out.shape)
         split = split_layer(out.name)
+        expert = None
         if split is None:
             layer, sub = None, out.name
             layout = TOP_LAYOUT.get(sub)
         else:
-            layer, sub = split[0], te_sub(split[1])
-            layout = LAYER_LAYOUT.get(sub)
-            if layout == COLUMN and sub.startswith("mlp.linear_fc1.") and swiglu:
+            layer, sub = split[0], canonical_sub(split[1], moe)
+            layout = _layer_layout(sub)
+            expert = split_expert(sub)
+            if layout == COLUMN and _is_fc1(sub) and swiglu:
                 layout = GLU
         if layout is None:
-            raise CkptError(f"{out.name}: not a dense GPTModel tensor the Megatron writers know "
-                            "(MoE and other layer types are not supported)")
+            raise CkptError(f"{out.name}: not a dense GPTModel tensor the Megatron writers know, nor a MoE one "
+                            "(router, SequentialMLP experts.local_experts.{e}, shared_experts); other layer "
+                            "types are not supported")
         if any(s < 0 for s in shape) or (layout != REPLICATED and not shape) or (layout == ROW and len(shape) < 2):
             raise CkptError(f"{out.name}: bad shape {shape}")
         if (layer, sub) in seen:
@@ -168,7 +242,8 @@ def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
         seen.add((layer, sub))
         if layout == GLU and shape[0] % 2:
             raise CkptError(f"{out.name}: SwiGLU fc1 needs an even number of rows ([gate; up]), got {shape}")
-        entry = Entry(OutTensor(out.name, shape, dtype.name, out.produce), dtype, layer, sub, layout)
+        entry = Entry(OutTensor(out.name, shape, dtype.name, out.produce), dtype, layer, sub, layout,
+                      expert[0] if expert else None, expert[1] if expert else "")
         entries.append(entry)
         if layer is not None:
             per_layer.setdefault(layer, {})[sub] = entry
@@ -190,6 +265,7 @@ def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
             if (entry.out.shape, entry.dtype) != (first.out.shape, first.dtype):
                 raise CkptError(f"{entry.out.name}: {entry.out.shape} {entry.dtype.name} differs from layer 0's "
                                 f"{first.out.shape} {first.dtype.name}")
+    num_experts = _check_moe(per_layer[0] if per_layer else {}, args) if moe else 0
     names = {e.sub for e in entries if e.layer is None}
     if "untie_embeddings_and_output_weights" in args:
         tied = not args["untie_embeddings_and_output_weights"]
@@ -202,7 +278,44 @@ def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
         raise CkptError("embeddings are untied but output_layer.weight is missing")
     if "embedding.word_embeddings.weight" not in names:
         raise CkptError("embedding.word_embeddings.weight is missing")
-    return ModelTensors(entries, num_layers, tied, subs)
+    return ModelTensors(entries, num_layers, tied, subs, moe, num_experts)
+
+
+def _check_moe(layer: dict[str, Entry], args: dict[str, Any]) -> int:
+    """The expert count of a MoE model, after checking that its layers are what Megatron stacks: every
+    layer MoE (no dense MLP), a router, experts 0..E-1 each with the same tensors and shapes (torch_dist
+    stacks them under one key). Layer 0 stands for all: ``analyse`` checked the layers are alike."""
+    dense = sorted(sub for sub in layer if sub.startswith("mlp.") and sub in LAYER_LAYOUT)
+    if dense:
+        raise CkptError(f"{', '.join(dense)}: a dense MLP next to MoE tensors; MoE on only some layers "
+                        "(moe_layer_freq) is not supported")
+    experts: dict[int, dict[str, Entry]] = {}
+    for entry in layer.values():
+        if entry.expert is not None:
+            experts.setdefault(entry.expert, {})[entry.expert_sub] = entry
+    if not experts:
+        raise CkptError("MoE tensors but no routed experts (decoder.layers.{i}.mlp.experts.local_experts.{e}.…)")
+    count = len(experts)
+    if sorted(experts) != list(range(count)):
+        raise CkptError(f"expert ids must run 0..{count - 1} without gaps, got {sorted(experts)}")
+    first = experts[0]
+    for e, tensors in experts.items():
+        if set(tensors) != set(first):
+            differ = ", ".join(sorted(set(first) ^ set(tensors)))
+            raise CkptError(f"expert {e} does not hold the same tensors as expert 0 ({differ})")
+        for sub, entry in tensors.items():
+            if (entry.out.shape, entry.dtype) != (first[sub].out.shape, first[sub].dtype):
+                raise CkptError(f"{entry.out.name}: {entry.out.shape} {entry.dtype.name} differs from expert 0's "
+                                f"{first[sub].out.shape} {first[sub].dtype.name}")
+    router = layer.get("mlp.router.weight")
+    if router is None:
+        raise CkptError("MoE layers without mlp.router.weight")
+    if router.out.shape[:1] != (count,):
+        raise CkptError(f"{router.out.name}: {router.out.shape} does not have one row per expert ({count})")
+    expected = args.get("num_experts")
+    if expected is not None and int(expected) != count:
+        raise CkptError(f"args say num_experts={expected} but the tensors hold {count} experts")
+    return count
 
 
 def extra_state_value(spec: str) -> Any:

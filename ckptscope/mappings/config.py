@@ -58,6 +58,7 @@ class ModelConfig:
     num_experts: int | None = None
     moe_ffn_hidden_size: int | None = None
     shared_expert_ffn_hidden_size: int | None = None
+    moe_router_topk: int | None = None
     norm_epsilon: float | None = None
     rope_theta: float | None = None
     max_position_embeddings: int | None = None
@@ -130,6 +131,7 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
         moe_ffn_hidden_size=_first(text, "moe_intermediate_size") or (_first(text, "intermediate_size")
                                                                       if arch == "mixtral" else None),
         shared_expert_ffn_hidden_size=_first(text, "shared_expert_intermediate_size"),
+        moe_router_topk=_first(text, "num_experts_per_tok"),
         norm_epsilon=_first(text, "rms_norm_eps"),
         rope_theta=_first(text, "rope_theta"),
         max_position_embeddings=_first(text, "max_position_embeddings"),
@@ -163,6 +165,7 @@ def from_megatron_args(args: dict[str, Any]) -> ModelConfig:
         num_experts=num_experts,
         moe_ffn_hidden_size=args.get("moe_ffn_hidden_size"),
         shared_expert_ffn_hidden_size=args.get("moe_shared_expert_intermediate_size"),
+        moe_router_topk=args.get("moe_router_topk"),
         norm_epsilon=args.get("norm_epsilon"),
         rope_theta=args.get("rotary_base"),
         max_position_embeddings=args.get("max_position_embeddings"),
@@ -209,6 +212,8 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
             out["moe_intermediate_size"] = cfg.moe_ffn_hidden_size
         if cfg.shared_expert_ffn_hidden_size:
             out["shared_expert_intermediate_size"] = cfg.shared_expert_ffn_hidden_size
+        if cfg.moe_router_topk:
+            out["num_experts_per_tok"] = cfg.moe_router_topk
     return out
 
 
@@ -249,6 +254,10 @@ def to_megatron_args(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ckpt_format:
     if cfg.is_moe:
         args["num_experts"] = cfg.num_experts
         args["moe_ffn_hidden_size"] = cfg.moe_ffn_hidden_size
+        args["expert_model_parallel_size"] = 1
+        if cfg.moe_router_topk:
+            args["moe_router_topk"] = cfg.moe_router_topk
         if cfg.shared_expert_ffn_hidden_size:
             args["moe_shared_expert_intermediate_size"] = cfg.shared_expert_ffn_hidden_size
+            args["moe_shared_expert_gate"] = cfg.arch == "qwen2_moe"  # Qwen2-MoE gates its shared expert
     return args

@@ -74,7 +74,9 @@ def _experts(hf_gate: str, hf_up: str, hf_down: str) -> tuple[Rule, ...]:
     return (_layer((hf_gate, hf_up), fc1, "gate_up"), _layer(hf_down, fc2))
 
 
-MOE_NORM = (_layer("post_attention_layernorm.weight", "pre_mlp_layernorm.weight"),)
+MOE_NORM = (_layer("post_attention_layernorm.weight", ("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight")),)
+"""MoE layers keep a real pre-MLP norm; in torch_dist the local spec's keys map stores it under the
+fused TE name ``mlp.linear_fc1.layer_norm_weight`` (the TE spec keeps ``pre_mlp_layernorm``)."""
 
 MIXTRAL_MOE = MOE_NORM + (_layer("block_sparse_moe.gate.weight", "mlp.router.weight"),) + _experts(
     "block_sparse_moe.experts.{e}.w1.weight", "block_sparse_moe.experts.{e}.w3.weight",
