@@ -187,7 +187,8 @@ class MegatronLegacyReader(CheckpointReader):
         present = [n for n in names if (self.path / n / MODEL_FILE).is_file()]
         for name in sorted(set(names) - set(present)):
             index.add_issue("missing-file", "missing (incomplete save?); that rank's tensors are absent",
-                            file=f"{name}/{MODEL_FILE}")
+                            file=f"{name}/{MODEL_FILE}",
+                            warning=f"{name}/{MODEL_FILE} is missing (incomplete save?); that rank's tensors are absent")
         if not present:
             raise CkptError(f"no {MODEL_FILE} in any mp_rank_* folder (incomplete save?)", self.path)
         first = self._first_readable(present)

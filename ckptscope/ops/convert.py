@@ -27,6 +27,7 @@ def produce(plan: ConvertPlan, tensor: OutputTensor):
     reader = plan.reader
     array = materialize(tensor.recipe, lambda source, slices: reader.read(source, slices),
                         dtype=dtype_by_name(tensor.recipe.dtype).numpy())
+    reader.release_pages()  # the source pages are copied out: drop them before the writer serialises
     if tensor.dtype != tensor.recipe.dtype:
         array = array.astype(dtype_by_name(tensor.dtype).numpy())
     return array
