@@ -26,7 +26,7 @@ from ckptscope.mappings.config import (
     to_hf_config,
     to_megatron_args,
 )
-from ckptscope.mappings.links import Recipe, full_box
+from ckptscope.mappings.links import Piece, Recipe
 from ckptscope.mappings.resolve import (
     MappedView,
     TensorShape,
@@ -37,7 +37,7 @@ from ckptscope.mappings.resolve import (
 )
 from ckptscope.mappings.resolve import to_hf as map_to_hf
 from ckptscope.mappings.resolve import to_mcore as map_to_mcore
-from ckptscope.ops.diff_plan import OPTIMIZER_GROUP, resolve_root
+from ckptscope.ops.diff_plan import identity_recipes, model_tensors, resolve_root
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json", "chat_template.jinja")
@@ -125,18 +125,8 @@ def _piece_json(piece) -> dict[str, Any]:
     return {"source": piece.source, "box": [list(b) for b in piece.src_box], "into": [list(b) for b in piece.dst_box]}
 
 
-def _model_tensors(index: CheckpointIndex) -> dict:
-    return {n: m for n, m in index.logical_tensors().items() if dict(m.attrs).get("group") != OPTIMIZER_GROUP}
-
-
 def _identity_view(tensors: dict, cfg: ModelConfig, arch: str) -> MappedView:
-    recipes = {}
-    from ckptscope.mappings.links import Piece
-
-    for name, meta in tensors.items():
-        box = full_box(tuple(meta.shape))
-        recipes[name] = Recipe(name, tuple(meta.shape), meta.dtype, [Piece(box, name, box)], ["identity"])
-    return MappedView("hf", arch, cfg, recipes)
+    return MappedView("hf", arch, cfg, identity_recipes(tensors))
 
 
 def _hf_config_from(path: Path) -> dict[str, Any]:
@@ -188,7 +178,7 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
     src_path = Path(resolve_root(src))
     reader = open_checkpoint(src_path, trust_pickle=trust_pickle)
     index = reader.index()
-    tensors = _model_tensors(index)
+    tensors = model_tensors(index, logical=True)
     if not tensors:
         raise CkptError("no model tensors to convert", src_path)
     hf_cfg_dict = _hf_config_from(Path(hf_config)) if hf_config else _source_hf_config(index)
@@ -282,8 +272,6 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
 
 def compose(outer: Recipe, inner: dict[str, Recipe]) -> Recipe:
     """A recipe over ``inner``'s destinations, rewritten over ``inner``'s sources (block algebra only)."""
-    from ckptscope.mappings.links import Piece
-
     pieces = []
     for piece in outer.pieces:
         mid = inner[piece.source]

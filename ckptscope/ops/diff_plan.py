@@ -115,13 +115,14 @@ def resolve_root(path: str | Path) -> str:
     return pick_iteration(path, found).path
 
 
-def _identity_recipes(tensors: dict) -> dict[str, Recipe]:
+def identity_recipes(tensors: dict) -> dict[str, Recipe]:
+    """Each tensor as itself: one piece, the whole tensor (the recipe of an unmapped name)."""
     return {name: Recipe(name, tuple(meta.shape), meta.dtype,
                          [Piece(full_box(tuple(meta.shape)), name, full_box(tuple(meta.shape)))], ["identity"])
             for name, meta in tensors.items()}
 
 
-def _model_tensors(index: CheckpointIndex, logical: bool) -> dict:
+def model_tensors(index: CheckpointIndex, logical: bool) -> dict:
     """Model weights only: optimizer state is grouped apart by the readers and not compared."""
     tensors = index.logical_tensors() if logical else index.tensors
     return {name: meta for name, meta in tensors.items() if dict(meta.attrs).get("group") != OPTIMIZER_GROUP}
@@ -142,15 +143,15 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
     notes: list[str] = []
 
     if mapping == "none":
-        ta, tb = _model_tensors(index_a, False), _model_tensors(index_b, False)
-        side_a = DiffSide(str(path_a), reader_a, _identity_recipes(ta))
-        side_b = DiffSide(str(path_b), reader_b, _identity_recipes(tb))
+        ta, tb = model_tensors(index_a, False), model_tensors(index_b, False)
+        side_a = DiffSide(str(path_a), reader_a, identity_recipes(ta))
+        side_b = DiffSide(str(path_b), reader_b, identity_recipes(tb))
         used = "none"
     else:
-        same_stored = set(_model_tensors(index_a, False)) == set(_model_tensors(index_b, False))
-        ta, tb = _model_tensors(index_a, not same_stored), _model_tensors(index_b, not same_stored)
+        same_stored = set(model_tensors(index_a, False)) == set(model_tensors(index_b, False))
+        ta, tb = model_tensors(index_a, not same_stored), model_tensors(index_b, not same_stored)
         fam_a, fam_b = naming_family(ta), naming_family(tb)
-        recipes_a, recipes_b = _identity_recipes(ta), _identity_recipes(tb)
+        recipes_a, recipes_b = identity_recipes(ta), identity_recipes(tb)
         ignored_a, ignored_b = [], []
         mapped_a = mapped_b = False
         used = "none" if same_stored else "names"
@@ -189,7 +190,7 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
 def _with_unmapped(view: MappedView, tensors: dict) -> dict[str, Recipe]:
     """Mapped recipes plus, under their own names, tensors no rule knows (reported as only_a/only_b)."""
     recipes = dict(view.recipes)
-    recipes.update(_identity_recipes({n: tensors[n] for n in view.unmapped}))
+    recipes.update(identity_recipes({n: tensors[n] for n in view.unmapped}))
     return recipes
 
 
