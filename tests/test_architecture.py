@@ -44,3 +44,28 @@ def test_cli_inspect_never_imports_torch_or_textual(samples):
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, capture_output=True)
+
+
+def test_builtin_module_table_matches_the_readers_priorities():
+    """The lazy registry imports a module when detection reaches the priority the table gives it;
+    a wrong entry would let a later format sniff before an earlier one."""
+    from ckptscope.formats.registry import BUILTIN_MODULES, registered_readers
+
+    lowest: dict[str, int] = {}
+    for cls in registered_readers():
+        module = cls.__module__.rsplit(".", 1)[-1]
+        lowest[module] = min(lowest.get(module, cls.priority), cls.priority)
+    assert dict((m, p) for p, m in BUILTIN_MODULES) == lowest
+    assert [p for p, _ in BUILTIN_MODULES] == sorted(p for p, _ in BUILTIN_MODULES)
+
+
+def test_opening_a_safetensors_file_imports_only_the_readers_it_needs(samples):
+    code = (
+        "import sys\n"
+        "from ckptscope.formats import open_checkpoint\n"
+        f"open_checkpoint({str(samples['hf_llama_single'])!r} + '/model.safetensors').index()\n"
+        "late = [m for m in ('megatron_legacy', 'verl', 'dcp', 'megatron_dist', 'hf_dir')\n"
+        "        if 'ckptscope.formats.' + m in sys.modules]\n"
+        "assert not late, late\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

@@ -45,3 +45,16 @@ def test_no_collapse_keeps_every_layer():
     tensors = [meta(f"layers.{i}.w") for i in range(3)]
     labels = [c.label for c in build_tree(tensors, collapse=False).children[0].children]
     assert labels == ["0", "1", "2"]
+
+
+def test_totals_of_every_node_equal_the_sum_over_its_tensors():
+    """Totals are summed bottom-up once; check each node against a direct sum over names,
+    including a tensor that is also a module prefix and a sub-byte dtype."""
+    tensors = [meta("a.w", (3, 5)), meta("a", (7,)), meta("a.b.c", (2, 2), "float32"),
+               meta("a.b.d", (5,), "float4_e2m1fn"), meta("z", ())]
+    tree = build_tree(tensors, collapse=False)
+    for node in tree.walk():
+        below = [t for t in tensors if not node.path or t.name == node.path or t.name.startswith(node.path + ".")]
+        assert node.num_tensors == len(below), node.path
+        assert node.num_params == sum(t.numel for t in below), node.path
+        assert node.nbytes == sum(t.nbytes for t in below), node.path

@@ -95,6 +95,9 @@ def all_dtypes() -> tuple[DType, ...]:
 
 def dtype_by_name(name: str) -> DType:
     """Look up by torch name, with or without the ``torch.`` prefix."""
+    found = _BY_NAME.get(name)  # the canonical spelling: every TensorMeta, on every nbytes
+    if found is not None:
+        return found
     key = name.removeprefix("torch.")
     key = _ALIASES.get(key, key)
     try:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ckptscope.core.dtypes import dtype_by_name
 from ckptscope.core.tensor import TensorMeta
 
 
@@ -96,12 +97,19 @@ class CheckpointIndex:
 
     @property
     def total_bytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors.values())
+        return sum(self.bytes_per_dtype().values())
 
     def bytes_per_dtype(self) -> dict[str, int]:
-        counts: Counter[str] = Counter()
+        """Bytes per dtype, largest first. One pass, elements summed per dtype before converting
+        to bytes (this runs on every open; 20k ``nbytes`` property calls showed in profiles)."""
+        elements: Counter[str] = Counter()
+        packed: Counter[str] = Counter()  # sub-byte dtypes round up per tensor
         for t in self.tensors.values():
-            counts[t.dtype] += t.nbytes
+            elements[t.dtype] += t.numel
+        for name in elements:
+            if dtype_by_name(name).bits % 8:
+                packed[name] = sum(t.nbytes for t in self.tensors.values() if t.dtype == name)
+        counts = Counter({d: packed[d] if d in packed else dtype_by_name(d).nbytes(n) for d, n in elements.items()})
         return dict(counts.most_common())
 
     def view_meta(self, name: str) -> TensorMeta:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Iterator
 from typing import TypeVar
 
 from ckptscope.core.errors import CkptError, UnknownFormat
@@ -20,14 +21,28 @@ def register_reader(cls: R) -> R:
 
 
 def registered_readers() -> list[type[CheckpointReader]]:
-    _load_builtin_readers()
+    """Every reader, built-in ones imported, in detection order."""
+    _import_builtins(upto=None)
     return list(_READERS)
+
+
+def _readers_in_order() -> Iterator[type[CheckpointReader]]:
+    """Readers in detection order, importing each built-in module only when detection reaches
+    its priority: a safetensors file never pays for the Megatron, verl or DCP modules."""
+    tried: set[type[CheckpointReader]] = set()
+    for priority, _ in BUILTIN_MODULES:
+        _import_builtins(upto=priority)
+        for cls in list(_READERS):
+            if cls not in tried and cls.priority <= priority:
+                tried.add(cls)
+                yield cls
+    _import_builtins(upto=None)
+    yield from (cls for cls in list(_READERS) if cls not in tried)
 
 
 def detect_format(path: str | Path) -> type[CheckpointReader]:
     """The reader class for ``path``, or an error naming every format that was tried."""
     path = Path(path)
-    readers = registered_readers()
     if not path.exists():
         kind = "broken symbolic link" if path.is_symlink() else "no such file or directory"
         raise CkptError(kind, path)
@@ -37,17 +52,17 @@ def detect_format(path: str | Path) -> type[CheckpointReader]:
         except OSError as exc:
             raise CkptError(f"cannot list directory: {exc.strerror or exc}", path) from None
         if not entries:
-            raise UnknownFormat(path, [r.format_name for r in readers], "empty directory")
+            raise UnknownFormat(path, [r.format_name for r in registered_readers()], "empty directory")
     else:
         try:
             with open(path, "rb") as handle:
                 handle.read(1)
         except OSError as exc:
             raise CkptError(f"cannot read: {exc.strerror or exc}", path) from None
-    for cls in readers:
+    for cls in _readers_in_order():
         if cls.supports(path):
             return cls
-    raise UnknownFormat(path, [r.format_name for r in readers])
+    raise UnknownFormat(path, [r.format_name for r in registered_readers()])
 
 
 def open_checkpoint(path: str | Path, *, trust_pickle: bool = False) -> CheckpointReader:
@@ -56,15 +71,24 @@ def open_checkpoint(path: str | Path, *, trust_pickle: bool = False) -> Checkpoi
     return cls(Path(path), trust_pickle=trust_pickle)
 
 
-_loaded = False
+BUILTIN_MODULES: tuple[tuple[int, str], ...] = (
+    (20, "safetensors_file"), (30, "torch_zip"), (40, "torch_legacy"), (60, "hf_dir"),
+    (70, "verl"), (80, "megatron_dist"), (90, "dcp"), (100, "megatron_legacy"),
+)
+"""Built-in format modules with the lowest ``priority`` of the readers each registers, in
+detection order (tests check this against the classes). Imported on demand: together they are
+most of the time ``open`` spends importing."""
+
+_imported: set[str] = set()
 
 
-def _load_builtin_readers() -> None:
-    """Import the built-in format modules once; each registers itself."""
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    from ckptscope.formats import dcp, hf_dir, megatron_dist, safetensors_file, torch_legacy, torch_zip  # noqa: F401
-    from ckptscope.formats import megatron_legacy  # noqa: F401
-    from ckptscope.formats import verl  # noqa: F401
+def _import_builtins(upto: int | None) -> None:
+    """Import the built-in modules whose readers sniff at ``upto`` or earlier (None: all)."""
+    import importlib
+
+    for priority, module in BUILTIN_MODULES:
+        if upto is not None and priority > upto:
+            break
+        if module not in _imported:
+            importlib.import_module(f"ckptscope.formats.{module}")
+            _imported.add(module)

@@ -91,8 +91,9 @@ def parse_safetensors_header(path: Path, rel_name: str, *, allow_truncated: bool
     tensors: dict[str, TensorMeta] = {}
     spans: list[tuple[int, int, str]] = []
     truncated: list[str] = []
+    by_code: dict[str, Any] = {}
     for name, entry in header.items():
-        begin, end, meta = _parse_entry(path, name, entry, data_start, rel_name)
+        begin, end, meta = _parse_entry(path, name, entry, data_start, rel_name, by_code)
         if end > data_size and allow_truncated:
             truncated.append(name)
         elif end > data_size:
@@ -111,11 +112,17 @@ def parse_safetensors_header(path: Path, rel_name: str, *, allow_truncated: bool
                              tuple(warnings), tuple(truncated))
 
 
-def _parse_entry(path: Path, name: str, entry: Any, data_start: int, rel_name: str) -> tuple[int, int, TensorMeta]:
+def _parse_entry(path: Path, name: str, entry: Any, data_start: int, rel_name: str,
+                 by_code: dict[str, Any]) -> tuple[int, int, TensorMeta]:
+    """One header entry, validated. Runs once per tensor and dominates opening huge headers,
+    so dtypes are looked up once per code (``by_code``) and construction is positional."""
     if not isinstance(entry, dict):
         raise CkptError(f"bad safetensors header: entry {name!r} is not an object", path)
     try:
-        dtype = dtype_by_safetensors(str(entry["dtype"]))
+        code = entry["dtype"]
+        dtype = by_code.get(code) if isinstance(code, str) else None
+        if dtype is None:
+            dtype = by_code[code] = dtype_by_safetensors(str(code))
         shape = tuple(map(int, entry["shape"]))
         begin, end = map(int, entry["data_offsets"])
     except CkptError as exc:
@@ -131,7 +138,6 @@ def _parse_entry(path: Path, name: str, entry: Any, data_start: int, rel_name: s
             f"{dtype.name}{list(shape)} needs {expected}",
             path,
         )
-    # Positional construction: this runs once per tensor and dominates opening huge headers.
     chunk = Chunk((0,) * len(shape), shape, rel_name, data_start + begin, end - begin, Encoding.RAW)
     return begin, end, TensorMeta(name, dtype.name, shape, (chunk,))
 

@@ -10,13 +10,18 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckptscope.core.dtypes import dtype_by_name
 from ckptscope.core.errors import CkptError
 from ckptscope.mappings.links import materialize
 from ckptscope.ops.atomic import atomic_output, check_destination
 from ckptscope.ops.convert_plan import ConvertPlan, OutputTensor
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
 
 Progress = Callable[[str, int], None]
 """``progress(tensor_name, nbytes_written)``."""
@@ -31,6 +36,52 @@ def produce(plan: ConvertPlan, tensor: OutputTensor):
     if tensor.dtype != tensor.recipe.dtype:
         array = array.astype(dtype_by_name(tensor.dtype).numpy())
     return array
+
+
+class Prefetcher:
+    """Hands out destination tensors in plan order, producing the next one on a second thread
+    while the caller writes this one.
+
+    Reading (page faults on the source maps, block copies, fused assembly) and writing (the
+    ``write`` syscalls) then overlap: numpy's copies and file writes release the GIL. At most
+    two destination tensors are alive at once (the one being written and the next), which is
+    what the memory bound (2 x the largest tensor + 300 MB) allows. A tensor asked for out of
+    order is produced directly, so a writer that revisits tensors stays correct.
+    """
+
+    def __init__(self, plan: ConvertPlan, order: list[OutputTensor]) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._plan = plan
+        self._order = order
+        self._position = {t.name: i for i, t in enumerate(order)}
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptscope-produce")
+        self._pending: tuple[str, Future] | None = None
+
+    def get(self, tensor: OutputTensor) -> np.ndarray:
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == tensor.name:
+            array = pending[1].result()
+        else:
+            if pending is not None:
+                pending[1].cancel()
+            array = produce(self._plan, tensor)
+        following = self._position.get(tensor.name, len(self._order)) + 1
+        if following < len(self._order):
+            after = self._order[following]
+            self._pending = (after.name, self._pool.submit(produce, self._plan, after))
+        return array
+
+    def close(self) -> None:
+        """Stop: wait for a tensor being produced (it may hold the reader), drop it."""
+        self._pending = None
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> Prefetcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _safetensors_header(tensors: list[OutputTensor]) -> bytes:
@@ -50,19 +101,21 @@ def _safetensors_header(tensors: list[OutputTensor]) -> bytes:
 def write_hf(plan: ConvertPlan, out: Path, progress: Progress | None = None) -> None:
     by_name = {t.name: t for t in plan.tensors}
     weight_map: dict[str, str] = {}
-    for filename, names in plan.shards:
-        tensors = [by_name[n] for n in names]
-        with open(out / filename, "wb") as handle:
-            handle.write(_safetensors_header(tensors))
-            for t in tensors:
-                array = produce(plan, t)
-                if array.shape != t.shape:
-                    raise CkptError(f"{t.name}: assembled shape {array.shape} is not the planned {t.shape}")
-                handle.write(memoryview(array.reshape(-1).view("uint8")) if array.size else b"")
-                weight_map[t.name] = filename
-                plan.reader.release_pages()
-                if progress:
-                    progress(t.name, t.nbytes)
+    order = [by_name[n] for _, names in plan.shards for n in names]
+    with Prefetcher(plan, order) as tensors_in_order:
+        for filename, names in plan.shards:
+            tensors = [by_name[n] for n in names]
+            with open(out / filename, "wb") as handle:
+                handle.write(_safetensors_header(tensors))
+                for t in tensors:
+                    array = tensors_in_order.get(t)
+                    if array.shape != t.shape:
+                        raise CkptError(f"{t.name}: assembled shape {array.shape} is not the planned {t.shape}")
+                    handle.write(memoryview(array.reshape(-1).view("uint8")) if array.size else b"")
+                    del array
+                    weight_map[t.name] = filename
+                    if progress:
+                        progress(t.name, t.nbytes)
     if len(plan.shards) > 1:
         index = {"metadata": {"total_size": plan.total_bytes}, "weight_map": weight_map}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
@@ -77,18 +130,30 @@ def write_hf(plan: ConvertPlan, out: Path, progress: Progress | None = None) -> 
 
 
 def write_mcore(plan: ConvertPlan, out: Path, progress: Progress | None = None) -> None:
-    from ckptscope.formats.megatron_write import OutTensor, write_torch_dist, write_torch_legacy
+    from ckptscope.formats.megatron_write import OutTensor
 
     iter_dir = out / f"iter_{plan.iteration:07d}"
     iter_dir.mkdir()
-    tensors = [OutTensor(t.name, t.shape, t.dtype, (lambda t=t: produce(plan, t))) for t in plan.tensors]
+    if plan.ckpt_format == "torch":  # per-rank files revisit each tensor: no read-ahead
+        tensors = [OutTensor(t.name, t.shape, t.dtype, (lambda t=t: produce(plan, t))) for t in plan.tensors]
+        _write_mcore(plan, out, iter_dir, tensors, progress)
+        return
+    with Prefetcher(plan, list(plan.tensors)) as ahead:
+        tensors = [OutTensor(t.name, t.shape, t.dtype, (lambda t=t: ahead.get(t))) for t in plan.tensors]
+        _write_mcore(plan, out, iter_dir, tensors, progress)
+
+
+def _write_mcore(plan: ConvertPlan, out: Path, iter_dir: Path, tensors: list, progress: Progress | None) -> None:
+    from ckptscope.formats.megatron_write import write_torch_dist, write_torch_legacy
+
     by_name = {t.name: t for t in plan.tensors}
 
     def step(name_or_bytes) -> None:
         if progress:
             t = by_name.get(name_or_bytes) if isinstance(name_or_bytes, str) else None
             progress(t.name if t else "", t.nbytes if t else int(name_or_bytes or 0))
-        plan.reader.release_pages()
+        if plan.ckpt_format == "torch":  # tensors come whole and are sliced per rank: drop their pages
+            plan.reader.release_pages()
 
     args = dict(plan.megatron_args or {})
     if plan.ckpt_format == "torch":

@@ -17,8 +17,6 @@ from pathlib import Path
 
 from ckptscope.core.errors import CkptError
 from ckptscope.formats import detect_format
-from ckptscope.formats.megatron_legacy import is_complete_save
-from ckptscope.formats.verl import verl_complete
 
 TRACKER = "latest_checkpointed_iteration.txt"
 _MEGATRON = re.compile(r"^iter_(\d+)$")
@@ -61,6 +59,9 @@ def _is_complete(path: Path) -> bool:
         entries = [e.name for e in path.iterdir()]
     except OSError:
         return False
+    from ckptscope.formats.megatron_legacy import is_complete_save
+    from ckptscope.formats.verl import verl_complete
+
     verl = verl_complete(path)  # every rank file / the torch_dist marker, not just "a reader sniffs it"
     if verl is not None:
         return verl

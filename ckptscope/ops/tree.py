@@ -95,21 +95,35 @@ def build_tree(tensors: Iterable[TensorMeta], *, collapse: bool = True, root_lab
     shapes: dict[tuple, int] = {}
     root = _Trie(shapes)
     for meta in tensors:
-        numel, nbytes = meta.numel, meta.nbytes
         node = root
-        node.params += numel
-        node.nbytes += nbytes
-        node.count += 1
         for part in meta.name.split("."):
             child = node.children.get(part)
             if child is None:
                 child = node.children[part] = _Trie(shapes)
             node = child
-            node.params += numel
-            node.nbytes += nbytes
-            node.count += 1
         node.tensor = meta
+    _sum_totals(root)
     return _node(root, root_label, "", collapse)
+
+
+def _sum_totals(trie: _Trie) -> None:
+    """Fill params/bytes/count bottom-up: once per trie node, instead of once per tensor per
+    level while inserting. Recursion depth is the name depth (a dozen levels)."""
+    tensor = trie.tensor
+    if tensor is not None:
+        params, nbytes, count = tensor.numel, tensor.nbytes, 1
+    else:
+        params = nbytes = count = 0
+    for child in trie.children.values():
+        if child.children:
+            _sum_totals(child)
+        else:  # a leaf: one tensor (most nodes; skip the call)
+            leaf = child.tensor
+            child.params, child.nbytes, child.count = leaf.numel, leaf.nbytes, 1  # type: ignore[union-attr]
+        params += child.params
+        nbytes += child.nbytes
+        count += child.count
+    trie.params, trie.nbytes, trie.count = params, nbytes, count
 
 
 def _node(trie: _Trie, label: str, path: str, collapse: bool, members: tuple[str, ...] = ()) -> TreeNode:

@@ -8,6 +8,14 @@ too slow to redo on the UI thread for 20k tensors).
 the two, and the first frame comes ~2x later for no gain in time to a usable tree. Opening in a
 forked child process was measured as well: sending the index and tree back costs more than
 opening, ~0.4 s to pickle and ~0.75 s to unpickle for 20k tensors, against ~0.5 s to open.)
+
+What did pay is keeping the cyclic garbage collector out of it. Opening allocates a few hundred
+thousand small objects that all stay alive; each allocation burst triggers collections that
+traverse every live object (Textual's included), on both threads: ~40 % of the worker's time and
+half the first paint after it. So the collector is paused while opening
+(``formats.base.collector_paused``) and the result is then frozen (``gc.freeze``): moved out of
+the generations the collector scans, as CPython's docs suggest for long-lived data. Reference
+counting still frees what is dropped; bench/bench_tui_startup.py measures the effect.
 """
 
 from __future__ import annotations
@@ -38,13 +46,26 @@ class Opened:
 
 def open_path(path: str | Path, *, trust_pickle: bool = False, discover: bool = True) -> Opened:
     """Discover iterations, or open the checkpoint and build its tree. Raises ``CkptError``."""
+    import gc
+    import time
+
+    from ckptscope.formats.base import collector_paused
+
+    start = time.perf_counter()
+    try:
+        with collector_paused():
+            return _open(path, trust_pickle, discover, start)
+    finally:
+        gc.freeze()
+
+
+def _open(path: str | Path, trust_pickle: bool, discover: bool, start: float) -> Opened:
     import time
 
     from ckptscope.formats import open_checkpoint
     from ckptscope.ops.roots import discover_iterations
     from ckptscope.ops.tree import build_tree
 
-    start = time.perf_counter()
     if discover:
         found = discover_iterations(path)
         if found is not None:
