@@ -52,11 +52,12 @@ def open_path(path: str | Path, *, trust_pickle: bool = False, discover: bool = 
     from ckptscope.formats.base import collector_paused
 
     start = time.perf_counter()
-    try:
-        with collector_paused():
+    with collector_paused():
+        try:
             return _open(path, trust_pickle, discover, start)
-    finally:
-        gc.freeze()
+        finally:
+            # Before the collector is back on: otherwise its first collection walks every new object once more.
+            gc.freeze()
 
 
 def _open(path: str | Path, trust_pickle: bool, discover: bool, start: float) -> Opened:
