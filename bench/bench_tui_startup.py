@@ -35,6 +35,7 @@ from pathlib import Path
 TUI_PROBE = r"""
 import asyncio, json, sys, time
 t0 = time.perf_counter()
+import ckptscope.cli  # what `ckptscope open` imports before the app (click, the command table)
 from ckptscope.tui import make_app
 from ckptscope.tui.widgets.tensor_tree import TensorTree
 
