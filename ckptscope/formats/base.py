@@ -161,6 +161,52 @@ class CheckpointReader(ABC):
                 out[tuple(target)] = self._read_chunk(meta, chunk, tuple(local))
         return out
 
+    def byte_span(self, name: str, region: Region | None = None) -> tuple[Path, int, int] | None:
+        """``(file, offset, length)`` holding exactly the C-order bytes of ``region`` of a tensor,
+        or None when they are not stored as one contiguous run (several chunks, strided or
+        big-endian storage, sub-byte dtypes, a box that cuts rows). Writers copy such runs
+        file-to-file in the kernel instead of through memory; everything else goes via ``read``."""
+        index = self.index()
+        if name not in index.tensors and name in index.views:
+            stored_name, layer = index.views[name]
+            stored = self.meta(stored_name)
+            bounds = normalize_region(stored.shape[1:], region)
+            return self.byte_span(stored_name, (slice(layer, layer + 1),) + tuple(slice(lo, hi) for lo, hi in bounds))
+        meta = self.meta(name)
+        bounds = normalize_region(meta.shape, region)
+        dtype = meta.dtype_info
+        if dtype.bits % 8:
+            return None
+        inside = [c for c in meta.chunks if all(off <= lo and hi <= off + size
+                                                 for (lo, hi), off, size in zip(bounds, c.offsets, c.shape))]
+        if len(inside) != 1:
+            return None
+        chunk = self._raw_chunk(meta, inside[0])
+        if chunk.encoding is not Encoding.RAW or chunk.big_endian:
+            return None
+        local = [(lo - off, hi - off) for (lo, hi), off in zip(bounds, chunk.offsets)]
+        # Contiguous in C order: single indices, then one axis cut anywhere, then whole axes.
+        axis = 0
+        while axis < len(local) and local[axis][1] - local[axis][0] == 1:
+            axis += 1
+        if any(local[a] != (0, chunk.shape[a]) for a in range(axis + 1, len(local))):
+            return None
+        start = 0
+        for a, (lo, _) in enumerate(local):
+            start = start * chunk.shape[a] + lo
+        numel = 1
+        for lo, hi in local:
+            numel *= hi - lo
+        offset, length = chunk.byte_offset + start * dtype.itemsize, numel * dtype.itemsize
+        if offset + length > chunk.byte_offset + chunk.byte_length:
+            return None
+        return self._file_path(chunk.file), offset, length
+
+    def _raw_chunk(self, meta: TensorMeta, chunk: Chunk) -> Chunk:
+        """The chunk as the raw bytes it holds; formats whose chunks wrap their bytes in a
+        container (DCP's per-item ``torch.save`` zips) resolve it here."""
+        return chunk
+
     def _read_view(self, name: str, region: Region | None) -> "np.ndarray":
         """A per-layer view is the box ``[layer, region...]`` of its stored tensor, layer axis dropped."""
         stored_name, layer = self.index().views[name]

@@ -409,9 +409,10 @@ class DcpReader(CheckpointReader):
     # --- reading -----------------------------------------------------------------------------
 
     def _read_chunk(self, meta: TensorMeta, chunk: Chunk, local: tuple[tuple[int, int], ...]) -> Any:
-        if chunk.encoding is Encoding.TORCH_ZIP_ITEM:
-            chunk = self._zip_item_chunk(meta, chunk)
-        return super()._read_chunk(meta, chunk, local)
+        return super()._read_chunk(meta, self._raw_chunk(meta, chunk), local)
+
+    def _raw_chunk(self, meta: TensorMeta, chunk: Chunk) -> Chunk:
+        return self._zip_item_chunk(meta, chunk) if chunk.encoding is Encoding.TORCH_ZIP_ITEM else chunk
 
     def _zip_item_chunk(self, meta: TensorMeta, chunk: Chunk) -> Chunk:
         """The raw/strided chunk inside an embedded torch.save zip (parsed once, then cached)."""

@@ -21,11 +21,16 @@
 Megatron's own writers need an initialised process group and the whole model in memory; a
 converter has neither. Here each ``OutTensor.produce`` is called exactly once, when its bytes are
 due, and the array is dropped before the next one, so the peak is about one tensor whatever the
-model size. For torch_dist every chunk is one ``torch.save`` appended to a data file, which is how
-torch's ``FileSystemWriter`` stores an item (§5.4); that writer itself is not used because it keeps
-every tensor it wrote alive until its file is closed.
+model size. For torch_dist every chunk is one ``torch.save`` container appended to a data file,
+which is how torch's ``FileSystemWriter`` stores an item (§5.4); that writer itself is not used
+because it keeps every tensor it wrote alive until its file is closed.
 
-torch is imported inside the writers: importing this module stays cheap.
+The torch_dist writer does not import torch at all (``import torch`` alone takes longer than
+converting a small model): containers come from ``torch_zip_write``, ``.metadata`` from
+``dcp_metadata_write``, ``common.pt`` from ``torch_write.repickle``; tests load the results with
+torch and megatron-core. A tensor offered as file byte runs (``OutTensor.runs``) is copied file to
+file by the kernel, its CRC computed on a second thread from the same cached pages. The legacy
+per-rank writer still uses torch.
 """
 
 from __future__ import annotations
@@ -34,13 +39,16 @@ import argparse
 import io
 import json
 import os
-import pickle
 import uuid
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ckptscope.core.dtypes import DType, dtype_by_name
 from ckptscope.core.errors import CkptError
+from ckptscope.formats.dcp_metadata_write import BytesItem, ChunkItem, metadata_bytes
+from ckptscope.formats.filecopy import copy_range
 from ckptscope.formats.megatron_write_legacy import legacy_rank_dir, write_torch_legacy
 from ckptscope.formats.megatron_write_model import (
     DIST_EXPERTS,
@@ -56,11 +64,15 @@ from ckptscope.formats.megatron_write_model import (
     Progress,
     analyse,
     check_spec,
-    extra_state_value,
     pipeline_layer_ranges,
     produce_array,
-    torch_view,
 )
+from ckptscope.formats.safe_pickle import StorageRef, TensorRef
+from ckptscope.formats.torch_write import repickle
+from ckptscope.formats.torch_zip_write import Copied, crc32, tensor_pickle, write_torch_save
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
 
 __all__ = ["OutTensor", "Progress", "legacy_rank_dir", "pipeline_layer_ranges", "write_torch_dist",
            "write_torch_legacy"]
@@ -132,7 +144,8 @@ def _extra_state_objects(model: ModelTensors) -> list[str]:
 
 
 class _DataFile:
-    """One ``.distcp`` file being appended to: each item a self-contained ``torch.save`` zip, or raw bytes."""
+    """One ``.distcp`` file being appended to: each item a self-contained ``torch.save`` container
+    (written by ``torch_zip_write``, no torch), or raw bytes."""
 
     def __init__(self, path: Path) -> None:
         self.name = path.name
@@ -140,24 +153,39 @@ class _DataFile:
         self.size = 0
 
     def write(self, data: Any) -> int:
-        """What torch.save calls. No seek or tell: torch's zip offsets then count from the item's start,
-        as with the ``NoCloseWriter`` torch's ``FileSystemWriter`` hands it."""
         n = self.handle.write(data)
         self.size += n
         return n
 
-    def flush(self) -> None:
-        self.handle.flush()
-
-    def append(self, payload: Any) -> tuple[int, int]:
-        """Append bytes, or ``torch.save`` a tensor; returns (offset, length)."""
-        import torch
-
+    def append(self, payload: bytes) -> tuple[int, int]:
+        """Append raw bytes (a ShardedObject's item); returns (offset, length)."""
         start = self.size
-        if isinstance(payload, (bytes, bytearray, memoryview)):
-            self.write(payload)
-        else:
-            torch.save(payload, self)  # type: ignore[arg-type]
+        self.write(payload)
+        return start, self.size - start
+
+    def append_tensor(self, array: np.ndarray, dtype: DType) -> tuple[int, int]:
+        """Append one C-contiguous array as ``torch.save`` would store the tensor; returns
+        (offset, length). The container's offsets count from the item's start, as with the
+        ``NoCloseWriter`` stream torch's ``FileSystemWriter`` hands ``torch.save``."""
+        start = self.size
+        data = array.reshape(-1).view("uint8")
+        write_torch_save(self.write, tensor_pickle(dtype, array.shape), [("0", data, crc32(data))])
+        return start, self.size - start
+
+    def append_runs(self, runs: list[tuple[Path, int, int]], shape: tuple[int, ...], dtype: DType,
+                    checksums: Executor) -> tuple[int, int]:
+        """Append a tensor whose bytes are ``runs`` of source files: the data is copied file to
+        file by the kernel while a second thread reads the same (cached) pages for the CRC."""
+        start = self.size
+        size = sum(length for _, _, length in runs)
+        crc = checksums.submit(runs_crc32, runs)
+
+        def copy() -> None:
+            for path, offset, length in runs:
+                copy_range(path, self.handle, offset, length)
+            self.size += size
+
+        write_torch_save(self.write, tensor_pickle(dtype, shape), [("0", Copied(size, copy, crc.result), None)])
         return start, self.size - start
 
     def close(self) -> None:
@@ -165,64 +193,78 @@ class _DataFile:
 
 
 class _Metadata:
-    """The ``.metadata`` being collected as items are written, with torch's own classes."""
+    """The items of ``.metadata`` in write order, pickled at the end by ``dcp_metadata_write``
+    (torch's DCP ``Metadata`` with Megatron's ``all_local_plans``, written without torch)."""
 
     def __init__(self) -> None:
-        from torch.distributed.checkpoint import filesystem, metadata, planner
-
-        self.md, self.fs, self.planner = metadata, filesystem, planner
-        self.state: dict[str, Any] = {}
-        self.storage: dict[Any, Any] = {}
-        self.items: list[Any] = []
+        self.items: list[ChunkItem | BytesItem] = []
 
     def add_bytes(self, key: str, file: str, offset: int, length: int) -> None:
-        index = self.md.MetadataIndex(key)
-        self.storage[index] = self.fs._StorageInfo(file, offset, length)
-        self.state[key] = self.md.BytesStorageMetadata()
-        self.items.append(self.planner.WriteItem(index=index, type=self.planner.WriteItemType.BYTE_IO))
+        self.items.append(BytesItem(key, file, offset, length))
 
-    def add_chunk(self, chunk: _Chunk, dtype: Any, file: str, offset: int, length: int) -> None:
-        import torch
-
-        md = self.md
-        index = md.MetadataIndex(chunk.key, chunk.offsets)
-        self.storage[index] = self.fs._StorageInfo(file, offset, length)
-        properties = md.TensorProperties(dtype=dtype)
-        entry = self.state.get(chunk.key)
-        if entry is None:
-            entry = self.state[chunk.key] = md.TensorStorageMetadata(properties, torch.Size(chunk.global_shape), [])
-        placement = md.ChunkStorageMetadata(torch.Size(chunk.offsets), torch.Size(chunk.sizes))
-        entry.chunks.append(placement)
-        self.items.append(self.planner.WriteItem(
-            index=index, type=self.planner.WriteItemType.SHARD,
-            tensor_data=self.planner.TensorWriteData(chunk=placement, properties=properties,
-                                                     size=torch.Size(chunk.global_shape))))
+    def add_chunk(self, chunk: _Chunk, dtype_name: str, file: str, offset: int, length: int) -> None:
+        self.items.append(ChunkItem(chunk.key, chunk.offsets, chunk.sizes, chunk.global_shape, dtype_name,
+                                    file, offset, length))
 
     def dump(self, path: Path, checkpoint_id: str) -> None:
-        metadata = self.md.Metadata(
-            state_dict_metadata=self.state, planner_data=None, storage_data=self.storage,
-            storage_meta=self.md.StorageMeta(checkpoint_id=checkpoint_id, save_id=str(uuid.uuid4())),
-            version=DCP_VERSION)
-        # megatron-core's save caches the local plans here (only to reuse a plan on a later save of
-        # the same structure); a one-rank save has one plan.
-        metadata.all_local_plans = [self.planner.SavePlan(items=self.items, planner_data={})]  # type: ignore[attr-defined]
+        data = metadata_bytes(self.items, checkpoint_id=checkpoint_id, save_id=str(uuid.uuid4()), version=DCP_VERSION)
         tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as handle:
-            pickle.dump(metadata, handle)
+        tmp.write_bytes(data)
         os.replace(tmp, path)
 
 
-def _write_tensor(entry: Entry, chunks: list[_Chunk], files: list[_DataFile], meta: _Metadata) -> None:
-    """Produce one tensor and append its chunks (locals die on return: the array never outlives its turn)."""
-    import torch
+def runs_crc32(runs: list[tuple[Path, int, int]]) -> int:
+    """CRC-32 of the concatenated byte runs, read through short-lived maps (zlib releases the GIL)."""
+    import mmap
+    import zlib
 
+    value = 0
+    for path, offset, length in runs:
+        if not length:
+            continue
+        with open(path, "rb") as handle:
+            base = offset - offset % mmap.ALLOCATIONGRANULARITY
+            with mmap.mmap(handle.fileno(), length + offset - base, access=mmap.ACCESS_READ, offset=base) as mapped:
+                view = memoryview(mapped)
+                try:
+                    value = zlib.crc32(view[offset - base:], value)
+                finally:
+                    view.release()
+    return value & 0xFFFFFFFF
+
+
+def slice_runs(runs: list[tuple[Path, int, int]], start: int, stop: int) -> list[tuple[Path, int, int]]:
+    """Bytes ``[start, stop)`` of the concatenation of ``runs``, as runs."""
+    out, position = [], 0
+    for path, offset, length in runs:
+        lo, hi = max(start, position), min(stop, position + length)
+        if lo < hi:
+            out.append((path, offset + lo - position, hi - lo))
+        position += length
+    return out
+
+
+def _write_tensor(entry: Entry, chunks: list[_Chunk], files: list[_DataFile], meta: _Metadata,
+                  checksums: Executor) -> None:
+    """Produce one tensor and append its chunks (locals die on return: the array never outlives its turn)."""
+    import numpy as np
+
+    runs = entry.out.runs() if entry.out.runs is not None else None
+    if runs is not None:
+        row_bytes = entry.nbytes // entry.out.shape[0] if entry.out.shape and entry.out.shape[0] else 0
+        for chunk in chunks:
+            lo, hi = chunk.rows if chunk.rows is not None else (0, entry.out.shape[0] if entry.out.shape else 1)
+            part = slice_runs(runs, lo * row_bytes, hi * row_bytes) if chunk.rows is not None else runs
+            target = min(files, key=lambda f: f.size)
+            offset, length = target.append_runs(part, chunk.sizes, entry.dtype, checksums)
+            meta.add_chunk(chunk, entry.dtype.name, target.name, offset, length)
+        return
     array = produce_array(entry)
-    dtype = getattr(torch, entry.dtype.name)
     for chunk in chunks:
         part = array if chunk.rows is None else array[chunk.rows[0]:chunk.rows[1]]
         target = min(files, key=lambda f: f.size)  # torch's greedy balancing of bytes over files
-        offset, length = target.append(torch_view(part.reshape(chunk.sizes), entry.dtype))
-        meta.add_chunk(chunk, dtype, target.name, offset, length)
+        offset, length = target.append_tensor(np.ascontiguousarray(part).reshape(chunk.sizes), entry.dtype)
+        meta.add_chunk(chunk, entry.dtype.name, target.name, offset, length)
 
 
 def write_torch_dist(iter_dir: Path, tensors: list[OutTensor], *, args: dict, iteration: int, spec: str = "local",
@@ -243,30 +285,43 @@ def write_torch_dist(iter_dir: Path, tensors: list[OutTensor], *, args: dict, it
         raise CkptError("num_files must be at least 1")
     model = analyse(tensors, args)
     namespace = argparse.Namespace(**args)
-    import torch
 
     iter_dir = Path(iter_dir)
     iter_dir.mkdir(parents=True, exist_ok=True)
     meta = _Metadata()
     # ShardedObjects: each layer linear's _extra_state; the bytes are a torch.save of the list of the
     # rank's local objects (_mcore_to_torch_sharded_object, FORMATS.md §4.4).
-    buffer = io.BytesIO()
-    torch.save([extra_state_value(spec)], buffer)
-    payload = buffer.getvalue()
+    payload = _saved_extra_state(spec)
     objects = _extra_state_objects(model)
     files = [_DataFile(iter_dir / f"__0_{k}.distcp") for k in range(num_files)]
+    checksums = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptscope-crc")
     try:
         for j, key in enumerate(objects):  # as torch's writer: bytes items first, round robin over the files
             offset, length = files[j % num_files].append(payload)
             meta.add_bytes(key, files[j % num_files].name, offset, length)
         for entry in model.entries:
-            _write_tensor(entry, _chunks(entry, model, spec), files, meta)
+            _write_tensor(entry, _chunks(entry, model, spec), files, meta, checksums)
             if progress:
                 progress(entry.nbytes)
     finally:
+        checksums.shutdown(wait=True, cancel_futures=True)
         for data_file in files:
             data_file.close()
     meta.dump(iter_dir / ".metadata", str(checkpoint_id or iter_dir))
-    torch.save({"args": namespace, "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration},
-               iter_dir / COMMON_FILE)
+    common, _ = repickle({"args": namespace, "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration})
+    with open(iter_dir / COMMON_FILE, "wb") as handle:
+        write_torch_save(handle.write, common, [])
     (iter_dir / MARKER_FILE).write_text(json.dumps(MARKER))
+
+
+def _saved_extra_state(spec: str) -> bytes:
+    """``torch.save([get_extra_state()])`` of a linear without FP8, written without torch: ``[None]``
+    (local spec) or ``[empty uint8 tensor]`` (TE, see ``extra_state_value``)."""
+    buffer = io.BytesIO()
+    if spec == "local":
+        write_torch_save(buffer.write, repickle([None])[0], [])
+        return buffer.getvalue()
+    uint8 = dtype_by_name("uint8")
+    empty = TensorRef(StorageRef("0", uint8, "cpu", 0, "torch.ByteStorage"), 0, (0,), (1,), uint8)
+    write_torch_save(buffer.write, repickle([empty])[0], [("0", b"", None)])
+    return buffer.getvalue()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ckptscope.core.dtypes import DType, dtype_by_name
@@ -41,6 +42,10 @@ class OutTensor:
     shape: tuple[int, ...]
     dtype: str
     produce: Callable[[], np.ndarray]
+    runs: Callable[[], list[tuple[Path, int, int]] | None] | None = None
+    """Optional: the tensor's bytes (C order, ``dtype``) as file byte runs to concatenate, or None
+    when they are not stored that way. The torch_dist writer then copies them file to file in the
+    kernel (``copy_file_range``) instead of calling ``produce``."""
 
 
 LAYERS = "decoder.layers."
@@ -242,7 +247,7 @@ def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
         seen.add((layer, sub))
         if layout == GLU and shape[0] % 2:
             raise CkptError(f"{out.name}: SwiGLU fc1 needs an even number of rows ([gate; up]), got {shape}")
-        entry = Entry(OutTensor(out.name, shape, dtype.name, out.produce), dtype, layer, sub, layout,
+        entry = Entry(OutTensor(out.name, shape, dtype.name, out.produce, out.runs), dtype, layer, sub, layout,
                       expert[0] if expert else None, expert[1] if expert else "")
         entries.append(entry)
         if layer is not None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TypeVar
 
 from ckptscope.core.errors import CkptError, UnknownFormat
@@ -32,7 +32,7 @@ def _readers_in_order() -> Iterator[type[CheckpointReader]]:
     tried: set[type[CheckpointReader]] = set()
     for priority, _ in BUILTIN_MODULES:
         _import_builtins(upto=priority)
-        for cls in list(_READERS):
+        for cls in _READERS:
             if cls not in tried and cls.priority <= priority:
                 tried.add(cls)
                 yield cls

@@ -47,35 +47,6 @@ def atomic_output(dst: Path, *, directory: bool, overwrite: bool = False) -> Ite
     shutil.rmtree(tmp_root, ignore_errors=True)
 
 
-def copy_range(src: Path, dst_handle, offset: int, length: int) -> None:
-    """Copy ``length`` bytes of ``src`` from ``offset`` into ``dst_handle`` (kernel-side when possible)."""
-    with open(src, "rb") as source:
-        remaining = length
-        pos = offset
-        out_fd = dst_handle.fileno()
-        dst_handle.flush()
-        use_kernel = hasattr(os, "copy_file_range")
-        while remaining > 0:
-            if use_kernel:
-                try:
-                    done = os.copy_file_range(source.fileno(), out_fd, remaining, pos)
-                except OSError:
-                    use_kernel = False
-                    continue
-                if done == 0:
-                    raise CkptError(f"unexpected end of file at byte {pos}", src)
-            else:
-                source.seek(pos)
-                block = source.read(min(remaining, 64 << 20))
-                if not block:
-                    raise CkptError(f"unexpected end of file at byte {pos}", src)
-                dst_handle.write(block)
-                dst_handle.flush()
-                done = len(block)
-            pos += done
-            remaining -= done
-
-
 def link_or_copy(src: Path, dst: Path) -> str:
     """Hard-link when the filesystem allows it (data files that do not change), else copy."""
     try:

@@ -14,8 +14,11 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from typing_extensions import Self
+
 from ckptscope.core.dtypes import dtype_by_name
 from ckptscope.core.errors import CkptError
+from ckptscope.formats.filecopy import copy_range
 from ckptscope.mappings.links import materialize
 from ckptscope.ops.atomic import atomic_output, check_destination
 from ckptscope.ops.convert_plan import ConvertPlan, OutputTensor
@@ -77,11 +80,39 @@ class Prefetcher:
         self._pending = None
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def __enter__(self) -> Prefetcher:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def file_runs(plan: ConvertPlan, tensor: OutputTensor) -> list[tuple[Path, int, int]] | None:
+    """The destination tensor as source file byte runs to concatenate, when it is one: no cast,
+    no zero fill, and pieces that tile it along its first axis in order, each a contiguous run
+    of its source (a renamed tensor, one layer of a stacked one, q/k/v or gate/up rows of a fused
+    one). Such tensors are copied file to file by the kernel, as ``cp`` does; None otherwise."""
+    from ckptscope.mappings.links import source_slices
+
+    recipe = tensor.recipe
+    if tensor.dtype != recipe.dtype or recipe.fill or not recipe.pieces or not recipe.shape:
+        return None
+    pieces = sorted(recipe.pieces, key=lambda p: p.dst_box[0][0])
+    row = 0
+    for piece in pieces:
+        first, rest = piece.dst_box[0], piece.dst_box[1:]
+        if first[0] != row or any(box != (0, n) for box, n in zip(rest, recipe.shape[1:])):
+            return None
+        row = first[1]
+    if row != recipe.shape[0]:
+        return None
+    runs = []
+    for piece in pieces:
+        span = plan.reader.byte_span(piece.source, source_slices(piece, piece.dst_box))
+        if span is None:
+            return None
+        runs.append(span)
+    return runs
 
 
 def _safetensors_header(tensors: list[OutputTensor]) -> bytes:
@@ -101,13 +132,22 @@ def _safetensors_header(tensors: list[OutputTensor]) -> bytes:
 def write_hf(plan: ConvertPlan, out: Path, progress: Progress | None = None) -> None:
     by_name = {t.name: t for t in plan.tensors}
     weight_map: dict[str, str] = {}
-    order = [by_name[n] for _, names in plan.shards for n in names]
+    runs = {t.name: file_runs(plan, t) for t in plan.tensors}
+    order = [by_name[n] for _, names in plan.shards for n in names if runs[n] is None]
     with Prefetcher(plan, order) as tensors_in_order:
         for filename, names in plan.shards:
             tensors = [by_name[n] for n in names]
             with open(out / filename, "wb") as handle:
                 handle.write(_safetensors_header(tensors))
                 for t in tensors:
+                    spans = runs[t.name]
+                    if spans is not None:
+                        for path, offset, length in spans:
+                            copy_range(path, handle, offset, length)
+                        weight_map[t.name] = filename
+                        if progress:
+                            progress(t.name, t.nbytes)
+                        continue
                     array = tensors_in_order.get(t)
                     if array.shape != t.shape:
                         raise CkptError(f"{t.name}: assembled shape {array.shape} is not the planned {t.shape}")
@@ -138,8 +178,11 @@ def write_mcore(plan: ConvertPlan, out: Path, progress: Progress | None = None) 
         tensors = [OutTensor(t.name, t.shape, t.dtype, (lambda t=t: produce(plan, t))) for t in plan.tensors]
         _write_mcore(plan, out, iter_dir, tensors, progress)
         return
-    with Prefetcher(plan, list(plan.tensors)) as ahead:
-        tensors = [OutTensor(t.name, t.shape, t.dtype, (lambda t=t: ahead.get(t))) for t in plan.tensors]
+    runs = {t.name: file_runs(plan, t) for t in plan.tensors}
+    order = [t for t in plan.tensors if runs[t.name] is None]
+    with Prefetcher(plan, order) as ahead:
+        tensors = [OutTensor(t.name, t.shape, t.dtype, (lambda t=t: ahead.get(t)), (lambda t=t: runs[t.name]))
+                   for t in plan.tensors]
         _write_mcore(plan, out, iter_dir, tensors, progress)
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex
+from ckptscope.formats.filecopy import copy_range
 from ckptscope.formats.safetensors_file import parse_safetensors_header
 from ckptscope.formats.safetensors_write import write_renamed
-from ckptscope.ops.atomic import copy_range
 from ckptscope.ops.rename import FileAction, RenamePlan, register_rename_writer
 from ckptscope.ops.rename_plan import NameChanges
 

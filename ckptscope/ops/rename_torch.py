@@ -20,11 +20,11 @@ from typing import Any
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex
+from ckptscope.formats.filecopy import copy_range
 from ckptscope.formats.safe_pickle import TensorRef
 from ckptscope.formats.torch_legacy import read_legacy_stream
 from ckptscope.formats.torch_pickle import StoragePlacement, flatten_paths, is_torch_zip, read_torch_zip
 from ckptscope.formats.torch_write import write_torch_legacy, write_torch_zip
-from ckptscope.ops.atomic import copy_range
 from ckptscope.ops.rename import FileAction, RenamePlan, register_rename_writer
 from ckptscope.ops.rename_plan import NameChanges
 from ckptscope.ops.rename_safetensors import hf_side_files, regenerate_hf_index
