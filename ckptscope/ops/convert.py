@@ -14,8 +14,6 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from typing_extensions import Self
-
 from ckptscope.core.dtypes import dtype_by_name
 from ckptscope.core.errors import CkptError
 from ckptscope.formats.filecopy import copy_range
@@ -80,7 +78,7 @@ class Prefetcher:
         self._pending = None
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> Prefetcher:  # noqa: PYI034 -- a final class; typing.Self needs 3.11
         return self
 
     def __exit__(self, *exc: object) -> None:
