@@ -436,3 +436,48 @@ def test_moe_te_spec_names(models, tmp_path):
     summary = dcp_summary(tmp_path / "dist")
     assert "decoder.layers.pre_mlp_layernorm.weight" in summary
     assert "decoder.layers." + LOCAL_NORM_ON_DISK not in summary
+
+
+# --- expert parallelism from the command line ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("tp,ep", [(1, 2), (2, 2), (1, 4)])
+def test_moe_round_trip_with_expert_parallel_ranks_is_bit_exact(hf_dirs, kind, tp, ep):
+    from ckptscope.ops.verify import verify_round_trip
+
+    report = verify_round_trip(hf_dirs[kind], via="mcore", tp=tp, ep=ep, ckpt_format="torch")
+    assert report.identical, [r.to_json() for r in report.results if r.differs]
+    assert report.summary()["equal"] == report.summary()["compared"] > 40
+    assert f"ep {ep}" in report.b
+
+
+def test_convert_ep_writes_one_dir_per_expert_rank_with_its_experts(hf_dirs, cli, tmp_path):
+    dst = tmp_path / "mc"
+    result = cli("convert", str(hf_dirs["mixtral"]), str(dst), "--to", "mcore", "--ckpt-format", "torch",
+                 "--tp", "2", "--ep", "2")
+    assert result.code == 0, result.err
+    iter_dir = dst / "iter_0000000"
+    assert sorted(p.name for p in iter_dir.iterdir()) == [legacy_rank_dir(t, 0, 1, e, 2)
+                                                           for t in range(2) for e in range(2)]
+    for e in range(2):
+        state = torch.load(iter_dir / legacy_rank_dir(0, 0, 1, e, 2) / "model_optim_rng.pt", weights_only=False)
+        assert state["args"].expert_model_parallel_size == 2
+        local = sorted({k.split("local_experts.")[1].split(".")[0] for k in state["model"] if "local_experts." in k})
+        assert local == ["0", "1"]  # 4 experts over 2 ranks: local ids 0-1 on each
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--ep", "2"], "--ckpt-format torch"),                          # torch_dist does not depend on EP
+    (["--ep", "3", "--ckpt-format", "torch"], "divides"),            # 4 experts
+])
+def test_bad_expert_parallel_requests_exit_2(hf_dirs, cli, tmp_path, argv, message):
+    result = cli("convert", str(hf_dirs["mixtral"]), str(tmp_path / "x"), "--to", "mcore", *argv)
+    assert result.code == 2 and message in result.err and "Traceback" not in result.err
+    assert not (tmp_path / "x").exists()
+
+
+def test_expert_parallel_on_a_dense_model_exits_2(cli, tmp_path):
+    result = cli("convert", str(SAMPLES / "hf_llama_gqa"), str(tmp_path / "x"), "--to", "mcore",
+                 "--ckpt-format", "torch", "--ep", "2")
+    assert result.code == 2 and "MoE" in result.err

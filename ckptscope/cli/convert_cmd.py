@@ -22,8 +22,15 @@ def _progress(total_tensors: int, total_bytes: int, quiet: bool):
     if quiet or not sys.stderr.isatty():
         return nullcontext(), None
     from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn, TransferSpeedColumn)
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TransferSpeedColumn,
+    )
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                         TextColumn("tensors"), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -47,7 +54,8 @@ def print_plan(plan, as_json: bool) -> None:
     data = plan.to_json()
     click.echo(f"{plan.src} -> {plan.dst}: to {plan.target} ({data['format']}), arch {plan.arch}, "
                f"{len(plan.tensors)} tensors, {human_bytes(plan.total_bytes)}"
-               + (f", tp {plan.tp} pp {plan.pp}" if plan.target == "mcore" else f", {len(plan.shards)} file(s)"))
+               + (f", tp {plan.tp} pp {plan.pp}" + (f" ep {plan.ep}" if plan.ep > 1 else "") if plan.target == "mcore"
+                  else f", {len(plan.shards)} file(s)"))
     for note in plan.notes:
         click.echo(f"note: {note}")
     for t in data["tensors"]:
@@ -66,14 +74,14 @@ def _source_text(source: dict) -> str:
     return source["source"] + "[" + ", ".join(f"{a}:{b}" for a, b in box) + "]"
 
 
-def run_convert(src: str, dst: str, *, to: str, tp: int = 1, pp: int = 1, ckpt_format: str = "torch_dist",
+def run_convert(src: str, dst: str, *, to: str, tp: int = 1, pp: int = 1, ep: int = 1, ckpt_format: str = "torch_dist",
                 dtype: str = "keep", hf_config: str | None = None, arch: str | None = None,
                 max_shard_size: str = "5GB", dry_run: bool = False, overwrite: bool = False, as_json: bool = False,
                 trust_pickle: bool = False, quiet: bool = False) -> None:
     from ckptscope.ops.convert import execute_convert
     from ckptscope.ops.convert_plan import plan_convert
 
-    plan = plan_convert(src, dst, to=to, tp=tp, pp=pp, ckpt_format=ckpt_format, dtype=dtype, hf_config=hf_config,
+    plan = plan_convert(src, dst, to=to, tp=tp, pp=pp, ep=ep, ckpt_format=ckpt_format, dtype=dtype, hf_config=hf_config,
                         arch=arch, max_shard_size=max_shard_size, trust_pickle=trust_pickle)
     if dry_run:
         print_plan(plan, as_json)
@@ -115,14 +123,16 @@ def common_options(fn):
 @click.option("--to", "to", type=click.Choice(["hf", "mcore"]), required=True, help="Target format family.")
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor parallel size (mcore).")
 @click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline parallel size (mcore).")
+@click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Expert parallel size (MoE, --ckpt-format torch: one mp_rank_TT_PPP_EEE dir per expert rank).")
 @click.option("--ckpt-format", type=click.Choice(["torch_dist", "torch"]), default="torch_dist", show_default=True)
 @common_options
-def convert(src, dst, to, tp, pp, ckpt_format, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, as_json,
+def convert(src, dst, to, tp, pp, ep, ckpt_format, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, as_json,
             trust_pickle) -> None:
     """Convert SRC to HF safetensors or to a Megatron-Core save root (torch_dist or per-rank torch)."""
-    if to == "hf" and (tp != 1 or pp != 1):
-        raise CkptError("--tp/--pp only apply to --to mcore")
-    run_convert(src, dst, to=to, tp=tp, pp=pp, ckpt_format=ckpt_format, dtype=dtype, hf_config=hf_config, arch=arch,
+    if to == "hf" and (tp != 1 or pp != 1 or ep != 1):
+        raise CkptError("--tp/--pp/--ep only apply to --to mcore")
+    run_convert(src, dst, to=to, tp=tp, pp=pp, ep=ep, ckpt_format=ckpt_format, dtype=dtype, hf_config=hf_config, arch=arch,
                 max_shard_size=max_shard_size, dry_run=dry_run, overwrite=overwrite, as_json=as_json,
                 trust_pickle=trust_pickle)
 
@@ -142,16 +152,17 @@ def merge(src, dst, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, 
 @click.option("--via", type=click.Choice(["mcore", "hf"]), default="mcore", show_default=True)
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True, help="Expert parallel size (MoE, torch).")
 @click.option("--ckpt-format", type=click.Choice(["torch_dist", "torch"]), default="torch_dist", show_default=True)
 @click.option("--arch", help="Architecture when the checkpoint does not say.")
 @click.option("--hf-config", type=click.Path(path_type=str), help="Directory with the HF config.json to use.")
 @click.option("--json", "as_json", is_flag=True, help="Print the diff report as one JSON object.")
-def verify(src, via, tp, pp, ckpt_format, arch, hf_config, as_json) -> None:
+def verify(src, via, tp, pp, ep, ckpt_format, arch, hf_config, as_json) -> None:
     """Convert SRC to the target and back in a temp dir, then diff bitwise. Exit 0 iff identical."""
     from ckptscope.cli.diff_cmd import print_report
     from ckptscope.ops.verify import verify_round_trip
 
-    report = verify_round_trip(src, via=via, tp=tp, pp=pp, ckpt_format=ckpt_format, arch=arch, hf_config=hf_config)
+    report = verify_round_trip(src, via=via, tp=tp, pp=pp, ep=ep, ckpt_format=ckpt_format, arch=arch, hf_config=hf_config)
     if as_json:
         click.echo(json.dumps(report.to_json(), allow_nan=False))
     else:

@@ -217,7 +217,7 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
     return out
 
 
-def to_megatron_args(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ckpt_format: str = "torch_dist",
+def to_megatron_args(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1, ckpt_format: str = "torch_dist",
                      make_vocab_size_divisible_by: int = 128) -> dict[str, Any]:
     """The Megatron argument values a checkpoint of ``cfg`` carries (names as in arguments.py)."""
     heads = cfg.require("num_attention_heads")
@@ -254,7 +254,7 @@ def to_megatron_args(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ckpt_format:
     if cfg.is_moe:
         args["num_experts"] = cfg.num_experts
         args["moe_ffn_hidden_size"] = cfg.moe_ffn_hidden_size
-        args["expert_model_parallel_size"] = 1
+        args["expert_model_parallel_size"] = ep
         if cfg.moe_router_topk:
             args["moe_router_topk"] = cfg.moe_router_topk
         if cfg.shared_expert_ffn_hidden_size:

@@ -92,6 +92,7 @@ class ConvertPlan:
     ckpt_format: str = "torch_dist"
     tp: int = 1
     pp: int = 1
+    ep: int = 1
     iteration: int = 0
     shards: list[tuple[str, list[str]]] = field(default_factory=list)
     copies: list[tuple[Path, str]] = field(default_factory=list)
@@ -107,7 +108,7 @@ class ConvertPlan:
         return {
             "src": self.src, "dst": self.dst, "to": self.target, "arch": self.arch,
             "format": self.ckpt_format if self.target == "mcore" else "hf",
-            "tp": self.tp, "pp": self.pp, "iteration": self.iteration,
+            "tp": self.tp, "pp": self.pp, "ep": self.ep, "iteration": self.iteration,
             "bytes": self.total_bytes,
             "tensors": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype,
                          "sources": [_piece_json(p) for p in t.recipe.pieces],
@@ -162,7 +163,7 @@ def _config_dirs(src: Path, index: CheckpointIndex, hf_config_dir: Path | None) 
     return [d for d in dirs if d.is_dir()]
 
 
-def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: int = 1,
+def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: int = 1, ep: int = 1,
                  ckpt_format: str = "torch_dist", dtype: str = "keep", hf_config: str | Path | None = None,
                  arch: str | None = None, max_shard_size: str | int = DEFAULT_SHARD,
                  trust_pickle: bool = False) -> ConvertPlan:
@@ -171,8 +172,11 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         raise CkptError(f"--to must be hf or mcore, not {to!r}")
     if dtype not in DTYPES:
         raise CkptError(f"--dtype must be one of {', '.join(DTYPES)}")
-    if tp < 1 or pp < 1:
-        raise CkptError("--tp and --pp must be at least 1")
+    if tp < 1 or pp < 1 or ep < 1:
+        raise CkptError("--tp, --pp and --ep must be at least 1")
+    if ep > 1 and (to != "mcore" or ckpt_format != "torch"):
+        raise CkptError("--ep applies to --to mcore --ckpt-format torch (per-rank files); torch_dist files do not "
+                        "depend on the parallel layout")
     if ckpt_format not in ("torch_dist", "torch"):
         raise CkptError("--ckpt-format must be torch_dist or torch")
     src_path = Path(resolve_root(src))
@@ -259,13 +263,17 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
     cfg_out = cfg_out.merged(ModelConfig(arch=view.arch))
     if cfg_out.tie_word_embeddings is None:
         cfg_out = ModelConfig(**{**cfg_out.to_dict(), "tie_word_embeddings": "output_layer.weight" not in view.recipes})
-    args = to_megatron_args(cfg_out, tp=tp, pp=pp, ckpt_format=ckpt_format, make_vocab_size_divisible_by=divisible)
+    if ep > 1 and (not cfg_out.num_experts or cfg_out.num_experts % ep):
+        raise CkptError(f"--ep {ep} needs a MoE model whose expert count it divides "
+                        f"(this one has {cfg_out.num_experts or 'no'} experts)")
+    args = to_megatron_args(cfg_out, tp=tp, pp=pp, ep=ep, ckpt_format=ckpt_format,
+                            make_vocab_size_divisible_by=divisible)
     args["iteration"] = iteration
     out = [OutputTensor(n, r.shape, r.dtype if dtype == "keep" else dtype, r) for n, r in view.recipes.items()]
     if dtype != "keep":
         args["bf16"], args["fp16"] = dtype == "bfloat16", dtype == "float16"
     return ConvertPlan(str(src), str(dst), "mcore", reader, out, cfg_out, view.arch, megatron_args=args,
-                       ckpt_format=ckpt_format, tp=tp, pp=pp, iteration=iteration,
+                       ckpt_format=ckpt_format, tp=tp, pp=pp, ep=ep, iteration=iteration,
                        notes=notes + view_notes(view) + [f"vocabulary {cfg.vocab_size} padded to {padded} rows"],
                        dropped=view.ignored)
 
