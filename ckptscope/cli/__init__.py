@@ -56,15 +56,16 @@ def cli() -> None:
 @click.option("--iteration", type=int, metavar="N", help=_ITERATION_HELP)
 def open_(path: str, trust_pickle: bool, light: bool, iteration: int | None) -> None:
     """Browse a checkpoint in the terminal: tensor tree, shard layout, stats, values, objects."""
+    root = None
     if iteration is not None:  # straight to that iteration; without it the TUI offers its picker
         from ckptscope.cli.roots_view import resolve
 
-        path = resolve(path, iteration).path
+        root, path = path, resolve(path, iteration).path
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise CkptError("`ckptscope open` needs an interactive terminal; use `ckptscope inspect` in scripts")
     from ckptscope.tui import run_tui  # lazy: only this command imports textual
 
-    code = run_tui(path, trust_pickle=trust_pickle, theme="ckptscope-light" if light else None)
+    code = run_tui(path, trust_pickle=trust_pickle, theme="ckptscope-light" if light else None, iterations_root=root)
     if code:
         sys.exit(code)
 

@@ -80,8 +80,6 @@ __all__ = ["OutTensor", "Progress", "legacy_rank_dir", "pipeline_layer_ranges", 
 COMMON_FILE = "common.pt"
 MARKER_FILE = "metadata.json"
 CHECKPOINT_VERSION = 3.0
-DCP_VERSION = "1.0.0"
-"""torch's ``CURRENT_DCP_VERSION``, which ``FileSystemWriter.finish`` stamps on ``.metadata``."""
 MARKER = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
           "common_backend": "torch", "common_backend_version": 1}
 """megatron-core <= 0.18 ``CheckpointingConfig`` (FORMATS.md §4.1, checked on disk with 0.16.1)."""
@@ -207,7 +205,7 @@ class _Metadata:
                                     file, offset, length))
 
     def dump(self, path: Path, checkpoint_id: str) -> None:
-        data = metadata_bytes(self.items, checkpoint_id=checkpoint_id, save_id=str(uuid.uuid4()), version=DCP_VERSION)
+        data = metadata_bytes(self.items, checkpoint_id=checkpoint_id, save_id=str(uuid.uuid4()))
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)

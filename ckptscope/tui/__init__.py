@@ -23,9 +23,11 @@ def make_app(path: str | os.PathLike[str], **kwargs: Any) -> CkptScopeApp:
     return _make(path, **kwargs)
 
 
-def run_tui(path: str | os.PathLike[str], *, trust_pickle: bool = False, theme: str | None = None) -> int:
-    """Run the app in the terminal; returns the exit code (2 when the path could not be opened)."""
-    app = make_app(path, trust_pickle=trust_pickle, theme=theme)
+def run_tui(path: str | os.PathLike[str], *, trust_pickle: bool = False, theme: str | None = None,
+            iterations_root: str | None = None) -> int:
+    """Run the app in the terminal; returns the exit code (2 when the path could not be opened).
+    ``iterations_root``: the save root ``path`` was picked from (``open --iteration``), for ``i``."""
+    app = make_app(path, trust_pickle=trust_pickle, theme=theme, iterations_root=iterations_root)
     app.run()
     if app.error_reason:
         import sys

@@ -65,12 +65,13 @@ class CkptScopeApp(App[None]):
     ]
 
     def __init__(self, path: str, *, trust_pickle: bool = False, theme: str | None = None,
-                 keymap: dict[str, str] | None = None) -> None:
+                 keymap: dict[str, str] | None = None, iterations_root: str | None = None) -> None:
         super().__init__()
         # Everything imported so far lives as long as the process: keep the cyclic collector
         # from walking it again on every collection while the UI starts (tens of ms per open).
         gc.freeze()
         self.path = path
+        self.iterations_root = iterations_root
         self.trust_pickle = trust_pickle
         self.error_reason: str | None = None
         """Set when the path could not be opened; the CLI prints it after the app exits."""
@@ -82,7 +83,7 @@ class CkptScopeApp(App[None]):
     def on_mount(self) -> None:
         if self._user_keymap:
             self.set_keymap(self._user_keymap)
-        self.push_screen(BrowseScreen(self.path, trust_pickle=self.trust_pickle))
+        self.push_screen(BrowseScreen(self.path, trust_pickle=self.trust_pickle, iterations_root=self.iterations_root))
 
     def show_error(self, path: str, reason: str) -> None:
         """Replace whatever is shown with the error screen; quitting then exits with code 2."""
@@ -108,5 +109,6 @@ class CkptScopeApp(App[None]):
 
 
 def make_app(path: str | os.PathLike[str], *, trust_pickle: bool = False, theme: str | None = None,
-             keymap: dict[str, str] | None = None) -> CkptScopeApp:
-    return CkptScopeApp(str(path), trust_pickle=trust_pickle, theme=theme, keymap=keymap)
+             keymap: dict[str, str] | None = None, iterations_root: str | None = None) -> CkptScopeApp:
+    return CkptScopeApp(str(path), trust_pickle=trust_pickle, theme=theme, keymap=keymap,
+                        iterations_root=iterations_root)

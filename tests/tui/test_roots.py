@@ -84,3 +84,18 @@ async def test_picker_opens_the_chosen_iteration(tmp_path, samples, monkeypatch)
         await pilot.press("i")  # back to the picker
         await settle(pilot)
         assert isinstance(app.screen, IterationPickerScreen)
+
+
+@sync
+async def test_an_iteration_opened_directly_still_knows_its_root(tmp_path, samples):
+    """``ckptscope open ROOT --iteration N`` opens N; ``i`` then offers ROOT's other iterations."""
+    root = megatron_root(tmp_path, samples)
+    app = make_app(root / "iter_0000010", keymap={}, iterations_root=str(root))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        assert isinstance(app.screen, BrowseScreen)
+        assert Path(app.screen.query_one(SummaryHeader).index.path).name == "iter_0000010"
+        await pilot.press("i")
+        await settle(pilot)
+        assert isinstance(app.screen, IterationPickerScreen)
+        assert app.screen.query_one(DataTable).row_count == 3

@@ -115,7 +115,8 @@ class BrowseScreen(RenameActions, Screen[None]):
         *RENAME_BINDINGS,  # r rename, x drop, u undo, A apply (screens/rename_actions.py); R lists the rules
     ]
 
-    def __init__(self, path: str, *, trust_pickle: bool = False, discover: bool = True) -> None:
+    def __init__(self, path: str, *, trust_pickle: bool = False, discover: bool = True,
+                 iterations_root: str | None = None) -> None:
         super().__init__()
         self.path = path
         self.trust_pickle = trust_pickle
@@ -124,7 +125,8 @@ class BrowseScreen(RenameActions, Screen[None]):
         self.reader: CheckpointReader | None = None
         self.index: CheckpointIndex | None = None
         self.module_tree: TreeNode | None = None
-        self.iterations_root: str | None = None
+        self.iterations_root: str | None = iterations_root
+        """The save root this checkpoint was picked from (``i`` goes back to its picker)."""
         self.current: TensorMeta | None = None
         self.load_seconds: float | None = None
         self._stats: LRUCache[str, TensorStats] = LRUCache(CACHE_SIZE)
