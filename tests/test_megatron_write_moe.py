@@ -481,3 +481,36 @@ def test_expert_parallel_on_a_dense_model_exits_2(cli, tmp_path):
     result = cli("convert", str(SAMPLES / "hf_llama_gqa"), str(tmp_path / "x"), "--to", "mcore",
                  "--ckpt-format", "torch", "--ep", "2")
     assert result.code == 2 and "MoE" in result.err
+
+
+# --- Transformer Engine spec naming ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("fmt,tp", [("torch_dist", 1), ("torch", 2)])
+def test_moe_round_trip_through_te_spec_names_is_bit_exact(hf_dirs, kind, fmt, tp):
+    from ckptscope.ops.verify import verify_round_trip
+
+    report = verify_round_trip(hf_dirs[kind], via="mcore", tp=tp, spec="te", ckpt_format=fmt)
+    assert report.identical, [r.to_json() for r in report.results if r.differs]
+    assert report.summary()["equal"] == report.summary()["compared"] > 40
+
+
+def test_te_spec_torch_dist_names_the_moe_norm_and_extra_states_as_te_does(hf_dirs, cli, tmp_path):
+    """With TE layers a MoE layer's norm is ``pre_mlp_layernorm`` (no fused LayerNormLinear in front
+    of the experts) and each linear's extra state is an empty uint8 tensor (MAPPING.md §1.3)."""
+    from ckptscope.formats.dcp_metadata import load_dcp_metadata
+
+    dst = tmp_path / "te"
+    result = cli("convert", str(hf_dirs["mixtral"]), str(dst), "--to", "mcore", "--spec", "te")
+    assert result.code == 0, result.err
+    iter_dir = dst / "iter_0000000"
+    metadata = load_dcp_metadata(iter_dir / ".metadata")
+    assert "decoder.layers.pre_mlp_layernorm.weight" in metadata.tensors
+    assert not any(k.endswith("mlp.linear_fc1.layer_norm_weight") for k in metadata.tensors)
+    key, where = next(iter(metadata.bytes_entries.items()))
+    assert "_extra_state" in key
+    with open(iter_dir / where.file, "rb") as handle:
+        handle.seek(where.offset)
+        (state,) = torch.load(io.BytesIO(handle.read(where.length)), weights_only=True)
+    assert state.dtype == torch.uint8 and state.numel() == 0

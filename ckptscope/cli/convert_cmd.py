@@ -74,14 +74,16 @@ def _source_text(source: dict) -> str:
     return source["source"] + "[" + ", ".join(f"{a}:{b}" for a, b in box) + "]"
 
 
-def run_convert(src: str, dst: str, *, to: str, tp: int = 1, pp: int = 1, ep: int = 1, ckpt_format: str = "torch_dist",
+def run_convert(src: str, dst: str, *, to: str, tp: int = 1, pp: int = 1, ep: int = 1, spec: str = "local",
+                ckpt_format: str = "torch_dist",
                 dtype: str = "keep", hf_config: str | None = None, arch: str | None = None,
                 max_shard_size: str = "5GB", dry_run: bool = False, overwrite: bool = False, as_json: bool = False,
                 trust_pickle: bool = False, quiet: bool = False) -> None:
     from ckptscope.ops.convert import execute_convert
     from ckptscope.ops.convert_plan import plan_convert
 
-    plan = plan_convert(src, dst, to=to, tp=tp, pp=pp, ep=ep, ckpt_format=ckpt_format, dtype=dtype, hf_config=hf_config,
+    plan = plan_convert(src, dst, to=to, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format, dtype=dtype,
+                        hf_config=hf_config,
                         arch=arch, max_shard_size=max_shard_size, trust_pickle=trust_pickle)
     if dry_run:
         print_plan(plan, as_json)
@@ -126,13 +128,17 @@ def common_options(fn):
 @click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True,
               help="Expert parallel size (MoE, --ckpt-format torch: one mp_rank_TT_PPP_EEE dir per expert rank).")
 @click.option("--ckpt-format", type=click.Choice(["torch_dist", "torch"]), default="torch_dist", show_default=True)
+@click.option("--spec", type=click.Choice(["local", "te"]), default="local", show_default=True,
+              help="Megatron-Core layer spec to name the output for (te: Transformer Engine layers).")
 @common_options
-def convert(src, dst, to, tp, pp, ep, ckpt_format, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, as_json,
+def convert(src, dst, to, tp, pp, ep, spec, ckpt_format, dtype, hf_config, arch, max_shard_size, dry_run, overwrite,
+            as_json,
             trust_pickle) -> None:
     """Convert SRC to HF safetensors or to a Megatron-Core save root (torch_dist or per-rank torch)."""
-    if to == "hf" and (tp != 1 or pp != 1 or ep != 1):
-        raise CkptError("--tp/--pp/--ep only apply to --to mcore")
-    run_convert(src, dst, to=to, tp=tp, pp=pp, ep=ep, ckpt_format=ckpt_format, dtype=dtype, hf_config=hf_config, arch=arch,
+    if to == "hf" and (tp != 1 or pp != 1 or ep != 1 or spec != "local"):
+        raise CkptError("--tp/--pp/--ep/--spec only apply to --to mcore")
+    run_convert(src, dst, to=to, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format, dtype=dtype,
+                hf_config=hf_config, arch=arch,
                 max_shard_size=max_shard_size, dry_run=dry_run, overwrite=overwrite, as_json=as_json,
                 trust_pickle=trust_pickle)
 
@@ -152,17 +158,21 @@ def merge(src, dst, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, 
 @click.option("--via", type=click.Choice(["mcore", "hf"]), default="mcore", show_default=True)
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True, help="Expert parallel size (MoE, torch).")
+@click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Expert parallel size (MoE, torch).")
+@click.option("--spec", type=click.Choice(["local", "te"]), default="local", show_default=True,
+              help="Megatron-Core layer spec of the intermediate checkpoint.")
 @click.option("--ckpt-format", type=click.Choice(["torch_dist", "torch"]), default="torch_dist", show_default=True)
 @click.option("--arch", help="Architecture when the checkpoint does not say.")
 @click.option("--hf-config", type=click.Path(path_type=str), help="Directory with the HF config.json to use.")
 @click.option("--json", "as_json", is_flag=True, help="Print the diff report as one JSON object.")
-def verify(src, via, tp, pp, ep, ckpt_format, arch, hf_config, as_json) -> None:
+def verify(src, via, tp, pp, ep, spec, ckpt_format, arch, hf_config, as_json) -> None:
     """Convert SRC to the target and back in a temp dir, then diff bitwise. Exit 0 iff identical."""
     from ckptscope.cli.diff_cmd import print_report
     from ckptscope.ops.verify import verify_round_trip
 
-    report = verify_round_trip(src, via=via, tp=tp, pp=pp, ep=ep, ckpt_format=ckpt_format, arch=arch, hf_config=hf_config)
+    report = verify_round_trip(src, via=via, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format, arch=arch,
+                               hf_config=hf_config)
     if as_json:
         click.echo(json.dumps(report.to_json(), allow_nan=False))
     else:

@@ -199,10 +199,10 @@ def _write_mcore(plan: ConvertPlan, out: Path, iter_dir: Path, tensors: list, pr
     args = dict(plan.megatron_args or {})
     if plan.ckpt_format == "torch":
         write_torch_legacy(iter_dir, tensors, args=args, iteration=plan.iteration, tp=plan.tp, pp=plan.pp,
-                           ep=plan.ep, progress=step)
+                           ep=plan.ep, spec=plan.spec, progress=step)
     else:
         final = Path(plan.dst).resolve() / iter_dir.name  # .metadata records where it will live, not the temp dir
-        write_torch_dist(iter_dir, tensors, args=args, iteration=plan.iteration, progress=step,
+        write_torch_dist(iter_dir, tensors, args=args, iteration=plan.iteration, spec=plan.spec, progress=step,
                          checkpoint_id=str(final))
     (out / "latest_checkpointed_iteration.txt").write_text(f"{plan.iteration}\n")
 

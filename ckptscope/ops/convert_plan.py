@@ -93,6 +93,8 @@ class ConvertPlan:
     tp: int = 1
     pp: int = 1
     ep: int = 1
+    spec: str = "local"
+    """Megatron-Core layer spec the output is named for: ``local`` or ``te`` (Transformer Engine)."""
     iteration: int = 0
     shards: list[tuple[str, list[str]]] = field(default_factory=list)
     copies: list[tuple[Path, str]] = field(default_factory=list)
@@ -108,7 +110,7 @@ class ConvertPlan:
         return {
             "src": self.src, "dst": self.dst, "to": self.target, "arch": self.arch,
             "format": self.ckpt_format if self.target == "mcore" else "hf",
-            "tp": self.tp, "pp": self.pp, "ep": self.ep, "iteration": self.iteration,
+            "tp": self.tp, "pp": self.pp, "ep": self.ep, "spec": self.spec, "iteration": self.iteration,
             "bytes": self.total_bytes,
             "tensors": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype,
                          "sources": [_piece_json(p) for p in t.recipe.pieces],
@@ -164,7 +166,8 @@ def _config_dirs(src: Path, index: CheckpointIndex, hf_config_dir: Path | None) 
 
 
 def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: int = 1, ep: int = 1,
-                 ckpt_format: str = "torch_dist", dtype: str = "keep", hf_config: str | Path | None = None,
+                 ckpt_format: str = "torch_dist", spec: str = "local", dtype: str = "keep",
+                 hf_config: str | Path | None = None,
                  arch: str | None = None, max_shard_size: str | int = DEFAULT_SHARD,
                  trust_pickle: bool = False) -> ConvertPlan:
     """Open SRC (metadata only), map it to the target space and lay out the destination."""
@@ -179,6 +182,8 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
                         "depend on the parallel layout")
     if ckpt_format not in ("torch_dist", "torch"):
         raise CkptError("--ckpt-format must be torch_dist or torch")
+    if spec not in ("local", "te"):
+        raise CkptError("--spec must be local or te")
     src_path = Path(resolve_root(src))
     reader = open_checkpoint(src_path, trust_pickle=trust_pickle)
     index = reader.index()
@@ -253,10 +258,10 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
     padded = padded_vocab(cfg.vocab_size, divisible, tp)
     cfg_out = ModelConfig(**{**cfg.to_dict(), "padded_vocab_size": padded})
     if source_space is None:
-        view = map_to_mcore(shapes, cfg_out, arch_name, local_spec=ckpt_format == "torch")
+        view = map_to_mcore(shapes, cfg_out, arch_name, local_spec=ckpt_format == "torch" and spec == "local")
     else:  # Megatron -> Megatron (re-shard / re-format): go through the HF space, composing recipes
         hf_shapes = {n: TensorShape(r.shape, r.dtype) for n, r in source_space.items()}
-        view = map_to_mcore(hf_shapes, cfg_out, arch_name, local_spec=ckpt_format == "torch")
+        view = map_to_mcore(hf_shapes, cfg_out, arch_name, local_spec=ckpt_format == "torch" and spec == "local")
         view.recipes = {n: compose(r, source_space) for n, r in view.recipes.items()}
     if view.unmapped:
         raise CkptError(f"{len(view.unmapped)} tensors match no {view.arch} rule (first: {view.unmapped[0]})")
@@ -273,7 +278,7 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
     if dtype != "keep":
         args["bf16"], args["fp16"] = dtype == "bfloat16", dtype == "float16"
     return ConvertPlan(str(src), str(dst), "mcore", reader, out, cfg_out, view.arch, megatron_args=args,
-                       ckpt_format=ckpt_format, tp=tp, pp=pp, ep=ep, iteration=iteration,
+                       ckpt_format=ckpt_format, tp=tp, pp=pp, ep=ep, spec=spec, iteration=iteration,
                        notes=notes + view_notes(view) + [f"vocabulary {cfg.vocab_size} padded to {padded} rows"],
                        dropped=view.ignored)
 
