@@ -58,6 +58,8 @@ class CkptScopeApp(App[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "quit", id="app.quit", tooltip="Quit ckptscope"),
         Binding("question_mark", "help", "help", id="app.help", tooltip="Show every key and its id"),
+        Binding("f1", "help", "help", show=False, id="app.help_f1", priority=True,
+                tooltip="Help from anywhere, also while typing in a form (where ? is just a character)"),
         Binding("ctrl+p", "command_palette", "palette", show=False, id="app.palette", priority=True,
                 tooltip="Open the command palette"),
         Binding("ctrl+t", "toggle_dark", "theme", show=False, id="app.theme",

@@ -385,3 +385,29 @@ def test_keymap_file_is_read_and_bad_files_ignored(tmp_path, monkeypatch):
     assert load_keymap() == {"browse.filter": "ctrl+f", "browse.stats": "S"}
     path.write_text("[keymap\nnot toml")
     assert load_keymap() == {}
+
+
+@sync
+async def test_f1_opens_help_from_a_form_where_question_mark_is_typed(in_repo):
+    from textual.widgets import Input
+
+    from ckptscope.tui.screens.help import HelpScreen
+
+    app = make_app("sample_ckpts/hf_llama_sharded", keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("C")  # the convert form
+        await settle(pilot)
+        form = app.screen
+        form.query_one("#convert-dst", Input).focus()  # typing a destination path
+        await pilot.pause()
+        await pilot.press("question_mark")  # a character in the input, not help
+        assert app.screen is form and "?" in app.focused.value
+        await pilot.press("f1")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        text = " ".join(text_of(s) for s in app.screen.query(".help-group"))
+        assert "convert.run" in text and "app.help_f1" in text
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is form
