@@ -67,7 +67,10 @@ class Copied:
 
 def crc32(data: Any) -> int:
     """CRC-32 of a bytes-like object (zlib releases the GIL on large buffers)."""
-    return zlib.crc32(memoryview(data).cast("B")) & _U32 if len(memoryview(data)) else 0
+    view = memoryview(data)
+    if view.nbytes == 0:
+        return 0
+    return zlib.crc32(view.cast("B") if view.format != "B" or view.ndim != 1 else view) & _U32
 
 
 class TorchZipWriter:
@@ -91,7 +94,7 @@ class TorchZipWriter:
         """Write one record; ``crc`` may be given when already known (it is not checked).
         ``data`` is bytes-like, or ``Copied`` for data the caller copies into the file itself."""
         copied = data if isinstance(data, Copied) else None
-        view = b"" if copied else memoryview(data).cast("B") if not isinstance(data, (bytes, bytearray)) else data
+        view = b"" if copied or not memoryview(data).nbytes else memoryview(data).cast("B")
         full = f"{self._archive}/{name}".encode()
         offset, size = self.size, copied.size if copied else len(view)
         zip64 = size >= self.zip64_from or offset >= self.zip64_from
