@@ -87,13 +87,15 @@ def build_rank_model(args: argparse.Namespace):
     ).eval()
 
 
-def _prepare(tp: int, pp: int) -> None:
+def prepare_parallel(tp: int, pp: int, ep: int = 1, etp: int | None = None) -> None:
+    """(Re)initialise megatron-core's parallel groups for one case, on every spawned rank."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import random as mcore_random
 
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                             expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
     mcore_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
 
 
@@ -131,11 +133,17 @@ def save_dist(state: OrderedDict, args: argparse.Namespace, iter_dir: Path) -> P
     return Path(iter_dir)
 
 
-def _rank_dir(tp_rank: int, pp_rank: int, pp: int) -> str:
-    return f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+def rank_dir(tp_rank: int, pp_rank: int, pp: int, ep_rank: int = 0, ep: int = 1) -> str:
+    """``mp_rank_TT[_PPP][_EEE]``, spelled here independently of the code under test."""
+    name = f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+    return name if ep == 1 else f"{name}_{ep_rank:03d}"
 
 
-def _references_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+def run_reference_cases(rank: int, world_size: int, out: str, init_file: str, build_case) -> None:
+    """Body of a spawned rank: for each case of ``out/job.json``, ``build_case(case)`` prepares the
+    parallel groups and returns ``(args, model, dist_dir)``; the model is NaN-filled (anything the
+    load misses shows up), loaded by megatron-core from ``dist_dir`` (which reshards), and its
+    ``state_dict_for_save_checkpoint()`` saved as ``out/<case>/<mp_rank dir>/reference.pt``."""
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -150,18 +158,15 @@ def _references_rank(rank: int, world_size: int, out: str, init_file: str) -> No
 
     job = json.loads((Path(out) / JOB_FILE).read_text())
     for case in job["cases"]:
-        args = tiny_args(case["tied"], tensor_model_parallel_size=case["tp"],
-                         pipeline_model_parallel_size=case["pp"], **case.get("args", {}))
-        _prepare(case["tp"], case["pp"])
-        model = build_rank_model(args)
+        args, model, dist_dir = build_case(case, job["dist_dirs"])
         with torch.no_grad():
             for param in model.parameters():
-                param.fill_(float("nan"))  # anything the load misses shows up
-        loaded = dist_checkpointing.load({"model": model.sharded_state_dict()},
-                                         job["dist_dirs"]["tied" if case["tied"] else "untied"])
+                param.fill_(float("nan"))
+        loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, dist_dir)
         model.load_state_dict(loaded["model"], strict=True)
-        target = Path(out) / case["name"] / _rank_dir(parallel_state.get_tensor_model_parallel_rank(),
-                                                      parallel_state.get_pipeline_model_parallel_rank(), case["pp"])
+        target = Path(out) / case["name"] / rank_dir(
+            parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank(),
+            case["pp"], parallel_state.get_expert_model_parallel_rank(), case.get("ep", 1))
         target.mkdir(parents=True, exist_ok=True)
         torch.save({"model": model.state_dict_for_save_checkpoint(), "args": args}, target / "reference.pt")
         dist.barrier()
@@ -169,14 +174,30 @@ def _references_rank(rank: int, world_size: int, out: str, init_file: str) -> No
     dist.destroy_process_group()
 
 
-def rank_references(dist_dirs: dict[str, Path], out: Path, cases: tuple[dict, ...] = CASES) -> Path:
-    """Per-rank references for ``cases`` from torch_dist dirs ``{"untied": ..., "tied": ...}`` (2 gloo ranks)."""
+def spawn_references(rank_fn, dist_dirs: dict[str, Path], out: Path, cases) -> Path:
+    """Write the job file and run ``rank_fn`` (a module-level wrapper of ``run_reference_cases``) on 2 gloo ranks."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / JOB_FILE).write_text(json.dumps({"dist_dirs": {k: str(v) for k, v in dist_dirs.items()},
                                             "cases": list(cases)}))
-    _spawn(_references_rank, out, world_size=2)
+    _spawn(rank_fn, out, world_size=2)
     return out
+
+
+def _dense_case(case: dict, dist_dirs: dict[str, str]):
+    args = tiny_args(case["tied"], tensor_model_parallel_size=case["tp"],
+                     pipeline_model_parallel_size=case["pp"], **case.get("args", {}))
+    prepare_parallel(case["tp"], case["pp"])
+    return args, build_rank_model(args), dist_dirs["tied" if case["tied"] else "untied"]
+
+
+def _references_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    run_reference_cases(rank, world_size, out, init_file, _dense_case)
+
+
+def rank_references(dist_dirs: dict[str, Path], out: Path, cases: tuple[dict, ...] = CASES) -> Path:
+    """Per-rank references for ``cases`` from torch_dist dirs ``{"untied": ..., "tied": ...}`` (2 gloo ranks)."""
+    return spawn_references(_references_rank, dist_dirs, out, cases)
 
 
 def write_all(out: Path) -> Path:

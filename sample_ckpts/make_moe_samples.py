@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from collections import OrderedDict
 from pathlib import Path
@@ -40,12 +39,11 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from make_dist_samples import _init_gloo, _spawn, _stub_cuda
 from make_mcore_pair_samples import cpu_megatron, ensure_single_rank_world, transformer_config
+from make_mcore_rank_refs import prepare_parallel, run_reference_cases, spawn_references
 
 ITERATION = 5
 SEED = 4321
-JOB_FILE = "job.json"
 KINDS = ("mixtral", "qwen2_moe", "qwen3_moe")
 
 _BASE = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -226,62 +224,19 @@ def load_dist_moe(args: argparse.Namespace, iter_dir: Path) -> dict:
         return OrderedDict(model.state_dict_for_save_checkpoint())
 
 
-def _rank_dir(tp_rank: int, pp_rank: int, pp: int, ep_rank: int, ep: int) -> str:
-    name = f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
-    return name if ep == 1 else f"{name}_{ep_rank:03d}"
-
-
-def _prepare(tp: int, pp: int, ep: int, etp: int | None) -> None:
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import random as mcore_random
-
-    if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                             expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
-    mcore_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+def _moe_case(case: dict, dist_dirs: dict[str, str]):
+    args = moe_args(case["kind"], tp=case["tp"], pp=case["pp"], ep=case["ep"], etp=case.get("etp"))
+    prepare_parallel(case["tp"], case["pp"], case["ep"], case.get("etp"))
+    return args, build_moe_model(args), dist_dirs[case["kind"]]
 
 
 def _references_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    _init_gloo(rank, world_size, init_file)
-    _stub_cuda()
-    import torch
-    import torch.distributed as dist
-
-    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]  # tied last stage
-    from megatron.core import dist_checkpointing, parallel_state
-
-    job = json.loads((Path(out) / JOB_FILE).read_text())
-    for case in job["cases"]:
-        args = moe_args(case["kind"], tp=case["tp"], pp=case["pp"], ep=case["ep"], etp=case.get("etp"))
-        _prepare(case["tp"], case["pp"], case["ep"], case.get("etp"))
-        model = build_moe_model(args)
-        with torch.no_grad():
-            for param in model.parameters():
-                param.fill_(float("nan"))  # anything the load misses shows up
-        loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, job["dist_dirs"][case["kind"]])
-        model.load_state_dict(loaded["model"], strict=True)
-        target = Path(out) / case["name"] / _rank_dir(
-            parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank(),
-            case["pp"], parallel_state.get_expert_model_parallel_rank(), case["ep"])
-        target.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": model.state_dict_for_save_checkpoint(), "args": args}, target / "reference.pt")
-        dist.barrier()
-        parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
+    run_reference_cases(rank, world_size, out, init_file, _moe_case)
 
 
 def moe_rank_references(dist_dirs: dict[str, Path], out: Path, cases: tuple[dict, ...] = CASES) -> Path:
     """Per-rank references for ``cases`` from torch_dist dirs ``{kind: iter_dir}`` (2 gloo ranks)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / JOB_FILE).write_text(json.dumps({"dist_dirs": {k: str(v) for k, v in dist_dirs.items()},
-                                            "cases": list(cases)}))
-    _spawn(_references_rank, out, world_size=2)
-    return out
+    return spawn_references(_references_rank, dist_dirs, out, cases)
 
 
 def write_all(out: Path) -> Path:
