@@ -18,16 +18,15 @@ is produced (the writers stream).
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import io
 import sys
-import weakref
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from streaming_producer import Producer as StreamingProducer
 
 from ckptscope.core.errors import CkptError
 from ckptscope.formats.megatron_write import OutTensor, legacy_rank_dir, write_torch_dist, write_torch_legacy
@@ -63,35 +62,8 @@ def out_name(name: str) -> str:
     return name
 
 
-class Producer:
-    """OutTensors over a state dict that count ``produce`` calls and check that the writer streams."""
-
-    def __init__(self, state: dict, dtype: str = "float32", as_torch: bool = False) -> None:
-        self.calls: dict[str, int] = {}
-        self.overlaps: list[str] = []
-        self._alive: list[weakref.ref] = []
-        self.tensors = []
-        for name, value in state.items():
-            if name.endswith("._extra_state"):
-                continue
-            new = out_name(name)
-            self.tensors.append(OutTensor(new, tuple(value.shape), dtype,
-                                          lambda new=new, value=value: self._produce(new, value, dtype, as_torch)))
-
-    def _produce(self, name: str, value, dtype: str, as_torch: bool):
-        gc.collect()
-        if any(ref() is not None for ref in self._alive):
-            self.overlaps.append(name)
-        self.calls[name] = self.calls.get(name, 0) + 1
-        if as_torch:
-            return value.to(getattr(torch, dtype)).clone()
-        array = value.numpy().copy()
-        self._alive.append(weakref.ref(array))
-        return array
-
-    def check_streamed(self) -> None:
-        assert self.calls == {t.name: 1 for t in self.tensors}
-        assert self.overlaps == [], f"arrays still alive when these were produced: {self.overlaps}"
+def Producer(state: dict) -> StreamingProducer:
+    return StreamingProducer(state, out_name, collect=True)
 
 
 def writer_args(args: argparse.Namespace, **override) -> dict:

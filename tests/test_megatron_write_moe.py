@@ -23,12 +23,12 @@ import argparse
 import importlib
 import io
 import sys
-import weakref
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from streaming_producer import Producer as StreamingProducer
 
 from ckptscope.core.errors import CkptError
 from ckptscope.formats.megatron_write import OutTensor, legacy_rank_dir, write_torch_dist, write_torch_legacy
@@ -76,36 +76,8 @@ def out_name(name: str) -> str:
     return name.replace(".input_layernorm.", ".self_attention.linear_qkv.layer_norm_")
 
 
-class Producer:
-    """OutTensors over a state dict that count ``produce`` calls and check that the writer streams.
-
-    No ``gc.collect()`` before each check (0.3 s apiece with megatron-core and transformers loaded):
-    an array kept alive only by a reference cycle then counts as alive, which is the stricter check."""
-
-    def __init__(self, state: dict, rename=out_name) -> None:
-        self.calls: dict[str, int] = {}
-        self.overlaps: list[str] = []
-        self._alive: list[weakref.ref] = []
-        self.tensors = []
-        for name, value in state.items():
-            if value is None or name.endswith("._extra_state"):
-                continue
-            new = rename(name)
-            dtype = str(value.dtype).removeprefix("torch.")
-            self.tensors.append(OutTensor(new, tuple(value.shape), dtype,
-                                          lambda new=new, value=value: self._produce(new, value)))
-
-    def _produce(self, name: str, value):
-        if any(ref() is not None for ref in self._alive):
-            self.overlaps.append(name)
-        self.calls[name] = self.calls.get(name, 0) + 1
-        array = value.numpy().copy()
-        self._alive.append(weakref.ref(array))
-        return array
-
-    def check_streamed(self) -> None:
-        assert self.calls == {t.name: 1 for t in self.tensors}
-        assert self.overlaps == [], f"arrays still alive when these were produced: {self.overlaps}"
+def Producer(state: dict, rename=out_name) -> StreamingProducer:
+    return StreamingProducer(state, rename)
 
 
 def dcp_summary(path: Path) -> dict:
