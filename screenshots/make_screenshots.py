@@ -80,7 +80,7 @@ async def shoot_diff(name: str, a: str, b: str, keys: list[str]) -> Path:
     """The diff screen (``ckptscope diff A B``) on the pair ``write_diff_pair`` makes in a temp dir."""
     import tempfile
 
-    from ckptscope.ops.diff import DiffOptions
+    from ckptscope.ops.diff.engine import DiffOptions
     from ckptscope.tui.diff_app import make_diff_app
 
     with tempfile.TemporaryDirectory() as tmp:

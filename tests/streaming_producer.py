@@ -6,7 +6,7 @@ import gc
 import weakref
 from collections.abc import Callable
 
-from ckptscope.formats.megatron_write import OutTensor
+from ckptscope.formats.megatron.dist_writer import OutTensor
 
 
 class Producer:

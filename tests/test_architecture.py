@@ -53,7 +53,7 @@ def test_builtin_module_table_matches_the_readers_priorities():
 
     lowest: dict[str, int] = {}
     for cls in registered_readers():
-        module = cls.__module__.rsplit(".", 1)[-1]
+        module = cls.__module__.removeprefix("ckptscope.formats.")
         lowest[module] = min(lowest.get(module, cls.priority), cls.priority)
     assert dict((m, p) for p, m in BUILTIN_MODULES) == lowest
     assert [p for p, _ in BUILTIN_MODULES] == sorted(p for p, _ in BUILTIN_MODULES)
@@ -64,7 +64,7 @@ def test_opening_a_safetensors_file_imports_only_the_readers_it_needs(samples):
         "import sys\n"
         "from ckptscope.formats import open_checkpoint\n"
         f"open_checkpoint({str(samples['hf_llama_single'])!r} + '/model.safetensors').index()\n"
-        "late = [m for m in ('megatron_legacy', 'verl', 'dcp', 'megatron_dist', 'hf_dir')\n"
+        "late = [m for m in ('megatron.legacy_reader', 'verl.reader', 'dcp.reader', 'megatron.dist_reader', 'hf.reader')\n"
         "        if 'ckptscope.formats.' + m in sys.modules]\n"
         "assert not late, late\n"
     )

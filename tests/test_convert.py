@@ -129,7 +129,7 @@ def test_to_torch_dist_needs_no_torch_and_every_item_is_a_valid_zip(tmp_path):
     import sys
     import zipfile
 
-    from ckptscope.formats.dcp_metadata import load_dcp_metadata
+    from ckptscope.formats.dcp.metadata import load_dcp_metadata
 
     dst = tmp_path / "mc"
     code = (

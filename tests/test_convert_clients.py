@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ckptscope.ops.convert import execute_convert
-from ckptscope.ops.convert_plan import plan_convert
+from ckptscope.ops.convert.execute import execute_convert
+from ckptscope.ops.convert.plan import plan_convert
 from tests.mcore_reference import generators, hf_logits, iteration_dir, mcore_logits_from_dist, tokens_for
 
 

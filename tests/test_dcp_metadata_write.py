@@ -21,8 +21,8 @@ from torch.distributed.checkpoint import planner as dcp_planner
 
 from ckptscope.core.dtypes import dtype_by_name
 from ckptscope.core.errors import CkptError
-from ckptscope.formats.dcp_metadata import field_of, load_dcp_metadata
-from ckptscope.formats.dcp_metadata_write import BytesItem, ChunkItem, metadata_bytes
+from ckptscope.formats.dcp.metadata import field_of, load_dcp_metadata
+from ckptscope.formats.dcp.metadata_write import BytesItem, ChunkItem, metadata_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKPOINT_ID = "/ckpts/run/iter_0000010"
@@ -225,7 +225,7 @@ def test_edge_items_reach_frames_and_long_memo_gets():
 def test_writer_never_imports_torch_or_numpy():
     code = (
         "import sys\n"
-        "from ckptscope.formats.dcp_metadata_write import BytesItem, ChunkItem, metadata_bytes\n"
+        "from ckptscope.formats.dcp.metadata_write import BytesItem, ChunkItem, metadata_bytes\n"
         "data = metadata_bytes([ChunkItem('w', (0, 0), (2, 3), (4, 3), 'bfloat16', '__0_0.distcp', 0, 99),\n"
         "                       BytesItem('x/shard_0_1', '__0_1.distcp', 0, 7)], checkpoint_id='c', save_id='s')\n"
         "assert data.startswith(b'\\x80\\x04'), data[:2]\n"

@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from ckptscope.ops.diff import DiffOptions, diff_checkpoints
-from ckptscope.ops.diff_plan import plan_diff
+from ckptscope.ops.diff.engine import DiffOptions, diff_checkpoints
+from ckptscope.ops.diff.plan import plan_diff
 
 JSON_TENSOR_KEYS = {"name", "a", "b", "status", "max_abs_diff", "mean_abs_diff", "rel_l2", "cosine", "num_diff"}
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from ckptscope.ops.diff import DiffOptions, diff_checkpoints
-from ckptscope.ops.diff_plan import plan_diff
+from ckptscope.ops.diff.engine import DiffOptions, diff_checkpoints
+from ckptscope.ops.diff.plan import plan_diff
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

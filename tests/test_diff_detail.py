@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ckptscope.core.errors import CkptError
-from ckptscope.ops.diff_detail import _Grid, matrix_shape, pair_detail
-from ckptscope.ops.diff_plan import plan_diff
+from ckptscope.ops.diff.detail import _Grid, matrix_shape, pair_detail
+from ckptscope.ops.diff.plan import plan_diff
 
 
 def _octave(d: float) -> int:

@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from ckptscope.ops.diff import diff_checkpoints
-from ckptscope.ops.diff_plan import plan_diff
+from ckptscope.ops.diff.engine import diff_checkpoints
+from ckptscope.ops.diff.plan import plan_diff
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_ckpts"
 HF = SAMPLES / "hf_llama_gqa"

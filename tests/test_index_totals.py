@@ -3,10 +3,10 @@
 import gc
 import threading
 
+from ckptscope.core.collector import collector_paused
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.formats import open_checkpoint
-from ckptscope.formats.base import collector_paused
 
 
 def test_bytes_per_dtype_equals_the_per_tensor_sum_even_for_packed_dtypes():

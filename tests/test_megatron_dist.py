@@ -17,7 +17,7 @@ from dist_reference import MEGATRON_ITER, assert_no_torch_on_metadata_path, gene
 from ckptscope.cli import main as cli_main
 from ckptscope.core.errors import MissingTensor
 from ckptscope.formats import open_checkpoint
-from ckptscope.formats.megatron_dist import MegatronDistReader, stacked_view_name
+from ckptscope.formats.megatron.dist_reader import MegatronDistReader, stacked_view_name
 from ckptscope.formats.registry import detect_format
 
 QKV = "decoder.layers.self_attention.linear_qkv.weight"

@@ -21,8 +21,7 @@ from dist_reference import SAMPLES, assert_no_torch_on_metadata_path
 
 from ckptscope.cli import main as cli_main
 from ckptscope.formats import open_checkpoint
-from ckptscope.formats.megatron_legacy import MegatronLegacyReader, is_complete_save
-from ckptscope.formats.megatron_legacy_layout import (
+from ckptscope.formats.megatron.legacy_layout import (
     Split,
     counts_from_offsets,
     globalize,
@@ -30,8 +29,9 @@ from ckptscope.formats.megatron_legacy_layout import (
     parse_rank_dir,
     tp_split,
 )
+from ckptscope.formats.megatron.legacy_reader import MegatronLegacyReader, is_complete_save
 from ckptscope.formats.registry import detect_format
-from ckptscope.formats.torch_zip import TorchZipReader
+from ckptscope.formats.torch_save.zip_reader import TorchZipReader
 from ckptscope.ops.roots import discover_iterations
 
 CASES = ["megatron_legacy_tp2", "megatron_legacy_pp2", "megatron_legacy_vpp", "megatron_legacy_ep2"]

@@ -1,4 +1,4 @@
-"""The Megatron writers (``ckptscope.formats.megatron_write``) checked against megatron-core itself.
+"""The Megatron writers (``ckptscope.formats.megatron.dist_writer``) checked against megatron-core itself.
 
 A tiny GPTModel (local spec, SwiGLU, GQA 4 heads / 2 groups, untied and tied) gets random weights;
 its TP=1 state, names in the OutTensor convention, goes through the writers:
@@ -29,8 +29,8 @@ import pytest
 from streaming_producer import Producer as StreamingProducer
 
 from ckptscope.core.errors import CkptError
-from ckptscope.formats.megatron_write import OutTensor, legacy_rank_dir, write_torch_dist, write_torch_legacy
-from ckptscope.formats.megatron_write_model import pipeline_layer_ranges
+from ckptscope.formats.megatron.dist_writer import OutTensor, legacy_rank_dir, write_torch_dist, write_torch_legacy
+from ckptscope.formats.megatron.model_layout import pipeline_layer_ranges
 from ckptscope.formats.registry import open_checkpoint
 
 torch = pytest.importorskip("torch")

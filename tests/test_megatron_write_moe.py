@@ -31,7 +31,7 @@ import pytest
 from streaming_producer import Producer as StreamingProducer
 
 from ckptscope.core.errors import CkptError
-from ckptscope.formats.megatron_write import OutTensor, legacy_rank_dir, write_torch_dist, write_torch_legacy
+from ckptscope.formats.megatron.dist_writer import OutTensor, legacy_rank_dir, write_torch_dist, write_torch_legacy
 from ckptscope.formats.registry import open_checkpoint
 
 torch = pytest.importorskip("torch")
@@ -471,7 +471,7 @@ def test_moe_round_trip_through_te_spec_names_is_bit_exact(hf_dirs, kind, fmt, t
 def test_te_spec_torch_dist_names_the_moe_norm_and_extra_states_as_te_does(hf_dirs, cli, tmp_path):
     """With TE layers a MoE layer's norm is ``pre_mlp_layernorm`` (no fused LayerNormLinear in front
     of the experts) and each linear's extra state is an empty uint8 tensor (MAPPING.md §1.3)."""
-    from ckptscope.formats.dcp_metadata import load_dcp_metadata
+    from ckptscope.formats.dcp.metadata import load_dcp_metadata
 
     dst = tmp_path / "te"
     result = cli("convert", str(hf_dirs["mixtral"]), str(dst), "--to", "mcore", "--spec", "te")

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from dist_reference import MEGATRON_ITER, SAMPLES, torch_dcp_tensors
 
-from ckptscope.formats.dcp_write import nested_path
+from ckptscope.formats.dcp.metadata_rename import nested_path
 
 QKV_SUB = ("linear_qkv", "qkv_proj")
 
@@ -336,7 +336,7 @@ def test_nested_path_keeps_structure():
 
 NO_TORCH_RENAME = r'''
 import json, sys
-from ckptscope.ops.rename import execute_rename, plan_rename
+from ckptscope.ops.rename.engine import execute_rename, plan_rename
 plan = plan_rename(sys.argv[1], sys.argv[2], subs=[("linear_qkv", "qkv_proj")], drops=[r"linear_fc2\."])
 execute_rename(plan)
 print(json.dumps({"torch": any(m.split(".")[0] == "torch" for m in sys.modules),
@@ -416,9 +416,9 @@ def assert_same_objects(got, want, path: str = "metadata") -> None:
 def test_written_metadata_equals_torch_rebuilt_metadata(tmp_path, sample, args):
     """The stub-tree writer gives the very objects torch's own classes give for the same rename:
     same fields, same types, same order, for Megatron torch_dist and plain DCP alike."""
-    from ckptscope.formats.dcp_metadata import load_dcp_metadata
-    from ckptscope.ops.rename import execute_rename, plan_rename
-    from ckptscope.ops.rename_dcp import stored_key_changes
+    from ckptscope.formats.dcp.metadata import load_dcp_metadata
+    from ckptscope.ops.rename.dcp import stored_key_changes
+    from ckptscope.ops.rename.engine import execute_rename, plan_rename
 
     src = copy_sample(MEGATRON_ITER if sample == "megatron" else SAMPLES / sample, tmp_path)
     dst = tmp_path / "renamed"

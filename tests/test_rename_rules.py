@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from ckptscope.ops.rename_plan import RenamePlanError, check_name_changes, compute_name_changes
-from ckptscope.ops.rename_rules import (
+from ckptscope.ops.rename.plan import RenamePlanError, check_name_changes, compute_name_changes
+from ckptscope.ops.rename.rules import (
     check_rules,
     copies_pattern,
     drop_name,

@@ -139,7 +139,7 @@ def test_source_untouched_and_copy_identical_without_changes(samples, tmp_path):
     src = tmp_path / "copy.pt"
     shutil.copy2(samples["megatron_style.pt"], src)
     before = sha(src)
-    from ckptscope.ops.rename import execute_rename, plan_rename
+    from ckptscope.ops.rename.engine import execute_rename, plan_rename
 
     plan = plan_rename(src, tmp_path / "out.pt", subs=[(r"^extra\.", "extras.")])
     execute_rename(plan)

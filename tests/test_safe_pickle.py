@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ckptscope.formats import open_checkpoint
-from ckptscope.formats.safe_pickle import PickleStub, TensorRef, safe_loads, to_plain
+from ckptscope.formats.pickles.safe import PickleStub, TensorRef, safe_loads, to_plain
 
 
 class _Payload:

@@ -14,7 +14,7 @@ import torch
 
 from ckptscope.core.dtypes import dtype_by_name
 from ckptscope.formats import open_checkpoint
-from ckptscope.formats.torch_zip_write import TorchZipWriter, crc32, tensor_pickle, write_torch_save
+from ckptscope.formats.torch_save.zip_container import TorchZipWriter, crc32, tensor_pickle, write_torch_save
 
 ARRAYS = {
     "bfloat16": np.linspace(-3, 3, 24, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(2, 3, 4),
@@ -100,7 +100,7 @@ def test_writing_never_imports_torch(tmp_path):
     code = (
         "import sys, io\n"
         "from ckptscope.core.dtypes import dtype_by_name\n"
-        "from ckptscope.formats.torch_zip_write import write_torch_save, tensor_pickle\n"
+        "from ckptscope.formats.torch_save.zip_container import write_torch_save, tensor_pickle\n"
         "write_torch_save(io.BytesIO().write, tensor_pickle(dtype_by_name('bfloat16'), (2, 2)), [('0', bytes(8), None)])\n"
         "assert 'torch' not in sys.modules\n"
     )

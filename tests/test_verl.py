@@ -21,7 +21,7 @@ from dist_reference import MEGATRON_ITER, SAMPLES, assert_no_torch_on_metadata_p
 from ckptscope.core.errors import CkptError
 from ckptscope.formats import open_checkpoint
 from ckptscope.formats.registry import detect_format
-from ckptscope.formats.verl import VerlFsdpReader, VerlMegatronReader, fsdp_layout, verl_complete
+from ckptscope.formats.verl.reader import VerlFsdpReader, VerlMegatronReader, fsdp_layout, verl_complete
 
 VERL_RUN = SAMPLES / "verl_run"
 ACTOR = VERL_RUN / "global_step_2" / "actor"

@@ -79,8 +79,8 @@ def run_convert(src: str, dst: str, *, to: str, tp: int = 1, pp: int = 1, ep: in
                 dtype: str = "keep", hf_config: str | None = None, arch: str | None = None,
                 max_shard_size: str = "5GB", dry_run: bool = False, overwrite: bool = False, as_json: bool = False,
                 trust_pickle: bool = False, quiet: bool = False) -> None:
-    from ckptscope.ops.convert import execute_convert
-    from ckptscope.ops.convert_plan import plan_convert
+    from ckptscope.ops.convert.execute import execute_convert
+    from ckptscope.ops.convert.plan import plan_convert
 
     plan = plan_convert(src, dst, to=to, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format, dtype=dtype,
                         hf_config=hf_config,

@@ -94,7 +94,7 @@ def diff(a: str, b: str, as_json: bool, plain: bool, mapping: str, atol: float, 
     """Compare two checkpoints tensor by tensor. Exit 0 identical, 1 different, 2 error."""
     if atol < 0 or rtol < 0 or math.isnan(atol) or math.isnan(rtol):
         raise CkptError("--atol and --rtol must be non-negative numbers")
-    from ckptscope.ops.diff import DiffOptions
+    from ckptscope.ops.diff.engine import DiffOptions
 
     options = DiffOptions(atol=atol, rtol=rtol, device=device)
     interactive = not as_json and not plain and sys.stdout.isatty() and sys.stdin.isatty()
@@ -108,8 +108,8 @@ def diff(a: str, b: str, as_json: bool, plain: bool, mapping: str, atol: float, 
                                 trust_pickle=trust_pickle)
             sys.exit(code)
 
-    from ckptscope.ops.diff import diff_checkpoints
-    from ckptscope.ops.diff_plan import plan_diff
+    from ckptscope.ops.diff.engine import diff_checkpoints
+    from ckptscope.ops.diff.plan import plan_diff
 
     plan = plan_diff(a, b, mapping=mapping, include=include, exclude=exclude, arch=arch, trust_pickle=trust_pickle)
     if as_json or not sys.stderr.isatty():

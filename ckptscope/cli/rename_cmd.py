@@ -39,7 +39,7 @@ def rename(src: str, dst: str, subs: tuple[tuple[str, str], ...], drops: tuple[s
            dry_run: bool, overwrite: bool, as_json: bool) -> None:
     """Rename (or drop) tensors; tensor bytes are copied verbatim, SRC is never modified."""
     from ckptscope.core.units import human_bytes
-    from ckptscope.ops.rename import execute_rename, plan_rename
+    from ckptscope.ops.rename.engine import execute_rename, plan_rename
 
     plan = plan_rename(src, dst, subs=subs, drops=drops, mapping=_load_map(map_file), overwrite=overwrite)
     if as_json:

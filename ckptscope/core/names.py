@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from functools import lru_cache
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 
 _DIGITS = re.compile(r"(\d+)")
 

@@ -7,16 +7,15 @@ Chunk assembly lives here once, so a sharded format only has to describe its chu
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import mmap
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ckptscope.core.collector import collector_paused
 from ckptscope.core.errors import CkptError, MissingTensor
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
@@ -45,38 +44,6 @@ def normalize_region(shape: tuple[int, ...], region: Region | None) -> tuple[tup
     return tuple(bounds)
 
 
-class _CollectorPause:
-    """Keep the cyclic garbage collector off while an index is built.
-
-    An index is tens of thousands of small objects that all stay alive, and every allocation
-    burst triggers collections that walk every live object: on a 20k-tensor header that was a
-    third of the time. Nothing cyclic is dropped while indexing, so nothing is lost by waiting.
-    Pauses are counted, so nested and concurrent ones (two readers indexed by two threads)
-    re-enable the collector only when the last ends, and only if it was on before.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._depth = 0
-        self._was_enabled = True
-
-    @contextlib.contextmanager
-    def __call__(self) -> Iterator[None]:
-        with self._lock:
-            if self._depth == 0:
-                self._was_enabled = gc.isenabled()
-                gc.disable()
-            self._depth += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._depth -= 1
-                if self._depth == 0 and self._was_enabled:
-                    gc.enable()
-
-
-collector_paused = _CollectorPause()
 
 
 class CheckpointReader(ABC):

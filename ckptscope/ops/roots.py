@@ -59,8 +59,8 @@ def _is_complete(path: Path) -> bool:
         entries = [e.name for e in path.iterdir()]
     except OSError:
         return False
-    from ckptscope.formats.megatron_legacy import is_complete_save
-    from ckptscope.formats.verl import verl_complete
+    from ckptscope.formats.megatron.legacy_reader import is_complete_save
+    from ckptscope.formats.verl.reader import verl_complete
 
     verl = verl_complete(path)  # every rank file / the torch_dist marker, not just "a reader sniffs it"
     if verl is not None:
@@ -156,3 +156,12 @@ def pick_iteration(root: str | Path, found: list[IterationInfo], iteration: int 
     if chosen is None:
         raise CkptError(f"save directory without a complete iteration; found: {describe_iterations(found)}", root)
     return chosen
+
+
+def resolve_root(path: str | Path) -> str:
+    """A save root (Megatron tracker, verl/torchtitan step dirs) stands for its default iteration:
+    the tracker's when complete, else the newest complete one (``roots.pick_iteration``)."""
+    found = discover_iterations(path)
+    if not found:
+        return str(path)
+    return pick_iteration(path, found).path

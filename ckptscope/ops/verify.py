@@ -10,10 +10,10 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from ckptscope.ops.convert import execute_convert
-from ckptscope.ops.convert_plan import plan_convert
-from ckptscope.ops.diff import DiffOptions, DiffReport, diff_checkpoints
-from ckptscope.ops.diff_plan import plan_diff
+from ckptscope.ops.convert.execute import execute_convert
+from ckptscope.ops.convert.plan import plan_convert
+from ckptscope.ops.diff.engine import DiffOptions, DiffReport, diff_checkpoints
+from ckptscope.ops.diff.plan import plan_diff
 
 
 def verify_round_trip(src: str | Path, *, via: str = "mcore", tp: int = 1, pp: int = 1, ep: int = 1,

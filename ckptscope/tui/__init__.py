@@ -10,7 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ckptscope.ops.diff import DiffOptions
+    from ckptscope.ops.diff.engine import DiffOptions
     from ckptscope.tui.app import CkptScopeApp
 
 __all__ = ["make_app", "run_diff_tui", "run_tui"]

@@ -20,14 +20,13 @@ from ckptscope.core.units import human_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.core.index import CheckpointIndex
-    from ckptscope.mappings.links import Box, Recipe
-    from ckptscope.ops.convert_plan import ConvertPlan, OutputTensor
-    from ckptscope.ops.diff import DiffReport
+    from ckptscope.ops.convert.plan import Box, ConvertPlan, OutputTensor, Recipe
+    from ckptscope.ops.diff.engine import DiffReport
 
 TARGETS = ("hf", "mcore")
 FORMATS = ("torch_dist", "torch")
 DTYPES = ("keep", "bfloat16", "float16", "float32")
-"""The choices ``plan_convert`` accepts (``ops.convert_plan.DTYPES``), listed here to build the form
+"""The choices ``plan_convert`` accepts (``ops.convert.plan.DTYPES``), listed here to build the form
 without importing the ops module (and mappings with it) before the form is opened."""
 DETAIL_PIECES = 8
 """Pieces listed in full for the highlighted row; more are counted."""
@@ -57,9 +56,9 @@ def default_target(index: CheckpointIndex | None) -> str:
     """The other family: HF names go to Megatron-Core, everything else (Megatron, FSDP shards) to HF."""
     if index is None:
         return "hf"
-    from ckptscope.mappings.resolve import naming_family
+    from ckptscope.ops.convert.plan import target_family_for
 
-    return "mcore" if naming_family(index.tensors) == "hf" else "hf"
+    return target_family_for(index)
 
 
 def destination_base(src: str | Path) -> Path:

@@ -11,7 +11,7 @@ from ckptscope.tui.app import CkptScopeApp
 from ckptscope.tui.screens.diff import DiffScreen
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ckptscope.ops.diff import DiffOptions
+    from ckptscope.ops.diff.engine import DiffOptions
 
 
 class DiffApp(CkptScopeApp):

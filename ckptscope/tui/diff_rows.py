@@ -17,7 +17,7 @@ from ckptscope.core.units import human_count
 from ckptscope.tui.filtering import matches
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ckptscope.ops.diff import PairResult
+    from ckptscope.ops.diff.engine import PairResult
 
 STATUSES = ("equal", "close", "different", "dtype_mismatch", "shape_mismatch", "only_a", "only_b")
 """The engine's statuses (``ops.diff.STATUSES``), repeated so this module never imports numpy."""

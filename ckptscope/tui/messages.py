@@ -15,9 +15,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from rich.console import RenderableType
 
     from ckptscope.core.index import CheckpointIndex
-    from ckptscope.formats.base import CheckpointReader
-    from ckptscope.ops.rename import RenamePlan
-    from ckptscope.ops.rename_plan import NameReport
+    from ckptscope.ops.opening import Reader
+    from ckptscope.ops.rename.files import RenamePlan
+    from ckptscope.ops.rename.plan import NameReport
     from ckptscope.ops.roots import IterationInfo
     from ckptscope.ops.stats import TensorStats, ValuePeek
     from ckptscope.ops.tree import TreeNode
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 class IndexLoaded(Message):
     """The checkpoint's metadata is read and its module tree built."""
 
-    reader: CheckpointReader
+    reader: Reader
     index: CheckpointIndex
     tree: TreeNode
     header: RenderableType
@@ -141,9 +141,9 @@ class RenameFailed(Message):
 # --- diff screen (``ckptscope diff A B``, "diff with…") ---------------------------------------------
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ckptscope.ops.diff import DiffEngine, DiffReport, PairResult
-    from ckptscope.ops.diff_detail import DiffDetail
-    from ckptscope.ops.diff_plan import DiffPlan
+    from ckptscope.ops.diff.detail import DiffDetail
+    from ckptscope.ops.diff.engine import DiffEngine, DiffReport, PairResult
+    from ckptscope.ops.diff.plan import DiffPlan
 
 
 @dataclass
@@ -194,7 +194,7 @@ class DiffDetailComputed(Message):
 # --- convert / merge (screens/convert.py) ------------------------------------------------------------
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ckptscope.ops.convert_plan import ConvertPlan
+    from ckptscope.ops.convert.plan import ConvertPlan
 
 
 @dataclass

@@ -13,7 +13,7 @@ What did pay is keeping the cyclic garbage collector out of it. Opening allocate
 thousand small objects that all stay alive; each allocation burst triggers collections that
 traverse every live object (Textual's included), on both threads: ~40 % of the worker's time and
 half the first paint after it. So the collector is paused while opening
-(``formats.base.collector_paused``) and the result is then frozen (``gc.freeze``): moved out of
+(``core.collector.collector_paused``) and the result is then frozen (``gc.freeze``): moved out of
 the generations the collector scans, as CPython's docs suggest for long-lived data. Reference
 counting still frees what is dropped; bench/bench_tui_startup.py measures the effect.
 """
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.core.index import CheckpointIndex
-    from ckptscope.formats.base import CheckpointReader
+    from ckptscope.ops.opening import Reader
     from ckptscope.ops.roots import IterationInfo
     from ckptscope.ops.tree import TreeNode
 
@@ -36,7 +36,7 @@ class Opened:
     """What opening a path produced: iterations of a save root, or a reader with index and tree."""
 
     iterations: list[IterationInfo] | None = None
-    reader: CheckpointReader | None = None
+    reader: Reader | None = None
     index: CheckpointIndex | None = None
     tree: TreeNode | None = None
     header: Any = None
@@ -49,7 +49,7 @@ def open_path(path: str | Path, *, trust_pickle: bool = False, discover: bool = 
     import gc
     import time
 
-    from ckptscope.formats.base import collector_paused
+    from ckptscope.core.collector import collector_paused
 
     start = time.perf_counter()
     with collector_paused():
@@ -63,7 +63,7 @@ def open_path(path: str | Path, *, trust_pickle: bool = False, discover: bool = 
 def _open(path: str | Path, trust_pickle: bool, discover: bool, start: float) -> Opened:
     import time
 
-    from ckptscope.formats import open_checkpoint
+    from ckptscope.ops.opening import open_checkpoint
     from ckptscope.ops.roots import discover_iterations
     from ckptscope.ops.tree import build_tree
 

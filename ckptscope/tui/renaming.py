@@ -1,8 +1,8 @@
 """The TUI side of rename, without widgets: what the cursor selects, the pending rule list, and
 how a preview compares two reports.
 
-Which name ends up where is decided only by ``ops.rename_plan.check_name_changes`` (through
-``ops.rename_rules``); this module never applies a rule itself. It only chooses what to show:
+Which name ends up where is decided only by ``ops.rename.plan.check_name_changes`` (through
+``ops.rename.rules``); this module never applies a rule itself. It only chooses what to show:
 the rows a new rule changes, the conflicts among them, and per-module counts for the tree.
 """
 
@@ -15,8 +15,8 @@ from itertools import product
 from pathlib import Path
 from typing import Literal
 
-from ckptscope.ops.rename_plan import NameChanges, NameReport
-from ckptscope.ops.rename_rules import RenameRule, check_rules, copies_pattern
+from ckptscope.ops.rename.plan import NameChanges, NameReport
+from ckptscope.ops.rename.rules import RenameRule, check_rules, copies_pattern
 from ckptscope.ops.tree import TreeNode
 
 MAX_COPIES = 1024

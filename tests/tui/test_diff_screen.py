@@ -23,7 +23,7 @@ from textual.app import App
 from textual.widgets import Input
 from tui_helpers import settle, sync, text_of
 
-from ckptscope.ops.diff import DiffOptions
+from ckptscope.ops.diff.engine import DiffOptions
 from ckptscope.tui import run_diff_tui
 from ckptscope.tui.app import make_app
 from ckptscope.tui.diff_app import DiffApp, make_diff_app

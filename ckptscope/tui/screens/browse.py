@@ -44,7 +44,7 @@ from ckptscope.tui.widgets.values_view import ValuesView
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.core.index import CheckpointIndex
-    from ckptscope.formats.base import CheckpointReader
+    from ckptscope.ops.opening import Reader
     from ckptscope.ops.stats import TensorStats, ValuePeek
     from ckptscope.ops.tree import TreeNode
 
@@ -122,7 +122,7 @@ class BrowseScreen(RenameActions, Screen[None]):
         self.trust_pickle = trust_pickle
         self.discover = discover
         """Look for iterations first (a save root); off once the user picked one."""
-        self.reader: CheckpointReader | None = None
+        self.reader: Reader | None = None
         self.index: CheckpointIndex | None = None
         self.module_tree: TreeNode | None = None
         self.iterations_root: str | None = iterations_root
@@ -521,14 +521,48 @@ class BrowseScreen(RenameActions, Screen[None]):
             self.action_rename_pending()
             return
         if op in ("convert", "merge"):
-            from ckptscope.tui.screens.convert import open_convert
-
-            open_convert(self, merge=op == "merge")
+            self._open_convert(merge=op == "merge")
             return
         if op == "diff":
-            from ckptscope.tui.screens.diff_with import ask_diff_with
-
-            ask_diff_with(self)
+            self._ask_diff_with()
             return
         self.notify(f"'{op}' opens here once the {op} operation lands (see the ops issues).",
                     title="not available yet", severity="information")
+
+    def _open_convert(self, *, merge: bool) -> None:
+        """Push the form over the browser; "open result" browses the written checkpoint in its place."""
+        from ckptscope.core.units import human_bytes
+        from ckptscope.tui.converting import default_target
+        from ckptscope.tui.screens.convert import ConvertScreen
+
+        index = self.index
+        if index is None:
+            self.notify("The checkpoint is still loading.", severity="warning")
+            return
+        target = "hf" if merge else default_target(index)
+        about = f"{index.format} · {len(index.tensors):,} tensors · {human_bytes(index.total_bytes)}"
+
+        def finished(path: str | None) -> None:
+            if path is not None:
+                self.open_renamed(path)
+
+        self.app.push_screen(ConvertScreen(self.path, target=target, merge=merge, about=about,
+                                           trust_pickle=self.trust_pickle), finished)
+
+    def _ask_diff_with(self) -> None:
+        """Ask for B, then push the diff screen over the browser (esc there comes back)."""
+        from ckptscope.tui.screens.diff_with import DiffWithDialog
+
+        if self.index is None:
+            self.notify("The checkpoint is still loading.", severity="warning")
+            return
+        a = self.path
+
+        def chosen(b: str | None) -> None:
+            if b is None:
+                return
+            from ckptscope.tui.screens.diff import DiffScreen
+
+            self.app.push_screen(DiffScreen(a, b, trust_pickle=self.trust_pickle, standalone=False))
+
+        self.app.push_screen(DiffWithDialog(a), chosen)

@@ -1,7 +1,7 @@
 """``C`` / "ops: convert / merge…": a form (target, tp, pp, format, dtype, destination) with a live
 plan, then the write, then "open result" and a round-trip verify.
 
-The plan is ``ops.convert_plan.plan_convert`` and the write ``ops.convert.execute_convert``: the
+The plan is ``ops.convert.plan.plan_convert`` and the write ``ops.convert.execute.execute_convert``: the
 calls ``ckptscope convert`` makes. Each runs in a thread worker that posts past-tense messages
 (``ConvertPlanned``, ``ConvertProgressed``, ``ConvertFinished``, ``ConvertFailed``,
 ``ConvertVerified``). Every field change re-plans after a short pause; an older plan that arrives
@@ -33,7 +33,6 @@ from ckptscope.tui.converting import (
     FORMATS,
     ConvertSettings,
     default_destination,
-    default_target,
     plan_detail,
     plan_row,
     plan_summary,
@@ -47,11 +46,10 @@ from ckptscope.tui.messages import (
     ConvertProgressed,
     ConvertVerified,
 )
-from ckptscope.tui.screens.diff_with import PathSuggester
+from ckptscope.tui.widgets.path_suggester import PathSuggester
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ckptscope.ops.convert_plan import ConvertPlan
-    from ckptscope.tui.screens.browse import BrowseScreen
+    from ckptscope.ops.convert.plan import ConvertPlan
 
 PLAN_DELAY = 0.15
 """Seconds of editing pause before the plan is recomputed (it re-reads the source's metadata)."""
@@ -239,7 +237,7 @@ class ConvertScreen(ModalScreen[str | None]):
     @work(thread=True, exclusive=True, group="convert-plan", exit_on_error=False, description="planning the conversion")
     def _plan(self, token: int, settings: ConvertSettings, dst: str, overwrite: bool) -> None:
         from ckptscope.ops.atomic import check_destination
-        from ckptscope.ops.convert_plan import plan_convert
+        from ckptscope.ops.convert.plan import plan_convert
 
         try:
             plan = plan_convert(self.src, dst, to=settings.target, tp=settings.tp, pp=settings.pp,
@@ -341,7 +339,7 @@ class ConvertScreen(ModalScreen[str | None]):
 
     @work(thread=True, exclusive=True, group="convert-write", exit_on_error=False, description="writing the conversion")
     def _write(self, plan: ConvertPlan, overwrite: bool) -> None:
-        from ckptscope.ops.convert import execute_convert
+        from ckptscope.ops.convert.execute import execute_convert
 
         start = time.perf_counter()
         total, tensors_total = max(1, plan.total_bytes), len(plan.tensors)
@@ -511,20 +509,3 @@ class ConvertScreen(ModalScreen[str | None]):
                         severity="warning")
             return
         self.dismiss(None)
-
-
-def open_convert(screen: BrowseScreen, *, merge: bool = False) -> None:
-    """Push the form over the browser; "open result" browses the written checkpoint in its place."""
-    index = screen.index
-    if index is None:
-        screen.notify("The checkpoint is still loading.", severity="warning")
-        return
-    target = "hf" if merge else default_target(index)
-    about = f"{index.format} · {len(index.tensors):,} tensors · {human_bytes(index.total_bytes)}"
-
-    def finished(path: str | None) -> None:
-        if path is not None:
-            screen.open_renamed(path)
-
-    screen.app.push_screen(ConvertScreen(screen.path, target=target, merge=merge, about=about,
-                                         trust_pickle=screen.trust_pickle), finished)

@@ -3,7 +3,7 @@
 One thread worker plans the pairing (``plan_diff``) and runs the streaming ``DiffEngine``; it posts
 ``DiffPlanned``, batches of ``PairsCompared``, then ``DiffFinished`` (or ``DiffFailed``). Rows appear
 as pairs complete, under the current sort and filters. Highlighting a row shows the pair's facts at
-once; its histogram and heatmap (``ops.diff_detail``) are computed on demand in a second,
+once; its histogram and heatmap (``ops.diff.detail``) are computed on demand in a second,
 cancellable worker and cached. Leaving the screen or quitting cancels both workers; the engine
 checks the flag between blocks.
 """
@@ -32,9 +32,9 @@ from ckptscope.tui.widgets.diff_table import DiffTable
 from ckptscope.tui.widgets.pair_detail import PairDetailView
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ckptscope.ops.diff import DiffEngine, DiffOptions, DiffReport, PairResult
-    from ckptscope.ops.diff_detail import DiffDetail
-    from ckptscope.ops.diff_plan import DiffPlan
+    from ckptscope.ops.diff.detail import DiffDetail
+    from ckptscope.ops.diff.engine import DiffEngine, DiffOptions, DiffReport, PairResult
+    from ckptscope.ops.diff.plan import DiffPlan
 
 FLUSH_EVERY = 0.1
 """Seconds between batches of results posted by the engine worker."""
@@ -142,8 +142,8 @@ class DiffScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="diff", exit_on_error=False, description="comparing checkpoints")
     def _run_diff(self) -> None:
-        from ckptscope.ops.diff import DiffEngine
-        from ckptscope.ops.diff_plan import plan_diff
+        from ckptscope.ops.diff.engine import DiffEngine
+        from ckptscope.ops.diff.plan import plan_diff
 
         worker = get_current_worker()
         start = time.perf_counter()
@@ -362,7 +362,7 @@ class DiffScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="detail", exit_on_error=False, description="where they differ")
     def _compute_detail(self, name: str, cols: int) -> None:
-        from ckptscope.ops.diff_detail import pair_detail
+        from ckptscope.ops.diff.detail import pair_detail
 
         worker = get_current_worker()
         assert self.plan is not None

@@ -4,7 +4,7 @@ with the checkpoint being browsed as A (the iteration picked, for a save root)."
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from rich.text import Text
 from textual import on
@@ -12,32 +12,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.suggester import Suggester
 from textual.widgets import Footer, Input, Static
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ckptscope.tui.screens.browse import BrowseScreen
-
-
-class PathSuggester(Suggester):
-    """Completes the last path component from the directory listing (→ accepts, as in a shell)."""
-
-    def __init__(self) -> None:
-        super().__init__(use_cache=False, case_sensitive=True)
-
-    async def get_suggestion(self, value: str) -> str | None:
-        if not value:
-            return None
-        folder, stem = os.path.split(value)
-        try:
-            names = sorted(os.listdir(os.path.expanduser(folder) or "."))
-        except OSError:
-            return None
-        for name in names:
-            if name.startswith(stem) and name != stem and not (name.startswith(".") and not stem.startswith(".")):
-                full = os.path.join(folder, name)
-                return full + os.sep if os.path.isdir(os.path.expanduser(full)) else full
-        return None
+from ckptscope.tui.widgets.path_suggester import PathSuggester
 
 
 class DiffWithDialog(ModalScreen[str | None]):
@@ -78,20 +55,3 @@ class DiffWithDialog(ModalScreen[str | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
-
-
-def ask_diff_with(screen: BrowseScreen) -> None:
-    """Ask for B, then push the diff screen over the browser (esc there comes back)."""
-    if screen.index is None:
-        screen.notify("The checkpoint is still loading.", severity="warning")
-        return
-    a = screen.path
-
-    def chosen(b: str | None) -> None:
-        if b is None:
-            return
-        from ckptscope.tui.screens.diff import DiffScreen
-
-        screen.app.push_screen(DiffScreen(a, b, trust_pickle=screen.trust_pickle, standalone=False))
-
-    screen.app.push_screen(DiffWithDialog(a), chosen)

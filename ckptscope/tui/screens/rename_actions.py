@@ -13,8 +13,8 @@ from rich.text import Text
 from textual import work
 from textual.binding import Binding, BindingType
 
-from ckptscope.ops.rename_plan import NameReport, RenamePlanError
-from ckptscope.ops.rename_rules import RenameRule, drop_name, drop_names, drop_prefix
+from ckptscope.ops.rename.plan import NameReport, RenamePlanError
+from ckptscope.ops.rename.rules import RenameRule, drop_name, drop_names, drop_prefix
 from ckptscope.tui.messages import IndexLoaded, PendingRenamesChecked
 from ckptscope.tui.renaming import PendingRenames, PendingView, Selection, selection_of
 from ckptscope.tui.widgets.summary_header import SummaryHeader

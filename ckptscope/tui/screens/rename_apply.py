@@ -27,8 +27,8 @@ from textual.worker import Worker, WorkerState
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.units import human_bytes
-from ckptscope.ops.rename import RenamePlan
-from ckptscope.ops.rename_rules import RenameRule, rules_request
+from ckptscope.ops.rename.files import RenamePlan
+from ckptscope.ops.rename.rules import RenameRule, rules_request
 from ckptscope.tui.messages import RenameApplied, RenameFailed, RenamePlanned, RenameProgressed
 from ckptscope.tui.renaming import default_destination
 
@@ -141,7 +141,7 @@ class RenameApplyScreen(ModalScreen[str | None]):
 
     @work(thread=True, exclusive=True, group="rename-plan", exit_on_error=False, description="planning the rename")
     def _plan(self, dst: str, overwrite: bool) -> None:
-        from ckptscope.ops.rename import plan_rename
+        from ckptscope.ops.rename.engine import plan_rename
 
         subs, drops = rules_request(self.rules)
         try:
@@ -153,7 +153,7 @@ class RenameApplyScreen(ModalScreen[str | None]):
 
     @work(thread=True, exclusive=True, group="rename-write", exit_on_error=False, description="writing the rename")
     def _write(self, plan: RenamePlan) -> None:
-        from ckptscope.ops.rename import execute_rename
+        from ckptscope.ops.rename.engine import execute_rename
 
         start = time.perf_counter()
         last = [0.0]

@@ -22,8 +22,8 @@ from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import Button, Footer, Input, Label, RadioButton, RadioSet, Static
 
-from ckptscope.ops.rename_plan import RenamePlanError
-from ckptscope.ops.rename_rules import RenameRule, regex_rule, rename_name, rename_prefix
+from ckptscope.ops.rename.plan import RenamePlanError
+from ckptscope.ops.rename.rules import RenameRule, regex_rule, rename_name, rename_prefix
 from ckptscope.tui.messages import RenamePreviewed
 from ckptscope.tui.renaming import PendingRenames, Preview, Selection, preview
 

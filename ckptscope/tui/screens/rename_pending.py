@@ -6,7 +6,7 @@ owner to change it, so the tree and the header follow every change.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from rich.text import Text
 from textual import on
@@ -16,10 +16,22 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Footer, Static
 
-from ckptscope.ops.rename_rules import rule_hits
+from ckptscope.ops.rename.rules import rule_hits
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ckptscope.tui.screens.rename_actions import RenameActions
+    from ckptscope.tui.renaming import PendingRenames
+
+
+class PendingOwner(Protocol):
+    """What the panel asks of the screen that owns the pending list (``RenameActions``)."""
+
+    def pending_renames(self) -> PendingRenames | None: ...
+
+    def remove_rename_rule(self, position: int) -> None: ...
+
+    def action_rename_undo(self) -> None: ...
+
+    def action_rename_apply(self) -> None: ...
 
 
 class PendingRenamesScreen(ModalScreen[None]):
@@ -31,7 +43,7 @@ class PendingRenamesScreen(ModalScreen[None]):
                 tooltip="Write a renamed copy with these rules (asks for the destination)"),
     ]
 
-    def __init__(self, owner: RenameActions) -> None:
+    def __init__(self, owner: PendingOwner) -> None:
         super().__init__()
         self.owner = owner
 

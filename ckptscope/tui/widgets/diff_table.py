@@ -20,7 +20,7 @@ from textual.widgets import DataTable
 from ckptscope.tui.diff_rows import COLUMNS, row_cells
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ckptscope.ops.diff import PairResult
+    from ckptscope.ops.diff.engine import PairResult
 
 MIN_NAME_WIDTH = 16
 

@@ -16,8 +16,8 @@ from ckptscope.tui.diff_rows import fmt_metric, status_text
 from ckptscope.tui.widgets.stats_view import BARS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ckptscope.ops.diff import PairResult
-    from ckptscope.ops.diff_detail import DiffDetail, DiffHeatmap, DiffHistogram
+    from ckptscope.ops.diff.detail import DiffDetail, DiffHeatmap, DiffHistogram
+    from ckptscope.ops.diff.engine import PairResult
 
 HEAT_COLORS = ("#2b4a6f", "#2f6f9f", "#3f8fb0", "#5aa9a0", "#8fbf6a", "#d8c35a", "#f0a04b", "#e8663d", "#d7263d")
 """Cool to hot; one per level of the log scale (readable on both themes)."""

@@ -1,0 +1,1 @@
+"""PyTorch Distributed Checkpoint dirs: the reader, ``.metadata`` parsing, and the metadata writers."""

@@ -1,0 +1,1 @@
+"""Hugging Face model directories (safetensors or pytorch_model*.bin shards, with or without an index)."""

@@ -1,0 +1,256 @@
+"""A Hugging Face model directory: safetensors shards (+ index) or ``pytorch_model*.bin`` (+ index).
+
+FORMATS.md §1.5. The index's ``weight_map`` is checked against the shards it names: a missing
+or truncated shard, a tensor the index places in a shard that lacks it, or a stored tensor the
+index leaves out, is recorded as an issue (and a warning) naming both, and the rest stays
+browsable; ``ckptscope check`` reports them. Config and generation files become objects;
+tokenizer files are listed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ckptscope.core.errors import CkptError
+from ckptscope.core.index import CheckpointIndex, FileInfo, Issue, ObjectEntry
+from ckptscope.core.names import natural_key
+from ckptscope.core.tensor import TensorMeta
+from ckptscope.formats.base import CheckpointReader
+from ckptscope.formats.pickles.torch_file import build_torch_index, is_torch_zip, read_torch_zip
+from ckptscope.formats.pickles.trusted import TrustedTorchFile
+from ckptscope.formats.registry import register_reader
+from ckptscope.formats.safetensors.reader import SafetensorsHeader, parse_safetensors_header
+from ckptscope.formats.torch_save.legacy_reader import TorchLegacyReader, read_legacy
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+BIN_INDEX = "pytorch_model.bin.index.json"
+_CONFIG_FILES = ("config.json", "generation_config.json", "adapter_config.json")
+_TOKENIZER_HINTS = ("tokenizer", "vocab", "merges.txt", "special_tokens_map", "chat_template")
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    return sorted((p for p in path.glob("*.safetensors") if p.is_file()), key=lambda p: natural_key(p.name))
+
+
+def _bin_files(path: Path) -> list[Path]:
+    return sorted((p for p in path.glob("pytorch_model*.bin") if p.is_file()), key=lambda p: natural_key(p.name))
+
+
+def _pick_index(path: Path, canonical: str, pattern: str) -> Path | None:
+    if (path / canonical).is_file():
+        return path / canonical
+    candidates = sorted(path.glob(pattern))
+    return candidates[0] if candidates else None
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CkptError(f"cannot read: {exc.strerror or exc}", path) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CkptError(f"bad JSON: {exc}", path) from None
+
+
+def _read_weight_map(index_path: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    data = _load_json(index_path)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CkptError("index file has no valid weight_map", index_path)
+    metadata = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
+    return {str(k): v for k, v in weight_map.items()}, metadata
+
+
+@register_reader
+class HFDirReader(CheckpointReader):
+    """``save_pretrained`` output, sharded or not."""
+
+    format_name = "hf"
+    priority = 60
+
+    def __init__(self, path: Path, *, trust_pickle: bool = False) -> None:
+        super().__init__(path, trust_pickle=trust_pickle)
+        self._trusted_shards: dict[str, TrustedTorchFile] = {}
+        """Shards loaded with torch when the user passed --trust-pickle."""
+
+    @classmethod
+    def supports(cls, path: Path) -> bool:
+        if not path.is_dir():
+            return False
+        return bool(
+            (path / SAFETENSORS_INDEX).is_file() or _safetensors_files(path)
+            or (path / BIN_INDEX).is_file() or _bin_files(path)
+        )
+
+    def _build_index(self) -> CheckpointIndex:
+        index = CheckpointIndex(path=str(self.path), format=self.format_name)
+        st_files = _safetensors_files(self.path)
+        st_index = _pick_index(self.path, SAFETENSORS_INDEX, "*.safetensors.index*.json")
+        if st_files or st_index:
+            index.metadata["weights"] = "safetensors"
+            self._index_safetensors(index, st_index, st_files)
+            if _bin_files(self.path):
+                index.warnings.append("pytorch_model*.bin files are present too; showing the safetensors weights")
+        else:
+            index.metadata["weights"] = "pytorch_model.bin"
+            bin_index = _pick_index(self.path, BIN_INDEX, "pytorch_model.bin.index*.json")
+            self._index_bins(index, bin_index, _bin_files(self.path))
+        self._add_side_files(index)
+        return index
+
+    # --- weights ---------------------------------------------------------------------------
+
+    def _index_safetensors(self, index: CheckpointIndex, index_file: Path | None, files: list[Path]) -> None:
+        if index_file is not None:
+            weight_map, meta = _read_weight_map(index_file)
+            index.metadata["index"] = meta
+            shards = self._shards_named_by(index, index_file, weight_map)
+            headers = {shard: self._header(index, shard) for shard in shards}
+            owner = {n: shard for shard, header in headers.items() for n in header.tensors}
+            for name, shard in weight_map.items():
+                if shard not in headers:
+                    continue  # a missing shard: already an issue
+                found = headers[shard].tensors.get(name)
+                if found is None:
+                    self._misplaced(index, index_file, name, shard, owner.get(name))
+                    if name in owner:
+                        index.tensors[name] = headers[owner[name]].tensors[name]
+                    continue
+                index.tensors[name] = found
+            for shard, header in headers.items():
+                extra = [n for n in header.tensors if n not in weight_map]
+                if extra:
+                    index.add_issue("index-mismatch", f"{len(extra)} tensors stored here are not listed in "
+                                    f"{index_file.name} (loaders skip them)", file=shard, tensors=tuple(extra),
+                                    warning=f"{shard}: {len(extra)} tensors not listed in {index_file.name}")
+                    for name in extra:
+                        index.tensors.setdefault(name, header.tensors[name])
+                index.warnings.extend(header.warnings)
+            unindexed = [p.name for p in files if p.name not in headers]
+            if unindexed:
+                index.warnings.append(f"not named by {index_file.name}, ignored: {', '.join(unindexed)}")
+            self._check_total_size(index, meta, index_file)
+            return
+        owners: dict[str, str] = {}
+        for path in files:
+            header = self._header(index, path.name)
+            index.warnings.extend(header.warnings)
+            if header.metadata:
+                index.metadata.setdefault("__metadata__", header.metadata)
+            for name, meta in header.tensors.items():
+                if name in owners:
+                    raise CkptError(f"tensor {name!r} is stored in both {owners[name]} and {path.name}", self.path)
+                owners[name] = path.name
+                index.tensors[name] = meta
+
+    def _index_bins(self, index: CheckpointIndex, index_file: Path | None, files: list[Path]) -> None:
+        if index_file is not None:
+            weight_map, index_meta = _read_weight_map(index_file)
+            index.metadata["index"] = index_meta
+            shards = self._shards_named_by(index, index_file, weight_map)
+        else:
+            weight_map, index_meta, shards = {}, {}, [p.name for p in files]
+        for shard in shards:
+            part = CheckpointIndex(path=str(self.path / shard), format="torch")
+            shard_path = self.path / shard
+            if self.trust_pickle:
+                trusted = TrustedTorchFile(shard_path, mmap=is_torch_zip(shard_path))
+                trusted.fill_index(part, shard)
+                self._trusted_shards[shard] = trusted
+            elif is_torch_zip(shard_path):
+                parsed = read_torch_zip(shard_path)
+                build_torch_index(part, parsed.obj, shard, parsed.storages, big_endian=parsed.big_endian, path=shard_path)
+            elif TorchLegacyReader.supports(shard_path):
+                obj, placements, big_endian = read_legacy(shard_path)
+                build_torch_index(part, obj, shard, placements, big_endian=big_endian, path=shard_path)
+            else:
+                raise CkptError("not a torch.save file", shard_path)
+            for name, meta in part.tensors.items():
+                if name in index.tensors:
+                    raise CkptError(f"tensor {name!r} is stored in two shards", shard_path)
+                index.tensors[name] = meta
+            index.objects.extend(ObjectEntry(f"{shard}:{o.name}", o.type, o.value) for o in part.objects)
+            index.warnings.extend(w for w in part.warnings if w not in index.warnings)
+        for name, shard in weight_map.items():
+            found = index.tensors.get(name)
+            if shard in shards and (found is None or found.files != (shard,)):
+                self._misplaced(index, index_file, name, shard, found.files[0] if found and found.files else None)
+        if index_file is not None:
+            self._check_total_size(index, index_meta, index_file)
+
+    def _read_chunk(self, meta: TensorMeta, chunk: Any, local: tuple[tuple[int, int], ...]) -> Any:
+        trusted = self._trusted_shards.get(chunk.file)
+        if trusted is not None:
+            return trusted.read(meta.name, local)
+        return super()._read_chunk(meta, chunk, local)
+
+    def _shards_named_by(self, index: CheckpointIndex, index_file: Path, weight_map: dict[str, str]) -> list[str]:
+        """The shards the index names that exist; each missing one is an issue listing its tensors."""
+        shards = sorted(set(weight_map.values()), key=natural_key)
+        present = []
+        for shard in shards:
+            if "/" in shard or "\\" in shard or shard in ("", ".", ".."):
+                raise CkptError(f"index names shard {shard!r} outside the checkpoint directory", index_file)
+            if (self.path / shard).is_file():
+                present.append(shard)
+                continue
+            names = tuple(n for n, s in weight_map.items() if s == shard)
+            index.add_issue("missing-file", f"not found; {index_file.name} places {len(names)} tensors in it",
+                            file=shard, tensors=names,
+                            warning=f"{index_file.name} names shard {shard}, which is missing "
+                                    f"({len(names)} tensors cannot be shown)")
+        return present
+
+    def _header(self, index: CheckpointIndex, shard: str) -> SafetensorsHeader:
+        """One shard's header; a shard cut short after its header is an issue, not a failure."""
+        header = parse_safetensors_header(self.path / shard, shard, allow_truncated=True)
+        if header.truncated:
+            end = max(c.byte_offset + c.byte_length for n in header.truncated for c in header.tensors[n].chunks)
+            index.issues.append(Issue("truncated", f"the header places data up to byte {end}, the "
+                                      f"file has {header.file_size}", shard, header.truncated))
+        return header
+
+    @staticmethod
+    def _misplaced(index: CheckpointIndex, index_file: Path, name: str, shard: str, actual: str | None) -> None:
+        where = f"it is stored in {actual}" if actual else "no shard the index names holds it"
+        index.add_issue("index-mismatch", f"{index_file.name} places it in {shard}, which does not contain it; {where}",
+                        file=shard, tensors=(name,),
+                        warning=f"{index_file.name} places tensor {name!r} in {shard}, which does not contain it "
+                                f"({where})")
+
+    @staticmethod
+    def _check_total_size(index: CheckpointIndex, meta: dict[str, Any], index_file: Path) -> None:
+        declared = meta.get("total_size")
+        if isinstance(declared, int) and declared != index.total_bytes:
+            index.warnings.append(
+                f"{index_file.name}: total_size says {declared} bytes, the tensors add up to {index.total_bytes}"
+            )
+
+    # --- everything else in the directory ----------------------------------------------------
+
+    def _add_side_files(self, index: CheckpointIndex) -> None:
+        data_files = {f for t in index.tensors.values() for f in t.files}
+        for path in sorted(self.path.iterdir(), key=lambda p: natural_key(p.name)):
+            if not path.is_file():
+                continue
+            name = path.name
+            if name in data_files:
+                role = "data"
+            elif name.endswith(".json") and ".index" in name:
+                role = "index"
+            elif name in _CONFIG_FILES:
+                role = "config"
+            elif any(h in name for h in _TOKENIZER_HINTS):
+                role = "tokenizer"
+            else:
+                role = "other"
+            index.files.append(FileInfo(name, path.stat().st_size, role))
+            if role == "config":
+                config = _load_json(path)
+                index.objects.append(ObjectEntry(name.removesuffix(".json"), "json", config))
+                if name == "config.json" and isinstance(config, dict):
+                    for key in ("architectures", "model_type", "torch_dtype", "dtype", "tie_word_embeddings"):
+                        if key in config:
+                            index.metadata.setdefault(key, config[key])

@@ -1,0 +1,325 @@
+"""Streaming writers for Megatron-Core checkpoints, with no process group and no GPU.
+
+* ``write_torch_dist``: a ``--ckpt-format torch_dist`` iteration dir (FORMATS.md §4) equal to what
+  megatron-core 0.16.1 ``dist_checkpointing.save`` writes for a GPTModel saved on one rank: data
+  files ``__0_{k}.distcp``, ``.metadata`` (torch DCP ``Metadata``, ``planner_data`` None, Megatron's
+  ``all_local_plans``), ``common.pt`` (args, iteration, checkpoint_version) and ``metadata.json``,
+  written last because its presence marks a complete save. Per-layer tensors are stacked under the
+  key without the layer index (global ``[L, ...]``, one chunk per layer at ``(i, 0, ...)``, §4.5),
+  SwiGLU ``linear_fc1`` goes in as its two halves (gate at row 0, up at row F, §4.7), local-spec
+  norms under the TE names (§4.5), and each linear's ``_extra_state`` as a ShardedObject
+  ``<key>/shard_{i}_{L}`` (§4.4), which megatron-core's load asks for. MoE layers (SequentialMLP,
+  EP=1 on one rank): ``mlp.router.weight`` ``[L, E, H]``, every expert of a layer under
+  ``mlp.experts.experts.linear_fc1.weight`` / ``linear_fc2.weight`` with the expert axis after the
+  layer axis (``[L, E, ...]``, chunk at ``(i, e, ...)``, fc1 again in two halves), their extra states
+  ``…/shard_{i}.{e}_{L}.{E}``, ``mlp.shared_experts.*`` stacked like a dense MLP, and the norm under
+  the local spec's keys-map name ``mlp.linear_fc1.layer_norm_weight`` (``pre_mlp_layernorm.weight``
+  with the TE spec).
+* ``write_torch_legacy`` (legacy_writer.py): a ``--ckpt-format torch`` dir of per-rank
+  ``mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt`` files (§3).
+
+Megatron's own writers need an initialised process group and the whole model in memory; a
+converter has neither. Here each ``OutTensor.produce`` is called exactly once, when its bytes are
+due, and the array is dropped before the next one, so the peak is about one tensor whatever the
+model size. For torch_dist every chunk is one ``torch.save`` container appended to a data file,
+which is how torch's ``FileSystemWriter`` stores an item (§5.4); that writer itself is not used
+because it keeps every tensor it wrote alive until its file is closed.
+
+The torch_dist writer does not import torch at all (``import torch`` alone takes longer than
+converting a small model): containers come from ``torch_save.zip_container``, ``.metadata`` from
+``dcp.metadata_write``, ``common.pt`` from ``pickles.repickle.repickle``; tests load the results with
+torch and megatron-core. A tensor offered as file byte runs (``OutTensor.runs``) is copied file to
+file by the kernel, its CRC computed on a second thread from the same cached pages. The legacy
+per-rank writer still uses torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import uuid
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ckptscope.core.dtypes import DType, dtype_by_name
+from ckptscope.core.errors import CkptError
+from ckptscope.formats.dcp.metadata_write import BytesItem, ChunkItem, metadata_bytes
+from ckptscope.formats.filecopy import copy_range
+from ckptscope.formats.megatron.legacy_writer import legacy_rank_dir, write_torch_legacy
+from ckptscope.formats.megatron.model_layout import (
+    DIST_EXPERTS,
+    EXPERTS,
+    GLU,
+    LAYERS,
+    LINEARS,
+    LOCAL_TO_TE,
+    MOE_NORM,
+    Entry,
+    ModelTensors,
+    OutTensor,
+    Progress,
+    analyse,
+    check_spec,
+    pipeline_layer_ranges,
+    produce_array,
+)
+from ckptscope.formats.pickles.repickle import repickle
+from ckptscope.formats.pickles.safe import StorageRef, TensorRef
+from ckptscope.formats.torch_save.zip_container import Copied, crc32, tensor_pickle, write_torch_save
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
+__all__ = ["OutTensor", "Progress", "legacy_rank_dir", "pipeline_layer_ranges", "write_torch_dist",
+           "write_torch_legacy"]
+
+COMMON_FILE = "common.pt"
+MARKER_FILE = "metadata.json"
+CHECKPOINT_VERSION = 3.0
+MARKER = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+          "common_backend": "torch", "common_backend_version": 1}
+"""megatron-core <= 0.18 ``CheckpointingConfig`` (FORMATS.md §4.1, checked on disk with 0.16.1)."""
+
+
+@dataclass
+class _Chunk:
+    key: str
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    global_shape: tuple[int, ...]
+    rows: tuple[int, int] | None
+    """Rows (axis 0) of the produced array this chunk holds; None: all of it."""
+
+
+def _dist_key(entry: Entry, model: ModelTensors, spec: str) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+    """The torch_dist key of one tensor and the axes prepended to it: (key, offsets, global sizes)."""
+    if entry.layer is None:
+        return entry.sub, (), ()
+    if entry.expert is not None:
+        return (LAYERS + DIST_EXPERTS + entry.expert_sub, (entry.layer, entry.expert),
+                (model.num_layers, model.num_experts))
+    sub = entry.sub
+    if model.moe and spec == "local" and sub.startswith(MOE_NORM):  # the local spec's keys map still applies
+        sub = LOCAL_TO_TE[MOE_NORM] + sub[len(MOE_NORM):]
+    return LAYERS + sub, (entry.layer,), (model.num_layers,)
+
+
+def _chunks(entry: Entry, model: ModelTensors, spec: str = "local") -> list[_Chunk]:
+    """Where one tensor goes in a TP=1 torch_dist save (FORMATS.md §4.5, §4.7)."""
+    shape = entry.out.shape
+    key, prefix, prefix_shape = _dist_key(entry, model, spec)
+    halves: list[tuple[int, int] | None] = [None]
+    if entry.layout == GLU:  # apply_swiglu_sharded_factory: W at fragment 0 of 2, V at fragment 1
+        halves = [(0, shape[0] // 2), (shape[0] // 2, shape[0])]
+    chunks = []
+    for rows in halves:
+        start, stop = rows if rows else (0, shape[0] if shape else 0)
+        local = (stop - start,) + shape[1:] if shape else ()
+        offsets = (start,) + (0,) * (len(shape) - 1) if shape else ()
+        chunks.append(_Chunk(key, prefix + offsets, (1,) * len(prefix) + local, prefix_shape + shape, rows))
+    return chunks
+
+
+def _extra_state_objects(model: ModelTensors) -> list[str]:
+    """ShardedObject keys of the layers' linears' ``_extra_state``, in the order megatron-core's
+    sharded state dict lists them: per layer the attention linears, then the dense ``linear_fc1`` /
+    ``linear_fc2``, or each routed expert's (``shard_{i}.{e}_{L}.{E}``) and the shared experts'."""
+    subs = set(model.layer_subs)
+    layers, experts = model.num_layers, model.num_experts
+    modules: list[tuple[str, str]] = [(m, f"{m}._extra_state/shard_{{i}}_{layers}") for m in LINEARS]
+    for e in range(experts):
+        for linear in ("linear_fc1", "linear_fc2"):
+            key = f"{DIST_EXPERTS}{linear}._extra_state/shard_{{i}}.{e}_{layers}.{experts}"
+            modules.append((f"{EXPERTS}{e}.{linear}", key))
+    for m in ("mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2"):
+        modules.append((m, f"{m}._extra_state/shard_{{i}}_{layers}"))
+    present = [key for module, key in modules if f"{module}.weight" in subs]
+    return [LAYERS + key.format(i=i) for i in range(layers) for key in present]
+
+
+class _DataFile:
+    """One ``.distcp`` file being appended to: each item a self-contained ``torch.save`` container
+    (written by ``torch_save.zip_container``, no torch), or raw bytes."""
+
+    def __init__(self, path: Path) -> None:
+        self.name = path.name
+        self.handle = open(path, "wb")  # noqa: SIM115 -- closed by the writer's finally
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        n = self.handle.write(data)
+        self.size += n
+        return n
+
+    def append(self, payload: bytes) -> tuple[int, int]:
+        """Append raw bytes (a ShardedObject's item); returns (offset, length)."""
+        start = self.size
+        self.write(payload)
+        return start, self.size - start
+
+    def append_tensor(self, array: np.ndarray, dtype: DType) -> tuple[int, int]:
+        """Append one C-contiguous array as ``torch.save`` would store the tensor; returns
+        (offset, length). The container's offsets count from the item's start, as with the
+        ``NoCloseWriter`` stream torch's ``FileSystemWriter`` hands ``torch.save``."""
+        start = self.size
+        data = array.reshape(-1).view("uint8")
+        write_torch_save(self.write, tensor_pickle(dtype, array.shape), [("0", data, crc32(data))])
+        return start, self.size - start
+
+    def append_runs(self, runs: list[tuple[Path, int, int]], shape: tuple[int, ...], dtype: DType,
+                    checksums: Executor) -> tuple[int, int]:
+        """Append a tensor whose bytes are ``runs`` of source files: the data is copied file to
+        file by the kernel while a second thread reads the same (cached) pages for the CRC."""
+        start = self.size
+        size = sum(length for _, _, length in runs)
+        crc = checksums.submit(runs_crc32, runs)
+
+        def copy() -> None:
+            for path, offset, length in runs:
+                copy_range(path, self.handle, offset, length)
+            self.size += size
+
+        write_torch_save(self.write, tensor_pickle(dtype, shape), [("0", Copied(size, copy, crc.result), None)])
+        return start, self.size - start
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+class _Metadata:
+    """The items of ``.metadata`` in write order, pickled at the end by ``dcp.metadata_write``
+    (torch's DCP ``Metadata`` with Megatron's ``all_local_plans``, written without torch)."""
+
+    def __init__(self) -> None:
+        self.items: list[ChunkItem | BytesItem] = []
+
+    def add_bytes(self, key: str, file: str, offset: int, length: int) -> None:
+        self.items.append(BytesItem(key, file, offset, length))
+
+    def add_chunk(self, chunk: _Chunk, dtype_name: str, file: str, offset: int, length: int) -> None:
+        self.items.append(ChunkItem(chunk.key, chunk.offsets, chunk.sizes, chunk.global_shape, dtype_name,
+                                    file, offset, length))
+
+    def dump(self, path: Path, checkpoint_id: str) -> None:
+        data = metadata_bytes(self.items, checkpoint_id=checkpoint_id, save_id=str(uuid.uuid4()))
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+
+def runs_crc32(runs: list[tuple[Path, int, int]]) -> int:
+    """CRC-32 of the concatenated byte runs, read through short-lived maps (zlib releases the GIL)."""
+    import mmap
+    import zlib
+
+    value = 0
+    for path, offset, length in runs:
+        if not length:
+            continue
+        with open(path, "rb") as handle:
+            base = offset - offset % mmap.ALLOCATIONGRANULARITY
+            with mmap.mmap(handle.fileno(), length + offset - base, access=mmap.ACCESS_READ, offset=base) as mapped:
+                view = memoryview(mapped)
+                try:
+                    value = zlib.crc32(view[offset - base:], value)
+                finally:
+                    view.release()
+    return value & 0xFFFFFFFF
+
+
+def slice_runs(runs: list[tuple[Path, int, int]], start: int, stop: int) -> list[tuple[Path, int, int]]:
+    """Bytes ``[start, stop)`` of the concatenation of ``runs``, as runs."""
+    out, position = [], 0
+    for path, offset, length in runs:
+        lo, hi = max(start, position), min(stop, position + length)
+        if lo < hi:
+            out.append((path, offset + lo - position, hi - lo))
+        position += length
+    return out
+
+
+def _write_tensor(entry: Entry, chunks: list[_Chunk], files: list[_DataFile], meta: _Metadata,
+                  checksums: Executor) -> None:
+    """Produce one tensor and append its chunks (locals die on return: the array never outlives its turn)."""
+    import numpy as np
+
+    runs = entry.out.runs() if entry.out.runs is not None else None
+    if runs is not None:
+        row_bytes = entry.nbytes // entry.out.shape[0] if entry.out.shape and entry.out.shape[0] else 0
+        for chunk in chunks:
+            lo, hi = chunk.rows if chunk.rows is not None else (0, entry.out.shape[0] if entry.out.shape else 1)
+            part = slice_runs(runs, lo * row_bytes, hi * row_bytes) if chunk.rows is not None else runs
+            target = min(files, key=lambda f: f.size)
+            offset, length = target.append_runs(part, chunk.sizes, entry.dtype, checksums)
+            meta.add_chunk(chunk, entry.dtype.name, target.name, offset, length)
+        return
+    array = produce_array(entry)
+    for chunk in chunks:
+        part = array if chunk.rows is None else array[chunk.rows[0]:chunk.rows[1]]
+        target = min(files, key=lambda f: f.size)  # torch's greedy balancing of bytes over files
+        offset, length = target.append_tensor(np.ascontiguousarray(part).reshape(chunk.sizes), entry.dtype)
+        meta.add_chunk(chunk, entry.dtype.name, target.name, offset, length)
+
+
+def write_torch_dist(iter_dir: Path, tensors: list[OutTensor], *, args: dict, iteration: int, spec: str = "local",
+                     progress: Progress | None = None, num_files: int = 2, checkpoint_id: str | None = None) -> None:
+    """Write a Megatron-Core torch_dist iteration dir into ``iter_dir`` (see the module docstring).
+
+    ``args``: Megatron argument values, stored as an ``argparse.Namespace`` in ``common.pt``;
+    ``swiglu`` decides the fc1 layout and ``untie_embeddings_and_output_weights`` whether
+    ``output_layer.weight`` belongs (tied: no ``output_layer`` key at all, as Megatron saves it).
+    ``spec`` ("local" or "te") only changes the ``_extra_state`` objects' values (None, or TE's
+    empty uint8 tensor). ``num_files``: data files per rank (megatron-core 0.16 writes 2).
+    ``checkpoint_id``: the location recorded in ``.metadata`` (default ``iter_dir``; a caller that
+    renames the dir into place may pass the final path). Tensors are produced and written in list
+    order, one at a time; ``progress(nbytes)`` follows each.
+    """
+    check_spec(spec)
+    if num_files < 1:
+        raise CkptError("num_files must be at least 1")
+    model = analyse(tensors, args)
+    namespace = argparse.Namespace(**args)
+
+    iter_dir = Path(iter_dir)
+    iter_dir.mkdir(parents=True, exist_ok=True)
+    meta = _Metadata()
+    # ShardedObjects: each layer linear's _extra_state; the bytes are a torch.save of the list of the
+    # rank's local objects (_mcore_to_torch_sharded_object, FORMATS.md §4.4).
+    payload = _saved_extra_state(spec)
+    objects = _extra_state_objects(model)
+    files = [_DataFile(iter_dir / f"__0_{k}.distcp") for k in range(num_files)]
+    checksums = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptscope-crc")
+    try:
+        for j, key in enumerate(objects):  # as torch's writer: bytes items first, round robin over the files
+            offset, length = files[j % num_files].append(payload)
+            meta.add_bytes(key, files[j % num_files].name, offset, length)
+        for entry in model.entries:
+            _write_tensor(entry, _chunks(entry, model, spec), files, meta, checksums)
+            if progress:
+                progress(entry.nbytes)
+    finally:
+        checksums.shutdown(wait=True, cancel_futures=True)
+        for data_file in files:
+            data_file.close()
+    meta.dump(iter_dir / ".metadata", str(checkpoint_id or iter_dir))
+    common, _ = repickle({"args": namespace, "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration})
+    with open(iter_dir / COMMON_FILE, "wb") as handle:
+        write_torch_save(handle.write, common, [])
+    (iter_dir / MARKER_FILE).write_text(json.dumps(MARKER))
+
+
+def _saved_extra_state(spec: str) -> bytes:
+    """``torch.save([get_extra_state()])`` of a linear without FP8, written without torch: ``[None]``
+    (local spec) or ``[empty uint8 tensor]`` (TE, see ``extra_state_value``)."""
+    buffer = io.BytesIO()
+    if spec == "local":
+        write_torch_save(buffer.write, repickle([None])[0], [])
+        return buffer.getvalue()
+    uint8 = dtype_by_name("uint8")
+    empty = TensorRef(StorageRef("0", uint8, "cpu", 0, "torch.ByteStorage"), 0, (0,), (1,), uint8)
+    write_torch_save(buffer.write, repickle([empty])[0], [("0", b"", None)])
+    return buffer.getvalue()

@@ -1,0 +1,1 @@
+"""safetensors files: the header reader and the header-rewriting writer."""

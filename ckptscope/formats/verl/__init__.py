@@ -1,0 +1,1 @@
+"""verl actor/critic checkpoint dirs (FSDP and Megatron backends)."""

@@ -1,0 +1,428 @@
+"""verl actor/critic checkpoint dirs (FORMATS.md §6, MAPPING.md §7), shown as one logical model.
+
+**FSDP backend** (``global_step_N/actor/``): every rank ``torch.save``s its own ``model.state_dict()``
+to ``model_world_size_{W}_rank_{R}.pt``. The values are DTensors (FSDP2, or FSDP1 with a device
+mesh; HSDP ``(Replicate(), Shard(0))`` stores each shard once per replica group, the lowest rank's
+copy is shown) or, for FSDP1 without a mesh, ShardedTensors; ``pickles/dtensor.py`` decodes them from
+the safe unpickler's stubs into local tensors with global offsets (``torch.chunk`` semantics).
+
+Each rank file's local tensor becomes one chunk pointing into that file's storage bytes, so no
+file is loaded whole and no torch is imported. World size comes from ``fsdp_config.json`` or, for
+old verl without it, from the file names. A missing rank file is a warning; reading a region it
+held is an error naming it. Optimizer and extra-state files are listed as opaque objects (rank 0's
+extra state, lr scheduler and rng, is decoded safely); ``huggingface/`` adds config objects.
+
+**Megatron backend** (``actor/dist_ckpt/`` or the newer ``actor/model/dist_ckpt/``, next to
+``huggingface/``): a Megatron-Core torch_dist checkpoint; reading is delegated to
+``MegatronDistReader`` and the HF config is attached as objects.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ckptscope.core.errors import CkptError
+from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
+from ckptscope.core.tensor import Chunk, TensorMeta
+from ckptscope.formats.base import CheckpointReader, Region, normalize_region
+from ckptscope.formats.megatron.dist_reader import MegatronDistReader
+from ckptscope.formats.pickles.dtensor import EXTRA_GLOBALS, Decoded, walk_state
+from ckptscope.formats.pickles.safe import to_plain, type_name
+from ckptscope.formats.pickles.torch_file import read_torch_zip, tensor_meta
+from ckptscope.formats.registry import register_reader
+
+FSDP_CONFIG = "fsdp_config.json"
+HF_SUBDIR = "huggingface"
+TRANSFORMER_CONFIG = "transformer_config.json"
+DIST_CKPT_DIRS = ("dist_ckpt", "model/dist_ckpt")
+"""Where verl's Megatron manager puts the torch_dist dir: older releases, then the HEAD "v2" layout."""
+RANK_FILE = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+_MAX_DECODED_EXTRA = 4 << 20
+_HF_CONFIGS = ("config.json", "generation_config.json", "preprocessor_config.json", "adapter_config.json")
+_TOKENIZER_HINTS = ("tokenizer", "vocab", "merges.txt", "special_tokens_map", "chat_template", "processor")
+
+
+# --- directory layout ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class FsdpLayout:
+    """Which rank files an FSDP actor dir has, and the world size they belong to."""
+
+    world_size: int | None
+    source: str
+    """Where ``world_size`` came from: ``fsdp_config.json`` or ``file names`` (old verl)."""
+    fsdp_version: int | None
+    files: dict[str, dict[int, str]]
+    """``model``/``optim``/``extra_state`` -> rank -> file name, for ``world_size`` only."""
+    config: Any = None
+    warnings: list[str] = field(default_factory=list)
+
+    def missing(self, kind: str = "model") -> list[str]:
+        if self.world_size is None:
+            return []
+        have = self.files.get(kind, {})
+        return [f"{kind}_world_size_{self.world_size}_rank_{r}.pt" for r in range(self.world_size) if r not in have]
+
+
+def _json_file(path: Path) -> tuple[Any, str | None]:
+    """Parsed JSON, or ``(None, problem)``: a bad side file is a warning, not a failure."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), None
+    except OSError as exc:
+        return None, f"{path.name}: cannot read: {exc.strerror or exc}"
+    except (UnicodeDecodeError, ValueError) as exc:
+        return None, f"{path.name}: bad JSON: {exc}"
+
+
+def fsdp_layout(path: Path) -> FsdpLayout | None:
+    """The rank files of a verl FSDP actor/critic dir, or None when ``path`` is not one. Never raises."""
+    try:
+        names = [p.name for p in path.iterdir() if p.is_file()]
+    except OSError:
+        return None
+    found: dict[int, dict[str, dict[int, str]]] = {}
+    for name in names:
+        m = RANK_FILE.match(name)
+        if m:
+            found.setdefault(int(m.group(2)), {}).setdefault(m.group(1), {})[int(m.group(3))] = name
+    has_config = FSDP_CONFIG in names
+    if not found and not has_config:
+        return None
+    layout = FsdpLayout(world_size=None, source="file names", fsdp_version=None, files={})
+    if has_config:
+        config, problem = _json_file(path / FSDP_CONFIG)
+        layout.config = config
+        if problem:
+            layout.warnings.append(problem)
+        if isinstance(config, dict):
+            world, version = config.get("world_size"), config.get("FSDP_version")
+            if isinstance(world, int) and not isinstance(world, bool) and world > 0:
+                layout.world_size, layout.source = world, FSDP_CONFIG
+            if isinstance(version, int) and not isinstance(version, bool):
+                layout.fsdp_version = version
+    with_models = sorted(w for w, kinds in found.items() if "model" in kinds)
+    if layout.world_size is None:
+        # Old verl: no fsdp_config.json; the merger parses W from model_world_size_W_rank_0.pt.
+        candidates = [w for w in with_models if 0 in found[w]["model"]] or with_models or sorted(found)
+        if candidates:
+            layout.world_size = candidates[-1]
+    elif with_models and layout.world_size not in with_models:
+        layout.warnings.append(f"{FSDP_CONFIG} says world size {layout.world_size} but the model files are "
+                               f"for world size {with_models[-1]}; using the files")
+        layout.world_size, layout.source = with_models[-1], "file names"
+    stale = sorted(w for w in found if w != layout.world_size)
+    if stale:
+        layout.warnings.append(f"rank files of another world size ({', '.join(map(str, stale))}) are present "
+                               f"and ignored; showing world size {layout.world_size}")
+    if layout.world_size is not None:
+        layout.files = found.get(layout.world_size, {})
+        for ranks in layout.files.values():
+            extra = sorted(r for r in ranks if r >= layout.world_size)
+            for r in extra:
+                layout.warnings.append(f"{ranks.pop(r)}: rank {r} is outside world size {layout.world_size}; ignored")
+    return layout
+
+
+def megatron_dist_dir(path: Path) -> Path | None:
+    """The torch_dist dir of a verl Megatron actor dir, or None. Never raises."""
+    for rel in DIST_CKPT_DIRS:
+        try:
+            if (path / rel).is_dir():
+                return path / rel
+        except OSError:
+            return None
+    return None
+
+
+def verl_complete(path: Path) -> bool | None:
+    """For save-root listings: whether a verl actor/critic dir holds a whole save, None if it is not one.
+
+    FSDP: every ``model_*`` rank file of the world size is there (a crash mid-save leaves some out).
+    Megatron: the torch_dist dir has the ``metadata.json`` marker (written last) and ``.metadata``.
+    """
+    dist = megatron_dist_dir(path)
+    if dist is not None:
+        return MegatronDistReader.supports(dist) and (dist / ".metadata").is_file()
+    layout = fsdp_layout(path)
+    if layout is None:
+        return None
+    return layout.world_size is not None and bool(layout.files.get("model")) and not layout.missing("model")
+
+
+def _step_of(path: Path) -> int | None:
+    for part in (path.name, path.parent.name, path.parent.parent.name):
+        m = _STEP_DIR.match(part)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def add_hf_subdir(index: CheckpointIndex, hf: Path, rel: str) -> None:
+    """List ``huggingface/`` (config, tokenizer, maybe weights) as files, its configs as objects."""
+    try:
+        entries = sorted(p for p in hf.iterdir() if p.is_file())
+    except OSError:
+        return
+    weights = []
+    for path in entries:
+        name = path.name
+        if name in _HF_CONFIGS:
+            role = "config"
+        elif any(h in name for h in _TOKENIZER_HINTS):
+            role = "tokenizer"
+        elif name.endswith((".safetensors", ".bin", ".index.json")):
+            role = "hf_weights"
+            weights.append(name)
+        else:
+            role = "other"
+        index.files.append(FileInfo(f"{rel}/{name}", path.stat().st_size, role))
+        if role != "config":
+            continue
+        config, problem = _json_file(path)
+        if problem:
+            index.warnings.append(f"{rel}/{problem}")
+            continue
+        index.objects.append(ObjectEntry(f"{rel}.{name.removesuffix('.json')}", "json", config))
+        if name == "config.json" and isinstance(config, dict):
+            for key in ("architectures", "model_type", "torch_dtype", "dtype", "tie_word_embeddings"):
+                if key in config:
+                    index.metadata.setdefault(key, config[key])
+    if weights:
+        index.metadata.setdefault("verl", {})["hf_weights"] = f"{rel}/ also holds HF weights ({len(weights)} files); " \
+                                                             f"open it to browse them"
+
+
+# --- the readers -------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Assembly:
+    """Everything the rank files say about one tensor name."""
+
+    first: Decoded
+    chunks: list[Chunk] = field(default_factory=list)
+    copies: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = field(default_factory=dict)
+    """How many rank files hold each box (HSDP replicas; plain tensors: every rank)."""
+
+
+@register_reader
+class VerlFsdpReader(CheckpointReader):
+    """A verl FSDP actor/critic dir: per-rank ``model_world_size_W_rank_R.pt`` files."""
+
+    format_name = "verl_fsdp"
+    priority = 70
+
+    def __init__(self, path: Path, *, trust_pickle: bool = False) -> None:
+        super().__init__(path, trust_pickle=trust_pickle)
+        self._holes: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], str]]] = {}
+
+    @classmethod
+    def supports(cls, path: Path) -> bool:
+        try:
+            if not path.is_dir():
+                return False
+        except OSError:
+            return False
+        return fsdp_layout(path) is not None
+
+    def _build_index(self) -> CheckpointIndex:
+        layout = fsdp_layout(self.path)
+        if layout is None or layout.world_size is None:
+            raise CkptError("no model_world_size_*_rank_*.pt files and no usable fsdp_config.json", self.path)
+        world = layout.world_size
+        index = CheckpointIndex(path=str(self.path), format=self.format_name)
+        index.warnings.extend(layout.warnings)
+        index.metadata["verl"] = {"backend": "fsdp", "world_size": world, "world_size_from": layout.source,
+                                  "fsdp_version": layout.fsdp_version, "role": self.path.name}
+        step = _step_of(self.path)
+        if step is not None:
+            index.metadata["iteration"] = step
+        missing = layout.missing("model")
+        for name in missing:  # an issue, so `check` reports the file (not only the holes it leaves)
+            index.add_issue("missing-file", f"missing (world size {world} from {layout.source}); "
+                            "the shards it held cannot be read", file=name)
+        assembled = self._read_rank_files(index, layout)
+        self._finish(index, assembled, {r for r in range(world) if r not in layout.files.get("model", {})}, world)
+        self._add_side_files(index, layout)
+        return index
+
+    def _read_rank_files(self, index: CheckpointIndex, layout: FsdpLayout) -> dict[str, _Assembly]:
+        assembled: dict[str, _Assembly] = {}
+        world = layout.world_size or 0
+        object_names = {o.name for o in index.objects}
+        for rank, file in sorted(layout.files.get("model", {}).items()):
+            path = self.path / file
+            parsed = read_torch_zip(path, extra_globals=EXTRA_GLOBALS)
+            index.files.append(FileInfo(file, path.stat().st_size, "data"))
+            for name, leaf, decoded in walk_state(parsed.obj, rank, world):
+                if decoded is None or decoded.problem is not None:
+                    if decoded is not None and name not in object_names:
+                        index.warnings.append(f"{name}: {decoded.problem}; shown as an object")
+                    if name not in object_names:
+                        object_names.add(name)
+                        index.objects.append(ObjectEntry(name or "<root>", type_name(leaf), to_plain(leaf)))
+                    continue
+                entry = assembled.get(name)
+                if entry is None:
+                    entry = assembled[name] = _Assembly(decoded)
+                elif (entry.first.kind, entry.first.shape, entry.first.dtype) != \
+                        (decoded.kind, decoded.shape, decoded.dtype):
+                    index.warnings.append(f"{name}: rank {rank} saved {decoded.kind} {decoded.dtype}"
+                                          f"{list(decoded.shape)}, an earlier rank {entry.first.kind} "
+                                          f"{entry.first.dtype}{list(entry.first.shape)}; rank {rank} ignored")
+                    continue
+                for piece in decoded.pieces:
+                    key = (piece.offsets, piece.ref.shape)
+                    entry.copies[key] = entry.copies.get(key, 0) + 1
+                    if entry.copies[key] > 1:  # a replica: the lowest rank's copy is the one shown
+                        continue
+                    if piece.ref.numel == 0 and math.prod(decoded.shape) != 0:
+                        continue
+                    meta = tensor_meta(name, piece.ref, file, parsed.storages.get(piece.ref.storage.key)
+                                       if piece.ref.storage else None, big_endian=parsed.big_endian, path=path)
+                    entry.chunks.append(replace(meta.chunks[0], offsets=piece.offsets))
+        return assembled
+
+    def _finish(self, index: CheckpointIndex, assembled: dict[str, _Assembly], missing_ranks: set[int],
+                world: int) -> None:
+        """Turn the per-rank pieces into tensors; record holes left by missing rank files."""
+        incomplete = 0
+        for name, entry in assembled.items():
+            first = entry.first
+            attrs = first.attrs
+            copies = max(entry.copies.values(), default=1)
+            if copies > 1:
+                attrs += (("copies", f"stored {copies}x; the lowest rank's copy is read"),)
+            holes = []
+            if missing_ranks:
+                stored = {(c.offsets, c.shape) for c in entry.chunks}
+                for offsets, shape, owner in first.expected:
+                    if owner in missing_ranks and math.prod(shape) and (offsets, shape) not in stored:
+                        holes.append((offsets, shape, f"model_world_size_{world}_rank_{owner}.pt"))
+            if holes:
+                incomplete += 1
+                self._holes[name] = holes
+                attrs += (("missing", ", ".join(sorted({h[2] for h in holes}))),)
+            index.tensors[name] = TensorMeta(name=name, dtype=first.dtype, shape=first.shape,
+                                             chunks=tuple(entry.chunks), attrs=attrs)
+        if incomplete:
+            index.warnings.append(f"{incomplete} tensors lack the shards of missing rank files; reading those "
+                                  "regions fails")
+
+    def _add_side_files(self, index: CheckpointIndex, layout: FsdpLayout) -> None:
+        if layout.config is not None:
+            index.files.append(FileInfo(FSDP_CONFIG, (self.path / FSDP_CONFIG).stat().st_size, "config"))
+            index.objects.insert(0, ObjectEntry("fsdp_config", "json", layout.config))
+        for kind, role in (("optim", "optimizer"), ("extra_state", "extra_state")):
+            files = layout.files.get(kind, {})
+            sizes = {}
+            for _rank, file in sorted(files.items()):
+                size = (self.path / file).stat().st_size
+                sizes[file] = size
+                index.files.append(FileInfo(file, size, role))
+            if sizes:
+                index.objects.append(ObjectEntry(kind, "opaque torch.save per rank",
+                                                 {"files": len(sizes), "bytes": sum(sizes.values()),
+                                                  "per_file": sizes}))
+            for name in layout.missing(kind):
+                index.warnings.append(f"{name}: missing")
+        extra = layout.files.get("extra_state", {}).get(0)
+        if extra is not None and (self.path / extra).stat().st_size <= _MAX_DECODED_EXTRA:
+            try:
+                obj = read_torch_zip(self.path / extra, extra_globals=EXTRA_GLOBALS).obj
+            except CkptError as exc:
+                index.warnings.append(f"{extra}: {exc.problem}")
+            else:
+                for key, value in (obj.items() if isinstance(obj, dict) else [("value", obj)]):
+                    index.objects.append(ObjectEntry(f"extra_state.{key}", type_name(value), to_plain(value)))
+        if (self.path / HF_SUBDIR).is_dir():
+            add_hf_subdir(index, self.path / HF_SUBDIR, HF_SUBDIR)
+
+    def read(self, name: str, region: Region | None = None) -> Any:
+        """As ``CheckpointReader.read``, but a region that a missing rank file held is an error."""
+        meta = self.meta(name)
+        holes = self._holes.get(name)
+        if holes:
+            bounds = normalize_region(meta.shape, region)
+            for offsets, shape, file in holes:
+                if all(max(lo, o) < min(hi, o + s) for (lo, hi), o, s in zip(bounds, offsets, shape)):
+                    raise CkptError(f"{name}: the elements at {list(offsets)} (shape {list(shape)}) are in {file}, "
+                                    "which is missing", self.path)
+        return super().read(name, region)
+
+
+@register_reader
+class VerlMegatronReader(CheckpointReader):
+    """A verl Megatron actor/critic dir: ``dist_ckpt/`` (or ``model/dist_ckpt/``) + ``huggingface/``."""
+
+    format_name = "verl_megatron"
+    priority = 72
+
+    def __init__(self, path: Path, *, trust_pickle: bool = False) -> None:
+        super().__init__(path, trust_pickle=trust_pickle)
+        self._inner: MegatronDistReader | None = None
+        self._prefix = ""
+
+    @classmethod
+    def supports(cls, path: Path) -> bool:
+        try:
+            return path.is_dir() and megatron_dist_dir(path) is not None
+        except OSError:
+            return False
+
+    def _build_index(self) -> CheckpointIndex:
+        dist = megatron_dist_dir(self.path)
+        if dist is None:
+            raise CkptError("no dist_ckpt/ directory", self.path)
+        rel = dist.relative_to(self.path).as_posix()
+        if not MegatronDistReader.supports(dist):
+            raise CkptError(f"{rel}/ has no Megatron torch_dist metadata.json (incomplete save?)", self.path)
+        self._inner = MegatronDistReader(dist, trust_pickle=self.trust_pickle)
+        self._prefix = f"{rel}/"
+        inner = self._inner.index()
+        index = CheckpointIndex(path=str(self.path), format=self.format_name)
+        index.tensors = {
+            name: replace(meta, chunks=tuple(replace(c, file=self._prefix + c.file) for c in meta.chunks))
+            for name, meta in inner.tensors.items()
+        }
+        index.views = dict(inner.views)
+        index.objects = list(inner.objects)
+        index.metadata = dict(inner.metadata)
+        index.warnings = list(inner.warnings)
+        index.files = [FileInfo(self._prefix + f.path, f.size, f.role) for f in inner.files]
+        index.metadata["verl"] = {"backend": "megatron", "dist_ckpt": rel, "role": self.path.name}
+        step = _step_of(self.path)
+        if step is not None:
+            index.metadata.setdefault("iteration", step)
+        for base in dict.fromkeys((dist.parent, self.path)):
+            config_path = base / TRANSFORMER_CONFIG
+            if config_path.is_file():
+                prefix = base.relative_to(self.path).as_posix()
+                name = TRANSFORMER_CONFIG if prefix == "." else f"{prefix}/{TRANSFORMER_CONFIG}"
+                index.files.append(FileInfo(name, config_path.stat().st_size, "config"))
+                config, problem = _json_file(config_path)
+                if problem:
+                    index.warnings.append(problem)
+                else:
+                    index.objects.insert(0, ObjectEntry("transformer_config", "json", config))
+            hf = base / HF_SUBDIR
+            if hf.is_dir():
+                prefix = base.relative_to(self.path).as_posix()
+                add_hf_subdir(index, hf, HF_SUBDIR if prefix == "." else f"{prefix}/{HF_SUBDIR}")
+        return index
+
+    def _read_chunk(self, meta: TensorMeta, chunk: Chunk, local: tuple[tuple[int, int], ...]) -> Any:
+        assert self._inner is not None  # index() ran before any chunk is known
+        return self._inner._read_chunk(meta, replace(chunk, file=chunk.file.removeprefix(self._prefix)), local)
+
+    def close(self) -> None:
+        if self._inner is not None:
+            self._inner.close()
+        super().close()

@@ -1,0 +1,1 @@
+"""``convert`` / ``merge``: the plan from the mapping recipes, and the streaming executor per target writer."""

@@ -1,0 +1,345 @@
+"""The plan of ``ckptscope convert`` / ``merge``: every destination tensor, its sources and the
+transforms between them, decided from metadata alone (``--dry-run`` prints it; the TUI previews it).
+
+Sources are read as one logical model whatever their format (readers merge TP/PP/FSDP shards and
+expose stacked torch_dist layers per layer), so converting is always: logical source tensors ->
+mapping recipes -> destination tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckptscope.core.dtypes import dtype_by_name
+from ckptscope.core.errors import CkptError
+from ckptscope.core.index import CheckpointIndex
+from ckptscope.formats.base import CheckpointReader
+from ckptscope.formats.registry import open_checkpoint
+from ckptscope.mappings.config import (
+    ModelConfig,
+    from_hf_config,
+    padded_vocab,
+    to_hf_config,
+    to_megatron_args,
+)
+from ckptscope.mappings.links import Box, Piece, Recipe
+from ckptscope.mappings.resolve import (
+    MappedView,
+    TensorShape,
+    config_from_index,
+    config_from_names,
+    naming_family,
+    shapes_of,
+)
+from ckptscope.mappings.resolve import to_hf as map_to_hf
+from ckptscope.mappings.resolve import to_mcore as map_to_mcore
+from ckptscope.ops.diff.plan import identity_recipes, model_tensors
+from ckptscope.ops.roots import resolve_root
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json", "chat_template.jinja")
+DTYPES = ("keep", "bfloat16", "float16", "float32")
+DEFAULT_SHARD = 5 * 1000**3
+
+__all__ = ["Box", "ConvertPlan", "OutputTensor", "Recipe", "plan_convert", "target_family_for"]
+"""``Box`` and ``Recipe`` are the mapping layer's types a plan is made of, named here for the views."""
+
+
+def target_family_for(index: CheckpointIndex) -> str:
+    """The other family: HF names go to Megatron-Core, everything else (Megatron, FSDP shards) to HF."""
+    return "mcore" if naming_family(index.tensors) == "hf" else "hf"
+
+
+def parse_size(text: str | int) -> int:
+    """``5GB``, ``500MB``, ``2GiB`` or a byte count."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", str(text).upper())
+    if not match:
+        raise CkptError(f"--max-shard-size: cannot read {text!r} (use e.g. 5GB, 500MB)")
+    number, unit = float(match.group(1)), match.group(2).rstrip("B")
+    scale = {"": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4,
+             "KI": 1024, "MI": 1024**2, "GI": 1024**3, "TI": 1024**4}[unit]
+    size = int(number * scale)
+    if size <= 0:
+        raise CkptError("--max-shard-size must be positive")
+    return size
+
+
+@dataclass
+class OutputTensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    """Destination dtype (the source dtype unless --dtype says otherwise)."""
+    recipe: Recipe
+
+    @property
+    def nbytes(self) -> int:
+        numel = 1
+        for n in self.shape:
+            numel *= n
+        return numel * dtype_by_name(self.dtype).bits // 8
+
+
+@dataclass
+class ConvertPlan:
+    src: str
+    dst: str
+    target: str
+    """``hf`` or ``mcore``."""
+    reader: CheckpointReader
+    tensors: list[OutputTensor]
+    config: ModelConfig
+    arch: str
+    hf_config: dict[str, Any] | None = None
+    megatron_args: dict[str, Any] | None = None
+    ckpt_format: str = "torch_dist"
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    spec: str = "local"
+    """Megatron-Core layer spec the output is named for: ``local`` or ``te`` (Transformer Engine)."""
+    iteration: int = 0
+    shards: list[tuple[str, list[str]]] = field(default_factory=list)
+    copies: list[tuple[Path, str]] = field(default_factory=list)
+    """Files copied verbatim (tokenizer, generation config): (source path, destination name)."""
+    notes: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "src": self.src, "dst": self.dst, "to": self.target, "arch": self.arch,
+            "format": self.ckpt_format if self.target == "mcore" else "hf",
+            "tp": self.tp, "pp": self.pp, "ep": self.ep, "spec": self.spec, "iteration": self.iteration,
+            "bytes": self.total_bytes,
+            "tensors": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype,
+                         "sources": [_piece_json(p) for p in t.recipe.pieces],
+                         "transforms": t.recipe.transforms + (["cast"] if t.dtype != t.recipe.dtype else []),
+                         "zero_rows": [list(b[0]) for b in t.recipe.fill]}
+                        for t in self.tensors],
+            "shards": [{"file": f, "tensors": len(names)} for f, names in self.shards],
+            "copies": [name for _, name in self.copies],
+            "dropped": self.dropped,
+            "notes": self.notes,
+        }
+
+
+def _piece_json(piece) -> dict[str, Any]:
+    return {"source": piece.source, "box": [list(b) for b in piece.src_box], "into": [list(b) for b in piece.dst_box]}
+
+
+def _identity_view(tensors: dict, cfg: ModelConfig, arch: str) -> MappedView:
+    return MappedView("hf", arch, cfg, identity_recipes(tensors))
+
+
+def _hf_config_from(path: Path) -> dict[str, Any]:
+    config_file = path / "config.json" if path.is_dir() else path
+    try:
+        data = json.loads(config_file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CkptError(f"--hf-config: cannot read config.json: {exc.strerror or exc}", config_file) from None
+    except json.JSONDecodeError as exc:
+        raise CkptError(f"--hf-config: config.json is not valid JSON: {exc}", config_file) from None
+    if not isinstance(data, dict):
+        raise CkptError("--hf-config: config.json is not an object", config_file)
+    return data
+
+
+def _source_hf_config(index: CheckpointIndex) -> dict[str, Any] | None:
+    for obj in index.objects:
+        if isinstance(obj.value, dict) and "model_type" in obj.value and "hidden_size" in obj.value:
+            return dict(obj.value)
+    for key in ("hf_config", "huggingface_config"):
+        if isinstance(index.metadata.get(key), dict):
+            return dict(index.metadata[key])
+    return None
+
+
+def _config_dirs(src: Path, index: CheckpointIndex, hf_config_dir: Path | None) -> list[Path]:
+    """Where tokenizer/generation files may live: --hf-config, the source dir, verl's huggingface/."""
+    dirs = []
+    if hf_config_dir is not None:
+        dirs.append(hf_config_dir if hf_config_dir.is_dir() else hf_config_dir.parent)
+    root = src if src.is_dir() else src.parent
+    dirs += [root, root / "huggingface", root.parent / "huggingface"]
+    return [d for d in dirs if d.is_dir()]
+
+
+def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: int = 1, ep: int = 1,
+                 ckpt_format: str = "torch_dist", spec: str = "local", dtype: str = "keep",
+                 hf_config: str | Path | None = None,
+                 arch: str | None = None, max_shard_size: str | int = DEFAULT_SHARD,
+                 trust_pickle: bool = False) -> ConvertPlan:
+    """Open SRC (metadata only), map it to the target space and lay out the destination."""
+    if to not in ("hf", "mcore"):
+        raise CkptError(f"--to must be hf or mcore, not {to!r}")
+    if dtype not in DTYPES:
+        raise CkptError(f"--dtype must be one of {', '.join(DTYPES)}")
+    if tp < 1 or pp < 1 or ep < 1:
+        raise CkptError("--tp, --pp and --ep must be at least 1")
+    if ep > 1 and (to != "mcore" or ckpt_format != "torch"):
+        raise CkptError("--ep applies to --to mcore --ckpt-format torch (per-rank files); torch_dist files do not "
+                        "depend on the parallel layout")
+    if ckpt_format not in ("torch_dist", "torch"):
+        raise CkptError("--ckpt-format must be torch_dist or torch")
+    if spec not in ("local", "te"):
+        raise CkptError("--spec must be local or te")
+    src_path = Path(resolve_root(src))
+    reader = open_checkpoint(src_path, trust_pickle=trust_pickle)
+    index = reader.index()
+    tensors = model_tensors(index, logical=True)
+    if not tensors:
+        raise CkptError("no model tensors to convert", src_path)
+    hf_cfg_dict = _hf_config_from(Path(hf_config)) if hf_config else _source_hf_config(index)
+    cfg = config_from_index(index)
+    if hf_cfg_dict:
+        cfg = from_hf_config(hf_cfg_dict).merged(cfg)
+    cfg = cfg.merged(config_from_names(shapes_of(tensors)))
+    family = naming_family(tensors)
+    notes: list[str] = []
+    iteration = index.iteration or 0
+    shapes = shapes_of(tensors)
+
+    if to == "hf":
+        if family == "mcore":
+            view = map_to_hf(shapes, cfg, arch)
+            notes.append(f"Megatron-Core names mapped to HF ({view.arch})")
+        else:
+            view = _identity_view(tensors, cfg, arch or cfg.arch or "llama")
+            notes.append("HF names kept; shards merged into whole tensors")
+        if view.unmapped:
+            raise CkptError(f"{len(view.unmapped)} tensors match no {view.arch} rule "
+                            f"(first: {view.unmapped[0]}); pass --arch or report the layout")
+        if hf_cfg_dict is None and cfg.vocab_size is None and cfg.padded_vocab_size:
+            cfg = ModelConfig(**{**cfg.to_dict(), "vocab_size": cfg.padded_vocab_size})
+            notes.append(f"the true vocabulary size is unknown (args have only padded_vocab_size): all "
+                         f"{cfg.padded_vocab_size} rows kept; pass --hf-config DIR to strip the padding")
+        if hf_cfg_dict is None:
+            if cfg.num_attention_heads and cfg.hidden_size and cfg.num_layers and cfg.vocab_size:
+                hf_cfg_dict = to_hf_config(cfg.merged(ModelConfig(arch=view.arch)))
+                notes.append("config.json derived from the Megatron args")
+            else:
+                raise CkptError("the source has no HF config.json and no Megatron args to derive one from; "
+                                "pass --hf-config DIR")
+        recipes = dict(view.recipes)
+        dropped = []
+        tied = bool(hf_cfg_dict.get("tie_word_embeddings", cfg.tie_word_embeddings))
+        if tied and "lm_head.weight" in recipes:
+            del recipes["lm_head.weight"]  # P7c: both keys written and transformers refuses to re-tie
+            dropped.append("lm_head.weight")
+            notes.append("tied embeddings: lm_head.weight not written (it is model.embed_tokens.weight)")
+        if not tied and "lm_head.weight" not in recipes and "model.embed_tokens.weight" in recipes:
+            raise CkptError("the config says untied embeddings but the source has no output layer; "
+                            "check tie_word_embeddings")
+        out = [OutputTensor(n, r.shape, r.dtype if dtype == "keep" else dtype, r) for n, r in recipes.items()]
+        plan = ConvertPlan(str(src), str(dst), "hf", reader, out, cfg, view.arch, hf_config=hf_cfg_dict,
+                           iteration=iteration, notes=notes + view_notes(view), dropped=dropped + view.ignored)
+        plan.shards = _shard(out, parse_size(max_shard_size))
+        plan.copies = _copies(src_path, index, Path(hf_config) if hf_config else None)
+        return plan
+
+    # --- to Megatron-Core ---
+    if family == "mcore":
+        hf_view = map_to_hf(shapes, cfg, arch)
+        if hf_view.unmapped:
+            raise CkptError(f"{len(hf_view.unmapped)} tensors match no {hf_view.arch} rule "
+                            f"(first: {hf_view.unmapped[0]})")
+        arch_name = hf_view.arch
+        source_space = {n: r for n, r in hf_view.recipes.items()}
+    elif family == "hf":
+        arch_name = arch or cfg.arch or None
+        source_space = None
+    else:
+        raise CkptError("converting to Megatron-Core needs HF or Megatron-Core tensor names; this checkpoint "
+                        "has neither (merge it to HF first)")
+    if cfg.vocab_size is None:
+        raise CkptError("the vocabulary size is unknown; pass --hf-config DIR")
+    divisible = cfg.make_vocab_size_divisible_by or 128
+    padded = padded_vocab(cfg.vocab_size, divisible, tp)
+    cfg_out = ModelConfig(**{**cfg.to_dict(), "padded_vocab_size": padded})
+    if source_space is None:
+        view = map_to_mcore(shapes, cfg_out, arch_name, local_spec=ckpt_format == "torch" and spec == "local")
+    else:  # Megatron -> Megatron (re-shard / re-format): go through the HF space, composing recipes
+        hf_shapes = {n: TensorShape(r.shape, r.dtype) for n, r in source_space.items()}
+        view = map_to_mcore(hf_shapes, cfg_out, arch_name, local_spec=ckpt_format == "torch" and spec == "local")
+        view.recipes = {n: compose(r, source_space) for n, r in view.recipes.items()}
+    if view.unmapped:
+        raise CkptError(f"{len(view.unmapped)} tensors match no {view.arch} rule (first: {view.unmapped[0]})")
+    cfg_out = cfg_out.merged(ModelConfig(arch=view.arch))
+    if cfg_out.tie_word_embeddings is None:
+        cfg_out = ModelConfig(**{**cfg_out.to_dict(), "tie_word_embeddings": "output_layer.weight" not in view.recipes})
+    if ep > 1 and (not cfg_out.num_experts or cfg_out.num_experts % ep):
+        raise CkptError(f"--ep {ep} needs a MoE model whose expert count it divides "
+                        f"(this one has {cfg_out.num_experts or 'no'} experts)")
+    args = to_megatron_args(cfg_out, tp=tp, pp=pp, ep=ep, ckpt_format=ckpt_format,
+                            make_vocab_size_divisible_by=divisible)
+    args["iteration"] = iteration
+    out = [OutputTensor(n, r.shape, r.dtype if dtype == "keep" else dtype, r) for n, r in view.recipes.items()]
+    if dtype != "keep":
+        args["bf16"], args["fp16"] = dtype == "bfloat16", dtype == "float16"
+    return ConvertPlan(str(src), str(dst), "mcore", reader, out, cfg_out, view.arch, megatron_args=args,
+                       ckpt_format=ckpt_format, tp=tp, pp=pp, ep=ep, spec=spec, iteration=iteration,
+                       notes=notes + view_notes(view) + [f"vocabulary {cfg.vocab_size} padded to {padded} rows"],
+                       dropped=view.ignored)
+
+
+def compose(outer: Recipe, inner: dict[str, Recipe]) -> Recipe:
+    """A recipe over ``inner``'s destinations, rewritten over ``inner``'s sources (block algebra only)."""
+    pieces = []
+    for piece in outer.pieces:
+        mid = inner[piece.source]
+        for sub in mid.pieces:
+            # intersect piece.src_box (in mid's space) with sub.dst_box
+            lo_hi = []
+            for (a0, a1), (b0, b1) in zip(piece.src_box, sub.dst_box):
+                lo, hi = max(a0, b0), min(a1, b1)
+                if lo >= hi:
+                    break
+                lo_hi.append((lo, hi))
+            else:
+                extra = len(sub.src_box) - len(sub.dst_box)
+                src_box = tuple(sub.src_box[:extra]) + tuple(
+                    (s0 + lo - d0, s0 + hi - d0) for (lo, hi), (d0, _), (s0, _) in
+                    zip(lo_hi, sub.dst_box, sub.src_box[extra:]))
+                dst_box = tuple((o0 + lo - p0, o0 + hi - p0) for (lo, hi), (p0, _), (o0, _) in
+                                zip(lo_hi, piece.src_box, piece.dst_box))
+                pieces.append(Piece(dst_box, sub.source, src_box))
+    return Recipe(outer.name, outer.shape, outer.dtype, pieces, outer.transforms, fill=outer.fill)
+
+
+def view_notes(view: MappedView) -> list[str]:
+    return [f"{len(view.ignored)} non-value entries skipped (_extra_state, inv_freq)"] if view.ignored else []
+
+
+def _shard(tensors: list[OutputTensor], limit: int) -> list[tuple[str, list[str]]]:
+    groups: list[list[str]] = [[]]
+    size = 0
+    for t in tensors:
+        if groups[-1] and size + t.nbytes > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(t.name)
+        size += t.nbytes
+    if len(groups) == 1:
+        return [("model.safetensors", groups[0])]
+    n = len(groups)
+    return [(f"model-{i + 1:05d}-of-{n:05d}.safetensors", g) for i, g in enumerate(groups)]
+
+
+def _copies(src: Path, index: CheckpointIndex, hf_config_dir: Path | None) -> list[tuple[Path, str]]:
+    out: dict[str, Path] = {}
+    for directory in _config_dirs(src, index, hf_config_dir):
+        for name in TOKENIZER_FILES:
+            candidate = directory / name
+            if name not in out and candidate.is_file():
+                out[name] = candidate
+    return [(path, name) for name, path in out.items()]

@@ -1,0 +1,517 @@
+"""``ckptscope diff``: stream two checkpoints block by block and report how every tensor differs.
+
+Plan first (plan.py: pairing by name or through the HF <-> Megatron mapping), then read.
+Reading is bounded: work is cut into blocks of at most ``BLOCK_BYTES`` per side, a small window of
+blocks is in flight on a thread pool (numpy releases the GIL, so CPU blocks use every core), and
+mapped pages are released as we go, so peak memory does not grow with the checkpoint.
+
+Two paths per pair:
+* bytes: both sides store the tensor as the same raw chunks (same dtype and geometry), so equality
+  is a byte comparison of file ranges read with ``preadv`` into reused buffers; nothing is decoded.
+  Only when bytes differ is the pair decoded for metrics.
+* values: anything else (different layouts, fused/stacked tensors, dtype changes) is read region
+  by region through the readers and compared in float64 (metrics.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any
+
+from ckptscope.core.errors import CkptError
+from ckptscope.core.tensor import Encoding, TensorMeta
+from ckptscope.mappings.links import Box, Piece, Recipe, box_shape, source_slices
+from ckptscope.ops.diff.metrics import Accumulator, compare_block
+from ckptscope.ops.diff.plan import DiffPair, DiffPlan, DiffSide
+
+BLOCK_BYTES = 16 * 1024 * 1024
+"""Upper bound of one block per side (raw bytes); float64 copies make the working set ~4x this."""
+VALUE_BLOCK_ELEMS = 1 << 22
+"""Elements per block on the value path: a float64 copy of a block is then 32 MB."""
+RELEASE_EVERY = 64 * 1024 * 1024
+"""Release mapped pages after this many bytes read, so RSS tracks the working set."""
+SIGNIFICANT = 12
+"""Float metrics are reported to this many significant digits: CPU and GPU sum in different
+orders, and the last bits of a float64 sum are not a property of the checkpoints."""
+
+STATUSES = ("equal", "close", "different", "dtype_mismatch", "shape_mismatch", "only_a", "only_b")
+
+
+@dataclass
+class DiffOptions:
+    atol: float = 0.0
+    rtol: float = 0.0
+    device: str = "auto"
+    workers: int | None = None
+    block_bytes: int = BLOCK_BYTES
+
+    @property
+    def tolerant(self) -> bool:
+        return self.atol > 0 or self.rtol > 0
+
+
+@dataclass
+class PairResult:
+    name: str
+    a: str | None
+    b: str | None
+    status: str
+    dtype_a: str | None = None
+    dtype_b: str | None = None
+    shape_a: tuple[int, ...] | None = None
+    shape_b: tuple[int, ...] | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    max_diff_at: tuple[int, ...] | None = None
+
+    @property
+    def differs(self) -> bool:
+        return self.status not in ("equal", "close")
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "a": self.a, "b": self.b, "status": self.status}
+        for key in ("max_abs_diff", "mean_abs_diff", "rel_l2", "cosine", "num_diff"):
+            value = self.metrics.get(key)
+            out[key] = None if isinstance(value, float) and not math.isfinite(value) else value
+        out.update({"dtype_a": self.dtype_a, "dtype_b": self.dtype_b,
+                    "shape_a": list(self.shape_a) if self.shape_a is not None else None,
+                    "shape_b": list(self.shape_b) if self.shape_b is not None else None,
+                    "max_diff_at": list(self.max_diff_at) if self.max_diff_at is not None else None})
+        return out
+
+
+@dataclass
+class DiffReport:
+    a: str
+    b: str
+    mapping: str
+    device: str
+    results: list[PairResult]
+    padding: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    ignored: dict[str, list[str]] = field(default_factory=dict)
+    bytes_read: int = 0
+
+    def summary(self) -> dict[str, int]:
+        counts = dict.fromkeys(STATUSES, 0)
+        for result in self.results:
+            counts[result.status] += 1
+        return {
+            "compared": sum(counts[s] for s in ("equal", "close", "different", "dtype_mismatch", "shape_mismatch")),
+            "equal": counts["equal"],
+            "close": counts["close"],
+            "different": counts["different"] + counts["dtype_mismatch"] + counts["shape_mismatch"],
+            "only_a": counts["only_a"],
+            "only_b": counts["only_b"],
+            "dtype_mismatch": counts["dtype_mismatch"],
+            "shape_mismatch": counts["shape_mismatch"],
+        }
+
+    @property
+    def identical(self) -> bool:
+        return not any(r.differs for r in self.results)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "a": self.a,
+            "b": self.b,
+            "identical": self.identical,
+            "summary": self.summary(),
+            "tensors": [r.to_json() for r in self.results],
+            "mapping": self.mapping,
+            "device": self.device,
+            "padding": [{k: v for k, v in p.items() if k != "box"} for p in self.padding],
+            "ignored": self.ignored,
+            "notes": self.notes,
+        }
+
+
+def _round(value: Any) -> Any:
+    if isinstance(value, float) and math.isfinite(value) and value != 0.0:
+        return float(f"{value:.{SIGNIFICANT}g}")
+    return value
+
+
+# --- work units ------------------------------------------------------------------------------------
+
+
+def _raw_chunks_match(ma: TensorMeta, mb: TensorMeta) -> bool:
+    """Both tensors are stored as the same plain chunks: compare bytes, decode nothing."""
+    if ma.dtype != mb.dtype or ma.shape != mb.shape or len(ma.chunks) != len(mb.chunks):
+        return False
+    for ca, cb in zip(ma.chunks, mb.chunks):
+        if (ca.offsets, ca.shape) != (cb.offsets, cb.shape):
+            return False
+        for c in (ca, cb):
+            if c.encoding is not Encoding.RAW or c.strides is not None or c.big_endian:
+                return False
+            if c.byte_length != c.numel * ma.dtype_info.bits // 8:
+                return False
+    return True
+
+
+def _stored_meta(side: DiffSide, recipe: Recipe) -> TensorMeta | None:
+    """The stored tensor behind an identity recipe (None for views and transformed tensors)."""
+    if not recipe.is_identity:
+        return None
+    return side.reader.index().tensors.get(recipe.pieces[0].source)
+
+
+def _overlaps(a: Recipe, b: Recipe) -> Iterator[tuple[Box, Piece, Piece]]:
+    """Canonical boxes where one piece of A meets one piece of B."""
+    for pa in a.pieces:
+        for pb in b.pieces:
+            box = []
+            for (sa, ea), (sb, eb) in zip(pa.dst_box, pb.dst_box):
+                lo, hi = max(sa, sb), min(ea, eb)
+                if lo >= hi:
+                    break
+                box.append((lo, hi))
+            else:
+                yield tuple(box), pa, pb
+
+
+def _split(box: Box, max_elems: int) -> Iterator[Box]:
+    """Cut ``box`` along its first axis into boxes of at most ``max_elems`` elements (>= one row)."""
+    if not box:
+        yield box
+        return
+    shape = box_shape(box)
+    row = prod(shape[1:]) or 1
+    step = max(1, max_elems // row)
+    start, stop = box[0]
+    for lo in range(start, stop, step):
+        yield ((lo, min(stop, lo + step)),) + box[1:]
+
+
+def read_piece(side: DiffSide, piece: Piece, box: Box):
+    """Canonical ``box`` of a recipe piece, as a numpy array of the box's shape."""
+    array = side.reader.read(piece.source, source_slices(piece, box))
+    return array.reshape(box_shape(box))
+
+
+class _ByteReader:
+    """``preadv`` into per-thread reused buffers: no page-cache mapping kept, no fresh allocations."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def fd(self, path: str) -> int:
+        with self._lock:
+            fd = self._fds.get(path)
+            if fd is None:
+                try:
+                    fd = self._fds[path] = os.open(path, os.O_RDONLY)
+                except OSError as exc:
+                    raise CkptError(f"cannot read: {exc.strerror}", path) from None
+            return fd
+
+    def buffers(self, size: int):
+        import numpy as np
+
+        bufs = getattr(self._local, "bufs", None)
+        if bufs is None or bufs[0].size < size:
+            bufs = self._local.bufs = (np.empty(size, np.uint8), np.empty(size, np.uint8))
+        return bufs
+
+    def read_into(self, path: str, offset: int, out) -> None:
+        view = memoryview(out)
+        fd = self.fd(path)
+        done = 0
+        while done < len(view):
+            n = os.preadv(fd, [view[done:]], offset + done)
+            if n <= 0:
+                raise CkptError(f"file ends before byte {offset + len(view)}; it is truncated", path)
+            done += n
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+
+# --- the engine ------------------------------------------------------------------------------------
+
+
+def _pick_device(device: str) -> str:
+    if device not in ("auto", "cpu", "cuda"):
+        raise CkptError(f"--device must be auto, cpu or cuda, not {device!r}")
+    if device == "cpu":
+        return "cpu"
+    # Look for a GPU before importing torch (2 s here): auto on a CPU box must stay fast.
+    has_gpu = os.path.exists("/dev/nvidia0") or os.path.exists("/proc/driver/nvidia/version")
+    if device == "auto" and not has_gpu:
+        return "cpu"
+    try:
+        import torch
+    except ImportError:
+        if device == "cuda":
+            raise CkptError("--device cuda needs torch with CUDA") from None
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    if device == "cuda":
+        raise CkptError("--device cuda: no CUDA device is available")
+    return "cpu"
+
+
+class DiffEngine:
+    """Runs a ``DiffPlan``: ``run(on_result)`` streams one ``PairResult`` per pair as it completes."""
+
+    def __init__(self, plan: DiffPlan, options: DiffOptions | None = None) -> None:
+        self.plan = plan
+        self.options = options or DiffOptions()
+        self.device = _pick_device(self.options.device)
+        self.workers = self.options.workers or max(2, min(4, os.cpu_count() or 1))
+        self._bytes = _ByteReader()
+        self._read_lock = threading.Lock()
+        self._read_since_release = 0
+        self.bytes_read = 0
+        self._cuda = None
+        if self.device == "cuda":
+            from ckptscope.ops.diff.cuda import CudaComparer
+
+            self._cuda = CudaComparer(self.options.block_bytes)
+
+    # -- per block --------------------------------------------------------------------------
+
+    def _count(self, nbytes: int) -> None:
+        with self._read_lock:
+            self.bytes_read += nbytes
+            self._read_since_release += nbytes
+            release = self._read_since_release >= RELEASE_EVERY
+            if release:
+                self._read_since_release = 0
+        if release:
+            self.plan.a.reader.release_pages()
+            self.plan.b.reader.release_pages()
+
+    def _bytes_task(self, path_a: str, off_a: int, path_b: str, off_b: int, length: int) -> bool:
+        import numpy as np
+
+        buf_a, buf_b = self._bytes.buffers(min(length, self.options.block_bytes))
+        pos = 0
+        while pos < length:
+            n = min(len(buf_a), length - pos)
+            self._bytes.read_into(path_a, off_a + pos, buf_a[:n])
+            self._bytes.read_into(path_b, off_b + pos, buf_b[:n])
+            self._count(2 * n)
+            words = n // 8
+            if words and not np.array_equal(buf_a[: words * 8].view(np.uint64), buf_b[: words * 8].view(np.uint64)):
+                return False
+            if not np.array_equal(buf_a[words * 8: n], buf_b[words * 8: n]):
+                return False
+            pos += n
+        return True
+
+    def _values_task(self, box: Box, pa: Piece, pb: Piece) -> Accumulator:
+        a = read_piece(self.plan.a, pa, box)
+        b = read_piece(self.plan.b, pb, box)
+        self._count(a.nbytes + b.nbytes)
+        origin = tuple(lo for lo, _ in box)
+        if self._cuda is not None:
+            return self._cuda.compare(a, b, origin, atol=self.options.atol, rtol=self.options.rtol)
+        return compare_block(a, b, origin, atol=self.options.atol, rtol=self.options.rtol)
+
+    # -- per pair ---------------------------------------------------------------------------
+
+    def _byte_units(self, pair: DiffPair) -> list[tuple] | None:
+        ma, mb = _stored_meta(self.plan.a, pair.a), _stored_meta(self.plan.b, pair.b)
+        if ma is None or mb is None or not _raw_chunks_match(ma, mb):
+            return None
+        units = []
+        step = self.options.block_bytes
+        for ca, cb in zip(ma.chunks, mb.chunks):
+            path_a = str(self.plan.a.reader._file_path(ca.file))
+            path_b = str(self.plan.b.reader._file_path(cb.file))
+            for pos in range(0, ca.byte_length, step):
+                n = min(step, ca.byte_length - pos)
+                units.append((self._bytes_task, path_a, ca.byte_offset + pos, path_b, cb.byte_offset + pos, n))
+        return units
+
+    def _value_units(self, pair: DiffPair) -> list[tuple]:
+        itemsize = max(_itemsize(pair.a.dtype), _itemsize(pair.b.dtype))
+        max_elems = max(1, min(VALUE_BLOCK_ELEMS, self.options.block_bytes // itemsize))
+        units = []
+        for box, pa, pb in _overlaps(pair.a, pair.b):
+            for block in _split(box, max_elems):
+                units.append((self._values_task, block, pa, pb))
+        return units
+
+    def _finish(self, pair: DiffPair, acc: Accumulator | None, bytes_equal: bool) -> PairResult:
+        a, b = pair.a, pair.b
+        result = PairResult(pair.name, self.plan.a.describe(pair.name), self.plan.b.describe(pair.name),
+                            pair.static_status or "equal",
+                            a.dtype if a else None, b.dtype if b else None,
+                            a.shape if a else None, b.shape if b else None)
+        if pair.static_status is not None:
+            result.metrics = dict.fromkeys(("max_abs_diff", "mean_abs_diff", "rel_l2", "cosine", "num_diff"))
+            return result
+        if bytes_equal:
+            acc = Accumulator(numel=a.numel)
+        assert acc is not None
+        if acc.numel != a.numel:
+            raise CkptError(f"{pair.name}: compared {acc.numel} of {a.numel} elements; the mapping does not cover it")
+        result.metrics = {k: _round(v) for k, v in acc.metrics().items()}
+        result.max_diff_at = acc.max_at if acc.num_diff else None
+        if a.dtype != b.dtype:
+            result.status = "dtype_mismatch"
+        elif acc.num_diff == 0:
+            result.status = "equal"
+        elif self.options.tolerant and acc.violations == 0:
+            result.status = "close"
+        else:
+            result.status = "different"
+        return result
+
+    def run(self, on_result: Callable[[PairResult], None] | None = None,
+            cancelled: Callable[[], bool] = lambda: False,
+            on_progress: Callable[[int, int], None] | None = None) -> DiffReport:
+        """Compare every pair; ``on_result`` sees each result as its pair completes (any order).
+
+        The report lists results in plan order. ``on_progress(done_pairs, total_pairs)`` is called
+        after each pair.
+        """
+        pairs = self.plan.pairs
+        results: dict[int, PairResult] = {}
+        done = 0
+
+        def emit(i: int, result: PairResult) -> None:
+            nonlocal done
+            results[i] = result
+            done += 1
+            if on_result:
+                on_result(result)
+            if on_progress:
+                on_progress(done, len(pairs))
+
+        state: dict[int, dict] = {}
+        window = 2 * self.workers
+        inflight: dict[Future, tuple[int, str]] = {}
+
+        def units_for(i: int) -> Iterator[tuple]:
+            pair = pairs[i]
+            byte_units = self._byte_units(pair)
+            if byte_units is not None:
+                state[i] = {"mode": "bytes", "left": len(byte_units), "equal": True}
+                return iter(byte_units)
+            units = self._value_units(pair)
+            state[i] = {"mode": "values", "left": len(units), "acc": Accumulator()}
+            return iter(units)
+
+        def queue() -> Iterator[tuple[int, tuple]]:
+            for i, pair in enumerate(pairs):
+                if cancelled():
+                    return
+                if pair.static_status is not None:
+                    emit(i, self._finish(pair, None, False))
+                    continue
+                units = list(units_for(i))
+                if not units:
+                    emit(i, self._finish(pair, Accumulator(), False))
+                    continue
+                for unit in units:
+                    yield i, unit
+
+        try:
+            with ThreadPoolExecutor(self.workers, thread_name_prefix="ckptscope-diff") as pool:
+                source = queue()
+                exhausted = False
+                pending_retry: list[int] = []
+                while True:
+                    while not exhausted and len(inflight) < window:
+                        try:
+                            i, unit = next(source)
+                        except StopIteration:
+                            exhausted = True
+                            break
+                        fn, *args = unit
+                        inflight[pool.submit(fn, *args)] = (i, state[i]["mode"])
+                    if pending_retry and len(inflight) < window:
+                        i = pending_retry.pop(0)
+                        for unit in self._value_units(pairs[i]):
+                            fn, *args = unit
+                            inflight[pool.submit(fn, *args)] = (i, "values")
+                            state[i]["left"] += 1
+                    if not inflight:
+                        if exhausted and not pending_retry:
+                            break
+                        continue
+                    finished, _ = wait(inflight, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        i, mode = inflight.pop(future)
+                        value = future.result()
+                        st = state[i]
+                        st["left"] -= 1
+                        if mode == "bytes":
+                            st["equal"] = st["equal"] and bool(value)
+                            if st["left"] == 0:
+                                if st["equal"]:
+                                    emit(i, self._finish(pairs[i], None, True))
+                                else:  # bytes differ: decode for metrics
+                                    state[i] = {"mode": "values", "left": 0, "acc": Accumulator()}
+                                    pending_retry.append(i)
+                        else:
+                            st["acc"].merge(value)
+                            if st["left"] == 0:
+                                emit(i, self._finish(pairs[i], st["acc"], False))
+                    if cancelled():
+                        for future in inflight:
+                            future.cancel()
+                        break
+        finally:
+            self._bytes.close()
+            self.plan.a.reader.release_pages()
+            self.plan.b.reader.release_pages()
+        ordered = [results[i] for i in sorted(results)]
+        report = DiffReport(self.plan.a.path, self.plan.b.path, self.plan.mapping, self.device, ordered,
+                            notes=list(self.plan.notes),
+                            ignored={"a": list(self.plan.a.ignored), "b": list(self.plan.b.ignored)},
+                            bytes_read=self.bytes_read)
+        report.padding = self._padding_report()
+        return report
+
+    def _padding_report(self) -> list[dict]:
+        """Vocab pad rows: reported (count, all zero or not), never compared."""
+        import numpy as np
+
+        out = []
+        for item in self.plan.padding:
+            side = self.plan.a if item["side"] == "a" else self.plan.b
+            rows = item["rows"][1] - item["rows"][0]
+            zero = True
+            for block in _split(item["box"], self.options.block_bytes // 8):
+                values = side.reader.read(item["source"], tuple(slice(lo, hi) for lo, hi in block))
+                if np.count_nonzero(values.view(_uint_view(values.dtype.itemsize))):
+                    zero = False
+                    break
+            out.append({**item, "count": rows, "all_zero": zero})
+        return out
+
+
+def _uint_view(size: int):
+    import numpy as np
+
+    return {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(size, np.uint8)
+
+
+def _itemsize(dtype: str) -> int:
+    from ckptscope.core.dtypes import dtype_by_name
+
+    return max(1, dtype_by_name(dtype).bits // 8)
+
+
+def diff_checkpoints(plan: DiffPlan, options: DiffOptions | None = None,
+                     on_result: Callable[[PairResult], None] | None = None,
+                     cancelled: Callable[[], bool] = lambda: False,
+                     on_progress: Callable[[int, int], None] | None = None) -> DiffReport:
+    """Run ``plan`` and return the report (see ``DiffEngine.run``)."""
+    return DiffEngine(plan, options).run(on_result, cancelled, on_progress)

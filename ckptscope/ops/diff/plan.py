@@ -1,0 +1,192 @@
+"""Pairing for ``ckptscope diff``: put both checkpoints in one canonical name space and decide, from
+metadata alone, which tensors are compared with which.
+
+The canonical space is the names both sides already share when they use the same naming; when one
+side uses Megatron-Core names and the other HF names (``--map auto``), Megatron tensors are
+presented as HF tensors through the mapping layer, so a fused ``linear_qkv`` is compared as the
+``q_proj``/``k_proj``/``v_proj`` it holds and a difference is reported at the HF tensor it is in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ckptscope.core.errors import CkptError
+from ckptscope.core.index import CheckpointIndex
+from ckptscope.core.names import select
+from ckptscope.formats.base import CheckpointReader
+from ckptscope.formats.registry import open_checkpoint
+from ckptscope.mappings.config import ModelConfig
+from ckptscope.mappings.links import Piece, Recipe, box_text, full_box
+from ckptscope.mappings.resolve import (
+    MappedView,
+    config_from_index,
+    config_from_names,
+    naming_family,
+    shapes_of,
+    to_hf,
+)
+from ckptscope.mappings.schemas import is_ignored
+from ckptscope.ops.roots import resolve_root
+
+OPTIMIZER_GROUP = "optimizer"
+
+
+@dataclass
+class DiffSide:
+    """One checkpoint as the diff sees it: its reader and its tensors in the canonical space."""
+
+    path: str
+    reader: CheckpointReader
+    recipes: dict[str, Recipe]
+    ignored: list[str] = field(default_factory=list)
+    mapped: bool = False
+    """True when names were translated (Megatron-Core -> HF)."""
+
+    def describe(self, name: str) -> str | None:
+        """The source tensor name(s) behind canonical ``name``, with slices when it is part of a
+        fused or stacked tensor: ``decoder.layers.self_attention.linear_qkv.weight[0, 0:32, :] + ...``."""
+        recipe = self.recipes.get(name)
+        if recipe is None:
+            return None
+        if recipe.is_identity and not _is_view(self.reader.index(), recipe.pieces[0].source):
+            return recipe.pieces[0].source
+        return " + ".join(_piece_text(self.reader.index(), p) for p in recipe.pieces)
+
+
+def _is_view(index: CheckpointIndex, name: str) -> bool:
+    return name in index.views and name not in index.tensors
+
+
+def _piece_text(index: CheckpointIndex, piece: Piece) -> str:
+    source, box = piece.source, piece.src_box
+    if _is_view(index, source):
+        stored, layer = index.views[source]
+        source, box = stored, ((layer, layer + 1),) + box
+    shape = index.tensors[source].shape if source in index.tensors else tuple(b[1] for b in box)
+    if box == full_box(tuple(shape)):
+        return source
+    return source + box_text(box, tuple(shape))
+
+
+@dataclass
+class DiffPair:
+    """One canonical tensor: its recipe on each side (None when the side lacks it)."""
+
+    name: str
+    a: Recipe | None
+    b: Recipe | None
+
+    @property
+    def static_status(self) -> str | None:
+        """The status metadata alone decides, or None when values must be read."""
+        if self.a is None:
+            return "only_b"
+        if self.b is None:
+            return "only_a"
+        if self.a.shape != self.b.shape:
+            return "shape_mismatch"
+        return None
+
+
+@dataclass
+class DiffPlan:
+    a: DiffSide
+    b: DiffSide
+    pairs: list[DiffPair]
+    mapping: str
+    """``"none"``, ``"names"`` (same naming, per-layer views), or ``"mcore->hf"``."""
+    notes: list[str] = field(default_factory=list)
+    padding: list[dict] = field(default_factory=list)
+    """Vocab pad rows left out of the comparison: side, tensor, rows."""
+
+    @property
+    def compared(self) -> list[DiffPair]:
+        return [p for p in self.pairs if p.static_status is None]
+
+
+def identity_recipes(tensors: dict) -> dict[str, Recipe]:
+    """Each tensor as itself: one piece, the whole tensor (the recipe of an unmapped name)."""
+    return {name: Recipe(name, tuple(meta.shape), meta.dtype,
+                         [Piece(full_box(tuple(meta.shape)), name, full_box(tuple(meta.shape)))], ["identity"])
+            for name, meta in tensors.items()}
+
+
+def model_tensors(index: CheckpointIndex, logical: bool) -> dict:
+    """Model weights only: optimizer state is grouped apart by the readers and not compared."""
+    tensors = index.logical_tensors() if logical else index.tensors
+    return {name: meta for name, meta in tensors.items() if dict(meta.attrs).get("group") != OPTIMIZER_GROUP}
+
+
+def _side_config(index: CheckpointIndex, tensors: dict) -> ModelConfig:
+    return config_from_index(index).merged(config_from_names(shapes_of(tensors)))
+
+
+def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", include: tuple[str, ...] = (),
+              exclude: tuple[str, ...] = (), arch: str | None = None, trust_pickle: bool = False) -> DiffPlan:
+    """Open both checkpoints (metadata only) and pair their tensors."""
+    if mapping not in ("auto", "none"):
+        raise CkptError(f"--map must be auto or none, not {mapping!r}")
+    reader_a = open_checkpoint(resolve_root(path_a), trust_pickle=trust_pickle)
+    reader_b = open_checkpoint(resolve_root(path_b), trust_pickle=trust_pickle)
+    index_a, index_b = reader_a.index(), reader_b.index()
+    notes: list[str] = []
+
+    if mapping == "none":
+        ta, tb = model_tensors(index_a, False), model_tensors(index_b, False)
+        side_a = DiffSide(str(path_a), reader_a, identity_recipes(ta))
+        side_b = DiffSide(str(path_b), reader_b, identity_recipes(tb))
+        used = "none"
+    else:
+        same_stored = set(model_tensors(index_a, False)) == set(model_tensors(index_b, False))
+        ta, tb = model_tensors(index_a, not same_stored), model_tensors(index_b, not same_stored)
+        fam_a, fam_b = naming_family(ta), naming_family(tb)
+        recipes_a, recipes_b = identity_recipes(ta), identity_recipes(tb)
+        ignored_a, ignored_b = [], []
+        mapped_a = mapped_b = False
+        used = "none" if same_stored else "names"
+        if {fam_a, fam_b} == {"hf", "mcore"} or (fam_a == fam_b == "mcore" and set(ta) != set(tb)):
+            cfg = _side_config(index_a, ta).merged(_side_config(index_b, tb))
+            if fam_a == "mcore":
+                view = to_hf(shapes_of(ta), cfg, arch)
+                recipes_a, ignored_a, mapped_a = _with_unmapped(view, ta), view.ignored, True
+                notes += _view_notes("A", view)
+            if fam_b == "mcore":
+                view = to_hf(shapes_of(tb), cfg, arch)
+                recipes_b, ignored_b, mapped_b = _with_unmapped(view, tb), view.ignored, True
+                notes += _view_notes("B", view)
+            used = "mcore->hf"
+        side_a = DiffSide(str(path_a), reader_a, recipes_a, ignored_a, mapped_a)
+        side_b = DiffSide(str(path_b), reader_b, recipes_b, ignored_b, mapped_b)
+        # Names that are never values (TE _extra_state, rotary inv_freq) are not compared.
+        for side in (side_a, side_b):
+            for name in [n for n in side.recipes if is_ignored(n)]:
+                side.ignored.append(name)
+                del side.recipes[name]
+
+    names = list(side_a.recipes) + [n for n in side_b.recipes if n not in side_a.recipes]
+    names = select(names, include, exclude)
+    pairs = [DiffPair(n, side_a.recipes.get(n), side_b.recipes.get(n)) for n in names]
+    padding = []
+    for label, side in (("a", side_a), ("b", side_b)):
+        for name in names:
+            recipe = side.recipes.get(name)
+            for source, box in (recipe.padding if recipe else ()):
+                padding.append({"side": label, "name": name, "source": source,
+                                "rows": [box[0][0], box[0][1]], "box": box})
+    return DiffPlan(side_a, side_b, pairs, used, notes, padding)
+
+
+def _with_unmapped(view: MappedView, tensors: dict) -> dict[str, Recipe]:
+    """Mapped recipes plus, under their own names, tensors no rule knows (reported as only_a/only_b)."""
+    recipes = dict(view.recipes)
+    recipes.update(identity_recipes({n: tensors[n] for n in view.unmapped}))
+    return recipes
+
+
+def _view_notes(label: str, view: MappedView) -> list[str]:
+    notes = [f"{label}: Megatron-Core names mapped to HF ({view.arch})"]
+    if view.unmapped:
+        notes.append(f"{label}: {len(view.unmapped)} tensors match no {view.arch} rule; compared by name")
+    return notes

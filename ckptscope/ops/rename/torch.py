@@ -1,0 +1,161 @@
+"""Renaming ``torch.save`` files (zip and legacy) and HF ``pytorch_model*.bin`` directories.
+
+The file is parsed with the safe unpickler, the renamed tensors get new keys inside the dict that
+holds them (key order kept), dropped tensors leave it, and the tree is pickled again by
+``formats.torch_save.writer`` with every storage record copied verbatim; storages no tensor refers to
+any more are left out. Nothing from the file is ever executed.
+
+A rename must keep a tensor in the same container: in ``{"model": {...state dict...}}`` the new
+name of ``model.x`` must start with ``model.`` (the key inside the ``model`` dict changes). Moving
+a tensor to another dict, or renaming an item of a list or of a pickled object, is refused with
+an error naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ckptscope.core.errors import CkptError
+from ckptscope.core.index import CheckpointIndex
+from ckptscope.formats.filecopy import copy_range
+from ckptscope.formats.pickles.safe import TensorRef
+from ckptscope.formats.pickles.torch_file import StoragePlacement, flatten_paths, is_torch_zip, read_torch_zip
+from ckptscope.formats.torch_save.legacy_reader import read_legacy_stream
+from ckptscope.formats.torch_save.writer import write_torch_legacy, write_torch_zip
+from ckptscope.ops.rename.files import FileAction, RenamePlan
+from ckptscope.ops.rename.plan import NameChanges
+from ckptscope.ops.rename.safetensors import hf_side_files, regenerate_hf_index
+
+
+@dataclass
+class _Edit:
+    container: dict
+    renames: dict[Any, str]
+    drops: set[Any]
+
+
+def _child_key(container: Any, element: str, name: str) -> Any:
+    """The real key (int keys of optimizer state stay ints) behind one path element."""
+    if isinstance(container, dict):
+        for key in container:
+            if str(key) == element:
+                return key
+    raise CkptError(f"tensor {name!r} is not inside a dict; only dict keys can be renamed")
+
+
+def rename_in_tree(obj: Any, changes: NameChanges) -> Any:
+    """Apply ``changes`` to the tensors of an unpickled torch object, in place; returns ``obj``."""
+    edits: dict[int, _Edit] = {}
+    for path, leaf in flatten_paths(obj):
+        if not isinstance(leaf, TensorRef):
+            continue
+        name = ".".join(path)
+        new = changes.new_name(name)
+        if new == name:
+            continue
+        container = obj
+        for element in path[:-1]:
+            container = container[_child_key(container, element, name)]
+        key = _child_key(container, path[-1], name)
+        edit = edits.setdefault(id(container), _Edit(container, {}, set()))
+        if new is None:
+            edit.drops.add(key)
+            continue
+        prefix = ".".join(path[:-1])
+        if prefix and not new.startswith(prefix + "."):
+            raise CkptError(f"renaming {name!r} to {new!r} would move it out of {prefix!r}; in torch files a "
+                            f"rename must keep the {prefix!r} prefix")
+        edit.renames[key] = new[len(prefix) + 1:] if prefix else new
+    for edit in edits.values():
+        items = list(edit.container.items())
+        edit.container.clear()
+        for key, value in items:
+            if key in edit.drops:
+                continue
+            new_key = edit.renames.get(key, key)
+            if new_key in edit.container:
+                raise CkptError(f"renamed key {new_key!r} collides with another entry of the same dict")
+            edit.container[new_key] = value
+        if len(edit.container) != len(items) - len(edit.drops):
+            raise CkptError("renamed keys collide with other entries of the same dict")
+    return obj
+
+
+class TorchRenameWriter:
+    formats = ("torch", "torch-legacy", "hf")
+
+    def check(self, index: CheckpointIndex, src: Path) -> None:
+        if index.format == "hf" and index.metadata.get("weights") != "pytorch_model.bin":
+            raise CkptError("not an HF pytorch_model*.bin directory", src)
+        odd = [m for m in index.tensors.values() if m.attr("kind") not in (None, "Parameter")]
+        if odd:
+            raise CkptError(f"rename cannot re-write tensor subclasses yet ({odd[0].name!r} is a "
+                            f"{odd[0].attr('kind')})", src)
+
+    def plan_files(self, index: CheckpointIndex, changes: NameChanges) -> list[FileAction]:
+        dropped = set(changes.dropped)
+        by_file: dict[str, list[str]] = {}
+        for meta in index.tensors.values():
+            by_file.setdefault(meta.chunks[0].file, []).append(meta.name)
+        root = Path(index.path)
+        actions = []
+        for file, names in by_file.items():
+            # Apply the rename to a parse of the file now, so a rename that cannot be expressed
+            # in the file's nesting is refused before anything is written.
+            rename_in_tree(_parse(root / file if root.is_dir() else root).obj, _restrict(changes, set(names)))
+            kept = [n for n in names if n not in dropped]
+            actions.append(FileAction(file, "rewrite-pickle", len(kept), sum(index.tensors[n].nbytes for n in kept)))
+        if index.format == "hf":
+            actions += hf_side_files(index, set(by_file))
+        return actions
+
+    def write_file(self, plan: RenamePlan, action: FileAction, src: Path, out: Path,
+                   advance: Callable[[int], None]) -> dict[str, str]:
+        parsed = _parse(src)
+        tree = rename_in_tree(parsed.obj, _restrict(plan.changes, _tensor_names(parsed.obj)))
+        if parsed.sys_info is None:
+            copied = write_torch_zip(tree, src, parsed.placements, out)
+        else:
+            copied = write_torch_legacy(tree, src, parsed.placements, out, parsed.sys_info, copy_range)
+        advance(min(copied, action.nbytes))
+        return {name: action.path for name in _tensor_names(tree)}
+
+    def regenerate(self, plan: RenamePlan, action: FileAction, src: Path, out: Path,
+                   written: Mapping[str, str]) -> None:
+        regenerate_hf_index(plan, src, out, written)
+
+
+@dataclass
+class _Parsed:
+    obj: Any
+    placements: dict[str, StoragePlacement]
+    sys_info: Any
+    """The legacy stream's sys-info record; None for zip files."""
+
+
+def _parse(path: Path) -> _Parsed:
+    if is_torch_zip(path):
+        zipped = read_torch_zip(path)
+        big_endian, parsed = zipped.big_endian, _Parsed(zipped.obj, zipped.storages, None)
+    else:
+        obj, placements, big_endian, sys_info = read_legacy_stream(path)
+        parsed = _Parsed(obj, placements, sys_info)
+    if big_endian:
+        raise CkptError("rename of big-endian torch files is not supported", path)
+    return parsed
+
+
+def _tensor_names(obj: Any) -> set[str]:
+    return {".".join(path) for path, leaf in flatten_paths(obj) if isinstance(leaf, TensorRef)}
+
+
+def _restrict(changes: NameChanges, names: set[str]) -> NameChanges:
+    """The plan restricted to the tensors of one file (shards of an HF dir each hold a part)."""
+    return NameChanges(
+        renamed={o: n for o, n in changes.renamed.items() if o in names},
+        dropped=tuple(o for o in changes.dropped if o in names),
+        untouched=tuple(o for o in changes.untouched if o in names),
+    )
