@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from ckptscope.core.units import human_bytes, human_count, shape_str
+from ckptscope.core.units import human_bytes, human_count, plural, shape_str
 from ckptscope.ops.inspect import InspectReport
 from ckptscope.ops.tree import TreeNode
 
@@ -30,6 +30,9 @@ def print_inspect(report: InspectReport, *, collapse: bool = True, console: Cons
     console.print(summary_table(report))
     if report.index.tensors:
         console.print(render_tree(report, collapse=collapse))
+    training = report.training_tree(collapse=collapse)
+    if training is not None:
+        console.print(_render_node(training, "training state (not part of the model)", unit="elements"))
     if report.index.objects:
         console.print(objects_table(report))
 
@@ -49,7 +52,19 @@ def summary_table(report: InspectReport) -> Table:
     table.add_row("files", f"{len(index.files)} ({', '.join(f'{n} {r}' for r, n in roles.items())}), {human_bytes(total)}")
     shown = f"{len(index)}" if len(index) == report.total_tensors else f"{len(index)} of {report.total_tensors} (filtered)"
     table.add_row("tensors", shown)
-    table.add_row("parameters", f"{human_count(index.num_params)} ({index.num_params:,})")
+    entries = report.entries
+    model_params = entries.num_params
+    naming = "" if entries.naming == "other" else f", {entries.naming} names"
+    under = f" under {entries.prefix!r}" if entries.prefix else ""
+    table.add_row("parameters", f"{human_count(model_params)} ({model_params:,}) in the model{under}{naming}")
+    if entries.training:
+        parts = [f"{kind} {human_bytes(sum(m.nbytes for m in group.values()))} ({len(group)})"
+                 for kind, group in entries.training.items()]
+        table.add_row("training state", ", ".join(parts) + "  (not counted as parameters)")
+    if entries.unknown:
+        table.add_row(Text("unknown", style="bold yellow"),
+                      Text(f"{plural(len(entries.unknown), 'tensor')} neither model nor training state "
+                           f"(first: {next(iter(entries.unknown))}); never exported", style="yellow"))
     per_dtype = Text()
     total_bytes = index.total_bytes or 1
     for i, (dtype, nbytes) in enumerate(index.bytes_per_dtype().items()):
@@ -89,13 +104,14 @@ def _node_label(node: TreeNode, label: str) -> Text:
 
 
 def render_tree(report: InspectReport, *, collapse: bool = True) -> Tree:
-    root_node = report.tree
-    if not collapse:
-        from ckptscope.ops.tree import build_tree
+    """The model's module tree (training state has its own, see ``print_inspect``)."""
+    return _render_node(report.tree(collapse=collapse), "model")
 
-        root_node = build_tree(report.index.tensors.values(), collapse=False)
-    root = Tree(Text(f"{human_count(root_node.num_params)} params  {human_bytes(root_node.nbytes)}", style="bold"))
-    _add_children(root, root_node)
+
+def _render_node(node: TreeNode, title: str, unit: str = "params") -> Tree:
+    root = Tree(Text.assemble((title, "bold"), (f"  {human_count(node.num_params)} {unit}  {human_bytes(node.nbytes)}",
+                                                "dim")))
+    _add_children(root, node)
     return root
 
 

@@ -23,3 +23,8 @@ def human_count(n: int) -> str:
 
 def shape_str(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """``1 tensor``, ``2 tensors``, ``1 iteration``: a count with its noun in the right number."""
+    return f"{count:,} {noun if count == 1 else (many or noun + 's')}"

@@ -261,3 +261,32 @@ def to_megatron_args(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1,
             args["moe_shared_expert_intermediate_size"] = cfg.shared_expert_ffn_hidden_size
             args["moe_shared_expert_gate"] = cfg.arch == "qwen2_moe"  # Qwen2-MoE gates its shared expert
     return args
+
+
+def parallel_problems(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1) -> list[str]:
+    """Why Megatron-Core could not build ``cfg`` at these parallel sizes, one line each (empty: it can).
+
+    Megatron splits attention heads, query groups and the FFN (dense, expert and shared) evenly over
+    TP ranks and asserts divisibility when it builds the model; a checkpoint written at sizes it
+    cannot build loads nowhere, and a round trip through our own reader would still look exact. So
+    these are checked against the config (HF config.json or the source's Megatron args) before
+    anything is written. Pipeline stages are checked by the layer split itself.
+    """
+    problems = []
+    checks = (
+        ("attention heads", cfg.num_attention_heads, tp, "--tp"),
+        ("query groups (KV heads)", cfg.num_kv_heads, tp, "--tp"),
+        ("FFN hidden size", None if cfg.is_moe else cfg.ffn_hidden_size, tp, "--tp"),  # MoE: experts' own
+        ("expert FFN hidden size", cfg.moe_ffn_hidden_size, tp, "--tp"),
+        ("shared-expert FFN hidden size", cfg.shared_expert_ffn_hidden_size, tp, "--tp"),
+        ("experts", cfg.num_experts, ep, "--ep"),
+    )
+    for what, count, size, flag in checks:
+        if size > 1 and count and count % size:
+            problems.append(f"{flag} {size} does not divide the model's {count} {what}")
+    if tp > 1 and cfg.num_attention_heads is None:
+        problems.append(f"--tp {tp}: the number of attention heads is unknown, so the split cannot be checked; "
+                        f"pass --hf-config DIR")
+    if pp > 1 and cfg.num_layers is not None and pp > cfg.num_layers:
+        problems.append(f"--pp {pp} is more pipeline stages than the model's {cfg.num_layers} layers")
+    return problems

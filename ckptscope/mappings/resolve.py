@@ -14,14 +14,15 @@ from functools import lru_cache
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex
+from ckptscope.core.roles import naming_family
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.mappings.config import ModelConfig, from_hf_config, from_megatron_args
 from ckptscope.mappings.links import Link, Recipe, box_shape, recipes_from_links, uncovered
 from ckptscope.mappings.schemas import SCHEMAS, Rule, is_ignored
 from ckptscope.mappings.transforms import TRANSFORMS, stacked
 
-MCORE_PREFIXES = ("decoder.", "embedding.", "output_layer.")
-HF_PREFIXES = ("model.layers.", "model.embed_tokens.", "model.norm.", "lm_head.")
+__all__ = ["MappedView", "TensorShape", "naming_family", "to_hf", "to_mcore"]
+"""``naming_family`` is core's (``core.roles``), named here for the mapping's callers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,19 +43,6 @@ class MappedView:
     """Source tensors no rule consumed; the caller decides (diff keeps them by name, convert refuses)."""
     ignored: list[str] = field(default_factory=list)
     """Source tensors that are never values (``_extra_state``, ``inv_freq``)."""
-
-
-def naming_family(names: Iterable[str]) -> str:
-    """``"mcore"`` (Megatron-Core GPTModel names), ``"hf"`` (transformers names) or ``"other"``."""
-    hf = mcore = 0
-    for name in names:
-        if name.startswith(MCORE_PREFIXES):
-            mcore += 1
-        elif name.startswith(HF_PREFIXES):
-            hf += 1
-    if not hf and not mcore:
-        return "other"
-    return "mcore" if mcore >= hf else "hf"
 
 
 def config_from_index(index: CheckpointIndex) -> ModelConfig:

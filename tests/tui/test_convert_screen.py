@@ -198,12 +198,12 @@ async def test_merge_palette_and_plan_error_inline(tmp_path):
         assert form.query_one("#convert-target", Select).value == "hf"
         assert form.query_one("#convert-dst", Input).value == str(tmp_path / "dtypes-hf")
         status = text_of(form.query_one("#convert-status", Static))
-        assert "✗ cannot plan the conversion" in status and "pass --hf-config DIR" in status
+        assert "✗ cannot plan the conversion" in status and "neither HF transformers nor Megatron-Core" in status
         assert "Traceback" not in status and form.plan is None
         assert form.query_one("#convert-go", Button).disabled
         assert form.query_one("#convert-plan", DataTable).row_count == 0
         await choose(pilot, "#convert-target", "mcore")
-        assert "needs HF or Megatron-Core tensor names" in text_of(form.query_one("#convert-status", Static))
+        assert "neither HF transformers nor Megatron-Core" in text_of(form.query_one("#convert-status", Static))
         await pilot.press("escape")
         await settle(pilot)
         assert isinstance(app.screen, BrowseScreen)

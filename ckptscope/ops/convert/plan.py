@@ -23,6 +23,7 @@ from ckptscope.mappings.config import (
     ModelConfig,
     from_hf_config,
     padded_vocab,
+    parallel_problems,
     to_hf_config,
     to_megatron_args,
 )
@@ -37,7 +38,8 @@ from ckptscope.mappings.resolve import (
 )
 from ckptscope.mappings.resolve import to_hf as map_to_hf
 from ckptscope.mappings.resolve import to_mcore as map_to_mcore
-from ckptscope.ops.diff.plan import identity_recipes, model_tensors
+from ckptscope.ops.diff.plan import identity_recipes
+from ckptscope.ops.model import ModelEntries, model_entries
 from ckptscope.ops.roots import resolve_root
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -51,7 +53,7 @@ __all__ = ["Box", "ConvertPlan", "OutputTensor", "Recipe", "plan_convert", "targ
 
 def target_family_for(index: CheckpointIndex) -> str:
     """The other family: HF names go to Megatron-Core, everything else (Megatron, FSDP shards) to HF."""
-    return "mcore" if naming_family(index.tensors) == "hf" else "hf"
+    return "mcore" if model_entries(index).naming == "hf" else "hf"
 
 
 def parse_size(text: str | int) -> int:
@@ -178,8 +180,13 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
                  ckpt_format: str = "torch_dist", spec: str = "local", dtype: str = "keep",
                  hf_config: str | Path | None = None,
                  arch: str | None = None, max_shard_size: str | int = DEFAULT_SHARD,
-                 trust_pickle: bool = False) -> ConvertPlan:
-    """Open SRC (metadata only), map it to the target space and lay out the destination."""
+                 trust_pickle: bool = False, skip_unknown: bool = False) -> ConvertPlan:
+    """Open SRC (metadata only), map its model to the target space and lay out the destination.
+
+    Only the model is exported (``ops.model``): training state is left out and said so in the
+    notes; entries that are neither refuse the conversion unless ``skip_unknown`` (then they are
+    listed as dropped), so nothing reaches the output without a rule that put it there.
+    """
     if to not in ("hf", "mcore"):
         raise CkptError(f"--to must be hf or mcore, not {to!r}")
     if dtype not in DTYPES:
@@ -196,16 +203,18 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
     src_path = Path(resolve_root(src))
     reader = open_checkpoint(src_path, trust_pickle=trust_pickle)
     index = reader.index()
-    tensors = model_tensors(index, logical=True)
+    entries = model_entries(index, logical=True)
+    tensors = entries.tensors
     if not tensors:
         raise CkptError("no model tensors to convert", src_path)
+    split_notes, split_dropped = _split_report(entries, skip_unknown, src_path)
     hf_cfg_dict = _hf_config_from(Path(hf_config)) if hf_config else _source_hf_config(index)
     cfg = config_from_index(index)
     if hf_cfg_dict:
         cfg = from_hf_config(hf_cfg_dict).merged(cfg)
     cfg = cfg.merged(config_from_names(shapes_of(tensors)))
     family = naming_family(tensors)
-    notes: list[str] = []
+    notes: list[str] = list(split_notes)
     iteration = index.iteration or 0
     shapes = shapes_of(tensors)
 
@@ -213,9 +222,11 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         if family == "mcore":
             view = map_to_hf(shapes, cfg, arch)
             notes.append(f"Megatron-Core names mapped to HF ({view.arch})")
-        else:
+        elif family == "hf":
             view = _identity_view(tensors, cfg, arch or cfg.arch or "llama")
             notes.append("HF names kept; shards merged into whole tensors")
+        else:
+            raise CkptError(_unmapped_naming(family, tensors), src_path)
         if view.unmapped:
             raise CkptError(f"{len(view.unmapped)} tensors match no {view.arch} rule "
                             f"(first: {view.unmapped[0]}); pass --arch or report the layout")
@@ -231,7 +242,7 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
                 raise CkptError("the source has no HF config.json and no Megatron args to derive one from; "
                                 "pass --hf-config DIR")
         recipes = dict(view.recipes)
-        dropped = []
+        dropped = list(split_dropped)
         tied = bool(hf_cfg_dict.get("tie_word_embeddings", cfg.tie_word_embeddings))
         if tied and "lm_head.weight" in recipes:
             del recipes["lm_head.weight"]  # P7c: both keys written and transformers refuses to re-tie
@@ -240,6 +251,7 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         if not tied and "lm_head.weight" not in recipes and "model.embed_tokens.weight" in recipes:
             raise CkptError("the config says untied embeddings but the source has no output layer; "
                             "check tie_word_embeddings")
+        recipes = entries.to_stored(recipes)
         out = [OutputTensor(n, r.shape, r.dtype if dtype == "keep" else dtype, r) for n, r in recipes.items()]
         plan = ConvertPlan(str(src), str(dst), "hf", reader, out, cfg, view.arch, hf_config=hf_cfg_dict,
                            iteration=iteration, notes=notes + view_notes(view), dropped=dropped + view.ignored)
@@ -259,8 +271,7 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         arch_name = arch or cfg.arch or None
         source_space = None
     else:
-        raise CkptError("converting to Megatron-Core needs HF or Megatron-Core tensor names; this checkpoint "
-                        "has neither (merge it to HF first)")
+        raise CkptError(_unmapped_naming(family, tensors), src_path)
     if cfg.vocab_size is None:
         raise CkptError("the vocabulary size is unknown; pass --hf-config DIR")
     divisible = cfg.make_vocab_size_divisible_by or 128
@@ -280,16 +291,51 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
     if ep > 1 and (not cfg_out.num_experts or cfg_out.num_experts % ep):
         raise CkptError(f"--ep {ep} needs a MoE model whose expert count it divides "
                         f"(this one has {cfg_out.num_experts or 'no'} experts)")
+    problems = parallel_problems(cfg_out, tp=tp, pp=pp, ep=ep)
+    if problems:
+        raise CkptError("; ".join(problems), src_path)
     args = to_megatron_args(cfg_out, tp=tp, pp=pp, ep=ep, ckpt_format=ckpt_format,
                             make_vocab_size_divisible_by=divisible)
     args["iteration"] = iteration
-    out = [OutputTensor(n, r.shape, r.dtype if dtype == "keep" else dtype, r) for n, r in view.recipes.items()]
+    out = [OutputTensor(n, r.shape, r.dtype if dtype == "keep" else dtype, r)
+           for n, r in entries.to_stored(view.recipes).items()]
     if dtype != "keep":
         args["bf16"], args["fp16"] = dtype == "bfloat16", dtype == "float16"
     return ConvertPlan(str(src), str(dst), "mcore", reader, out, cfg_out, view.arch, megatron_args=args,
                        ckpt_format=ckpt_format, tp=tp, pp=pp, ep=ep, spec=spec, iteration=iteration,
                        notes=notes + view_notes(view) + [f"vocabulary {cfg.vocab_size} padded to {padded} rows"],
-                       dropped=view.ignored)
+                       dropped=split_dropped + view.ignored)
+
+
+def _split_report(entries: ModelEntries, skip_unknown: bool, src: Path) -> tuple[list[str], list[str]]:
+    """Notes and dropped names for what is not exported; refuses unknown entries and name clashes."""
+    if entries.split.collisions:
+        model_name, first, second = entries.split.collisions[0]
+        raise CkptError(f"{first} and {second} are both the model's {model_name} once wrappers are removed", src)
+    notes, dropped = [], []
+    if entries.prefix:
+        notes.append(f"model found under {entries.prefix!r}; exported without it")
+    if entries.training:
+        kinds = ", ".join(f"{kind} {len(names)}" for kind, names in entries.training.items())
+        notes.append(f"training state left out ({kinds} tensors)")
+    if entries.unknown:
+        first = next(iter(entries.unknown))
+        if not skip_unknown:
+            raise CkptError(f"{len(entries.unknown)} entries are neither model weights ({entries.naming} names"
+                            f"{' under ' + repr(entries.prefix) if entries.prefix else ''}) nor known training "
+                            f"state (first: {first}); pass --skip-unknown to leave them out", src)
+        notes.append(f"{len(entries.unknown)} unknown entries left out (first: {first})")
+        dropped += list(entries.unknown)
+    return notes, dropped
+
+
+def _unmapped_naming(family: str, tensors: dict) -> str:
+    example = next(iter(tensors), "")
+    if family == "torchtitan":
+        return (f"torchtitan names ({example}, ...) have no HF or Megatron-Core mapping in ckptscope yet; export "
+                f"them with torchtitan's HF state-dict adapter (last_save_in_hf) and convert that")
+    return (f"the model's tensor names ({example}, ...) are neither HF transformers nor Megatron-Core names; "
+            f"ckptscope has no mapping for them")
 
 
 def compose(outer: Recipe, inner: dict[str, Recipe]) -> Recipe:

@@ -28,10 +28,8 @@ from ckptscope.mappings.resolve import (
     to_hf,
 )
 from ckptscope.mappings.schemas import is_ignored
+from ckptscope.ops.model import model_entries
 from ckptscope.ops.roots import resolve_root
-
-OPTIMIZER_GROUP = "optimizer"
-
 
 @dataclass
 class DiffSide:
@@ -113,34 +111,61 @@ def identity_recipes(tensors: dict) -> dict[str, Recipe]:
             for name, meta in tensors.items()}
 
 
-def model_tensors(index: CheckpointIndex, logical: bool) -> dict:
-    """Model weights only: optimizer state is grouped apart by the readers and not compared."""
-    tensors = index.logical_tensors() if logical else index.tensors
-    return {name: meta for name, meta in tensors.items() if dict(meta.attrs).get("group") != OPTIMIZER_GROUP}
-
-
 def _side_config(index: CheckpointIndex, tensors: dict) -> ModelConfig:
     return config_from_index(index).merged(config_from_names(shapes_of(tensors)))
 
 
+TIED_PAIRS = (("lm_head.weight", "model.embed_tokens.weight"), ("output_layer.weight", "embedding.word_embeddings.weight"))
+"""(output, input embedding) names of a tied model in each naming: a side that stores only the
+embedding holds the output layer too."""
+
+
+def _add_tied(recipes: dict[str, Recipe], other: dict[str, Recipe], cfg: ModelConfig) -> str | None:
+    """Present a tied side's embedding as its output layer when the other side stores both.
+
+    A tied model saved with and without ``lm_head.weight`` (torch.save keeps both keys on one
+    storage; safetensors writers drop one) is the same model: compare the output layer with the
+    embedding instead of reporting it missing. Only when the side's config does not say untied.
+    """
+    for output, embedding in TIED_PAIRS:
+        if output in recipes or output not in other or embedding not in recipes or cfg.tie_word_embeddings is False:
+            continue
+        source = recipes[embedding]
+        recipes[output] = Recipe(output, source.shape, source.dtype, list(source.pieces),
+                                 source.transforms + ["tied"], padding=list(source.padding), fill=list(source.fill))
+        return output
+    return None
+
+
 def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", include: tuple[str, ...] = (),
-              exclude: tuple[str, ...] = (), arch: str | None = None, trust_pickle: bool = False) -> DiffPlan:
-    """Open both checkpoints (metadata only) and pair their tensors."""
+              exclude: tuple[str, ...] = (), arch: str | None = None, trust_pickle: bool = False,
+              training_state: bool = False) -> DiffPlan:
+    """Open both checkpoints (metadata only) and pair their models' tensors.
+
+    Each side is split into its model and its training state (``ops.model``): the models are
+    compared under the names a mapping sees (a ``{"model": ...}`` DCP against an HF dir pairs
+    ``model.model.x`` with ``model.x``); ``training_state`` adds optimizer, scheduler, rng ...
+    tensors, compared by stored name. Entries that are neither are compared by stored name too,
+    so nothing in either file goes unseen.
+    """
     if mapping not in ("auto", "none"):
         raise CkptError(f"--map must be auto or none, not {mapping!r}")
     reader_a = open_checkpoint(resolve_root(path_a), trust_pickle=trust_pickle)
     reader_b = open_checkpoint(resolve_root(path_b), trust_pickle=trust_pickle)
     index_a, index_b = reader_a.index(), reader_b.index()
     notes: list[str] = []
+    entries_a, entries_b = model_entries(index_a), model_entries(index_b)
 
     if mapping == "none":
-        ta, tb = model_tensors(index_a, False), model_tensors(index_b, False)
-        side_a = DiffSide(str(path_a), reader_a, identity_recipes(ta))
-        side_b = DiffSide(str(path_b), reader_b, identity_recipes(tb))
+        ta, tb = entries_a.tensors, entries_b.tensors
+        recipes_a, recipes_b = identity_recipes(ta), identity_recipes(tb)
+        ignored_a, ignored_b, mapped_a, mapped_b = [], [], False, False
         used = "none"
     else:
-        same_stored = set(model_tensors(index_a, False)) == set(model_tensors(index_b, False))
-        ta, tb = model_tensors(index_a, not same_stored), model_tensors(index_b, not same_stored)
+        same_stored = set(entries_a.tensors) == set(entries_b.tensors)
+        if not same_stored:
+            entries_a, entries_b = model_entries(index_a, logical=True), model_entries(index_b, logical=True)
+        ta, tb = entries_a.tensors, entries_b.tensors
         fam_a, fam_b = naming_family(ta), naming_family(tb)
         recipes_a, recipes_b = identity_recipes(ta), identity_recipes(tb)
         ignored_a, ignored_b = [], []
@@ -157,8 +182,31 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
                 recipes_b, ignored_b, mapped_b = _with_unmapped(view, tb), view.ignored, True
                 notes += _view_notes("B", view)
             used = "mcore->hf"
-        side_a = DiffSide(str(path_a), reader_a, recipes_a, ignored_a, mapped_a)
-        side_b = DiffSide(str(path_b), reader_b, recipes_b, ignored_b, mapped_b)
+        for label, mine, theirs, index, tensors in (("A", recipes_a, recipes_b, index_a, ta),
+                                                    ("B", recipes_b, recipes_a, index_b, tb)):
+            tied = _add_tied(mine, theirs, _side_config(index, tensors))
+            if tied:
+                notes.append(f"{label}: tied embeddings, {tied} compared as the input embedding")
+    for label, entries in (("A", entries_a), ("B", entries_b)):
+        if entries.prefix:
+            notes.append(f"{label}: model found under {entries.prefix!r} (compared without it)")
+    recipes_a, recipes_b = entries_a.to_stored(recipes_a), entries_b.to_stored(recipes_b)
+    for label, entries, recipes in (("A", entries_a, recipes_a), ("B", entries_b, recipes_b)):
+        extra = dict(entries.unknown)
+        if entries.unknown:
+            notes.append(f"{label}: {len(entries.unknown)} entries are neither model weights nor known training "
+                         f"state (first: {next(iter(entries.unknown))}); compared by stored name")
+        state = entries.training_tensors()
+        if training_state:
+            extra.update(state)
+        elif state:
+            notes.append(f"{label}: {len(state)} training-state tensors not compared "
+                         f"({', '.join(sorted(entries.training))}; --training-state adds them)")
+        for name, recipe in identity_recipes(extra).items():
+            recipes.setdefault(name, recipe)
+    side_a = DiffSide(str(path_a), reader_a, recipes_a, ignored_a, mapped_a)
+    side_b = DiffSide(str(path_b), reader_b, recipes_b, ignored_b, mapped_b)
+    if mapping != "none":
         # Names that are never values (TE _extra_state, rotary inv_freq) are not compared.
         for side in (side_a, side_b):
             for name in [n for n in side.recipes if is_ignored(n)]:

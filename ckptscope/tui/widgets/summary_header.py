@@ -9,7 +9,9 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from ckptscope.core.index import CheckpointIndex
-from ckptscope.core.units import human_bytes, human_count
+from ckptscope.core.roles import MODEL, UNKNOWN
+from ckptscope.core.units import human_bytes, human_count, plural
+from ckptscope.ops.model import role_totals
 from ckptscope.tui.colors import dtype_color
 
 
@@ -27,9 +29,10 @@ def summary_renderable(index: CheckpointIndex) -> Table:
         first.append("   " + (", ".join(arch) if isinstance(arch, list) else str(arch)), style="dim")
     grid.add_row("checkpoint", first)
     total_files = sum(f.size for f in index.files)
+    roles = role_totals(index)
     size = Text.assemble(
         (f"{len(index):,}", "bold"), " tensors · ",
-        (human_count(index.num_params), "bold"), " params · ",
+        (human_count(roles[MODEL]["params"]), "bold"), " model params · ",
         (human_bytes(index.total_bytes), "bold"), " · ",
         f"{len(index.files)} file{'s' if len(index.files) != 1 else ''} ({human_bytes(total_files)})",
     )
@@ -39,6 +42,15 @@ def summary_renderable(index: CheckpointIndex) -> Table:
         size.append("● ", style=dtype_color(dtype))
         size.append(f"{dtype} {human_bytes(nbytes)} ({100 * nbytes / total:.0f}%)")
     grid.add_row("contents", size)
+    state = [(kind, totals) for kind, totals in roles.items() if kind != MODEL]
+    if state:
+        line = Text()
+        for i, (kind, totals) in enumerate(state):
+            line.append(" · " if i else "")
+            line.append(kind, style="bold yellow" if kind == UNKNOWN else "bold")
+            line.append(f" {human_bytes(totals['bytes'])} ({plural(totals['tensors'], 'tensor')})")
+        line.append("   not counted as model parameters", style="dim")
+        grid.add_row("training", line)
     for warning in index.warnings[:3]:
         grid.add_row(Text("warning", style="bold yellow"), Text(f"⚠ {warning}", style="yellow"))
     if len(index.warnings) > 3:

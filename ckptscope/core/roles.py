@@ -1,0 +1,215 @@
+"""What each entry of a checkpoint is for: the model's weights, or training state of a named kind.
+
+Trainers save the model beside everything else they need to resume: optimizer moments and master
+weights, the LR scheduler, RNG states, the dataloader position, step counters, their arguments.
+They also wrap the model: ``{"model": ..., "optim": ...}`` (accelerate, plain DCP saves),
+``module.`` (DDP), ``_orig_mod.`` (torch.compile), ``_fsdp_wrapped_module.`` (FSDP1), Megatron's
+``model`` key. A tool that exports "the tensors in the file" exports optimizer moments and doubled
+prefixes into a model that then loads wrong or not at all. So every op first splits a checkpoint
+into its model (under whatever wrapper holds it, with the wrapper stripped) and its training state,
+by one rule, here; anything that is neither is *unknown* and is reported, never exported.
+
+The rule works on names only (no bytes, no torch), so inspect, the TUI header, diff and convert
+all see the same split:
+
+* an entry whose first name component (after Megatron's ``chained_N.``) is a known training-state
+  root (``optimizer``, ``lr_scheduler``, ``rng_state``, ``train_state``, ...) is training state of
+  that kind; readers may also tag tensors (``group=optimizer``) when they know better;
+* the rest are model candidates. The model prefix is found by peeling wrapper components
+  (``model.``, ``module.``, ...) off until the names are a naming family we know (HF transformers,
+  Megatron-Core, torchtitan); a wrapper is peeled only when that makes the names recognisable, so
+  an HF checkpoint whose every key starts with ``model.`` (tied embeddings) keeps its ``model.``;
+* wrappers that never belong to a model's own names (``_fsdp_wrapped_module``, ``_orig_mod``,
+  ``_checkpoint_wrapped_module``) are dropped wherever they stand;
+* candidates outside the model prefix, or outside a recognised naming when one was found, are
+  unknown (an ``ema.`` copy, a stray tensor).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+MODEL = "model"
+UNKNOWN = "unknown"
+TRAINING_KINDS = ("optimizer", "lr_scheduler", "rng", "dataloader", "train_state", "args", "iteration")
+"""Kinds of training state, in the order views list them."""
+
+_TRAINING_ROOTS: dict[str, str] = {
+    **dict.fromkeys(("optimizer", "optimizers", "optim", "optim_state", "optimizer_state", "optimizer_states",
+                     "optimizer_state_dict", "optim_state_dict", "distrib_optim", "fp32_from_fp16_params",
+                     "fp32_params", "master_params", "grad_scaler", "scaler"), "optimizer"),
+    **dict.fromkeys(("lr_scheduler", "lr_schedulers", "scheduler", "schedulers", "opt_param_scheduler"),
+                    "lr_scheduler"),
+    **dict.fromkeys(("rng_state", "rng_states", "rng", "random_rng_state", "np_rng_state", "torch_rng_state",
+                     "cuda_rng_state", "rng_tracker_states", "random_states"), "rng"),
+    **dict.fromkeys(("dataloader", "data_loader", "dataloaders", "sampler", "data_sampler"), "dataloader"),
+    **dict.fromkeys(("train_state", "trainer_state", "num_floating_point_operations_so_far", "consumed_samples",
+                     "consumed_train_samples", "consumed_valid_samples", "global_step", "step", "epoch",
+                     "checkpoint_version", "ntokens_seen", "log_steps"), "train_state"),
+    **dict.fromkeys(("args", "config", "training_args", "run_config", "hyper_parameters", "hparams"), "args"),
+    **dict.fromkeys(("iteration",), "iteration"),
+}
+_CHAINED = re.compile(r"chained_\d+\Z")
+
+PEELABLE_WRAPPERS = re.compile(r"(model\d*|module|models|state_dict|model_state_dict|model_state|net|network)\Z")
+"""First components that may wrap a whole model (``{"model": sd}``, DDP ``module``, Megatron VPP
+``model0``); peeled only when what is under them is a naming family we know."""
+INFIX_WRAPPERS = ("_fsdp_wrapped_module.", "_orig_mod.", "_checkpoint_wrapped_module.")
+"""Wrapper module names that are never part of a model's own parameter names, wherever they stand."""
+
+_FAMILIES = (
+    # A layer entry must name a module inside the layer (model.layers.0.mlp.up_proj.weight), so a
+    # toy model's model.layers.0.weight is not taken for transformers' naming.
+    ("mcore", re.compile(r"decoder\.(layers\.(\d+\.)?[A-Za-z_]+\.|final_(layer)?norm\.)|embedding\.word_embeddings\.|"
+                         r"embedding\.position_embeddings\.|output_layer\.|mtp\.")),
+    ("hf", re.compile(r"model\.(layers\.\d+\.[A-Za-z_]+\.|embed_tokens\.|norm\.|rotary_emb\.|language_model\.)|"
+                      r"lm_head\.")),
+    ("torchtitan", re.compile(r"tok_embeddings\.|output\.weight\Z|norm\.weight\Z|"
+                              r"layers\.\d+\.(attention|feed_forward|attention_norm|ffn_norm|moe)\.")),
+)
+
+
+def naming_family(names: Iterable[str]) -> str:
+    """``"mcore"`` (Megatron-Core GPTModel names), ``"hf"`` (transformers names), ``"torchtitan"``
+    (torchtitan's Llama-style names) or ``"other"``: whichever most names follow."""
+    counts = dict.fromkeys(("mcore", "hf", "torchtitan"), 0)
+    for name in names:
+        for family, pattern in _FAMILIES:
+            if pattern.match(name):
+                counts[family] += 1
+                break
+    best, count = max(counts.items(), key=lambda kv: kv[1])
+    return best if count else "other"
+
+
+def in_family(name: str, family: str) -> bool:
+    """Whether ``name`` follows ``family``'s naming (``other`` admits every name)."""
+    for known, pattern in _FAMILIES:
+        if known == family:
+            return bool(pattern.match(name))
+    return True
+
+
+def training_kind(name: str, group: str | None = None) -> str | None:
+    """The kind of training state ``name`` is (``optimizer``, ``rng``, ...), or None for a model
+    candidate. ``group`` is a reader's own tag (``optimizer`` for Megatron/DCP optimizer state)."""
+    if group == "optimizer":
+        return "optimizer"
+    parts = name.split(".", 2)
+    first = parts[0]
+    if _CHAINED.match(first) and len(parts) > 1:
+        first = parts[1]
+    if "/" in first:  # Megatron ShardedObject keys: rng_state/shard_0.0_1.2
+        first = first.split("/", 1)[0]
+    return _TRAINING_ROOTS.get(first)
+
+
+def strip_infix_wrappers(name: str) -> str:
+    """``model.layers.0._fsdp_wrapped_module.mlp.weight`` -> ``model.layers.0.mlp.weight``."""
+    for wrapper in INFIX_WRAPPERS:
+        if wrapper in name:
+            name = name.replace("." + wrapper, ".")
+            if name.startswith(wrapper):
+                name = name[len(wrapper):]
+    return name
+
+
+@dataclass
+class Split:
+    """One checkpoint's entries by role. Names in ``model`` are what a mapping sees (wrappers
+    stripped); ``stored`` leads each back to the name the checkpoint stores."""
+
+    prefix: str = ""
+    """The wrapper prefix peeled off model entries (``""``, ``"model."``, ``"module.model."``...)."""
+    naming: str = "other"
+    """Naming family of the model entries: ``hf``, ``mcore``, ``torchtitan`` or ``other``."""
+    stored: dict[str, str] = field(default_factory=dict)
+    """Model name -> stored name, for every model entry, in stored order."""
+    training: dict[str, list[str]] = field(default_factory=dict)
+    """Training-state kind -> stored names."""
+    unknown: list[str] = field(default_factory=list)
+    """Stored names that are neither model weights (under the prefix, in the naming) nor known state."""
+    collisions: list[tuple[str, str, str]] = field(default_factory=list)
+    """(model name, first stored name, second stored name) that strip to the same model name."""
+
+    def role(self, stored_name: str) -> str:
+        """``model``, a training kind or ``unknown`` for one stored name (slow path: views use
+        ``roles_by_name``)."""
+        return self.roles_by_name().get(stored_name, UNKNOWN)
+
+    def roles_by_name(self) -> dict[str, str]:
+        out = dict.fromkeys(self.stored.values(), MODEL)
+        for kind, names in self.training.items():
+            out.update(dict.fromkeys(names, kind))
+        out.update(dict.fromkeys(self.unknown, UNKNOWN))
+        return out
+
+
+def split_entries(names: Iterable[str], groups: Mapping[str, str] | None = None) -> Split:
+    """Split stored tensor names into model (wrappers peeled), training state by kind, and unknown.
+
+    ``groups`` holds readers' own tags (stored name -> ``optimizer``) where they have them.
+    """
+    groups = groups or {}
+    split = Split()
+    candidates: list[tuple[str, str]] = []  # (name without infix wrappers, stored name)
+    for name in names:
+        kind = training_kind(name, groups.get(name))
+        if kind is not None:
+            split.training.setdefault(kind, []).append(name)
+        else:
+            candidates.append((strip_infix_wrappers(name), name))
+    prefix, family = _model_prefix([c for c, _ in candidates])
+    split.prefix, split.naming = prefix, family
+    for clean, stored in candidates:
+        if not clean.startswith(prefix):
+            split.unknown.append(stored)
+            continue
+        model_name = clean[len(prefix):]
+        if family != "other" and not in_family(model_name, family):
+            split.unknown.append(stored)
+            continue
+        if model_name in split.stored:
+            split.collisions.append((model_name, split.stored[model_name], stored))
+            continue
+        split.stored[model_name] = stored
+    return split
+
+
+def _model_prefix(names: list[str]) -> tuple[str, str]:
+    """The wrapper prefix under which most names form a known naming family, and that family.
+
+    Tries the names as they are first, then under each peelable wrapper component, depth first,
+    and keeps the first prefix whose names are recognised; with none, the common run of peelable
+    wrappers that holds every name (``module.``), else no prefix.
+    """
+    prefix = ""
+    current = names
+    for _ in range(4):  # module.model.model. is as deep as real wrappers go
+        family = naming_family(current)
+        if family != "other":
+            return prefix, family
+        heads: dict[str, list[str]] = {}
+        for name in current:
+            head, dot, rest = name.partition(".")
+            if dot and PEELABLE_WRAPPERS.match(head):
+                heads.setdefault(head, []).append(rest)
+        if not heads:
+            break
+        head, rest = max(heads.items(), key=lambda kv: len(kv[1]))
+        prefix, current = prefix + head + ".", rest
+    # Nothing recognised: peel only wrappers that hold every name.
+    prefix = ""
+    current = names
+    while current:
+        heads = {name.partition(".")[0] for name in current}
+        if len(heads) != 1:
+            break
+        head = next(iter(heads))
+        if not PEELABLE_WRAPPERS.match(head) or not all("." in n for n in current):
+            break
+        prefix += head + "."
+        current = [name.partition(".")[2] for name in current]
+    return prefix, "other"

@@ -1,0 +1,114 @@
+"""The model inside a checkpoint, kept apart from its training state: the one split every op uses.
+
+``core.roles`` decides from names alone what each entry is for; this module applies it to an index:
+the model's tensors under the names a mapping sees (wrapper stripped, stacked torch_dist tensors
+per layer when asked), with the stored name behind each so reads go to the right bytes; the
+training state grouped by kind; unknown entries listed. Inspect counts parameters from it, diff
+compares what it calls the model, convert / merge export exactly its model and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ckptscope.core.index import CheckpointIndex
+from ckptscope.core.roles import MODEL, TRAINING_KINDS, UNKNOWN, Split, split_entries, strip_infix_wrappers
+from ckptscope.core.tensor import TensorMeta
+from ckptscope.mappings.links import Piece, Recipe
+
+
+@dataclass
+class ModelEntries:
+    """One checkpoint split by role (see ``core.roles``)."""
+
+    split: Split
+    tensors: dict[str, TensorMeta]
+    """Model tensors by model name (the name a mapping sees); ``meta.name`` is that name."""
+    stored: dict[str, str]
+    """Model name -> the name to read it by (stored name, or per-layer view name)."""
+    training: dict[str, dict[str, TensorMeta]] = field(default_factory=dict)
+    """Training-state kind -> stored name -> meta."""
+    unknown: dict[str, TensorMeta] = field(default_factory=dict)
+
+    @property
+    def prefix(self) -> str:
+        return self.split.prefix
+
+    @property
+    def naming(self) -> str:
+        return self.split.naming
+
+    @property
+    def num_params(self) -> int:
+        return sum(t.numel for t in self.tensors.values())
+
+    def training_tensors(self) -> dict[str, TensorMeta]:
+        """Every training-state tensor by stored name (what ``diff --training-state`` adds)."""
+        return {name: meta for group in self.training.values() for name, meta in group.items()}
+
+    def to_stored(self, recipes: dict[str, Recipe]) -> dict[str, Recipe]:
+        """Recipes over model names, rewritten to read the stored (or view) names."""
+        if all(self.stored.get(n, n) == n for n in self.stored):
+            return recipes
+        out = {}
+        for name, recipe in recipes.items():
+            pieces = [Piece(p.dst_box, self.stored.get(p.source, p.source), p.src_box) for p in recipe.pieces]
+            padding = [(self.stored.get(src, src), box) for src, box in recipe.padding]
+            out[name] = Recipe(recipe.name, recipe.shape, recipe.dtype, pieces, list(recipe.transforms),
+                               padding=padding, fill=list(recipe.fill))
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        """The split as data (``inspect --json``, plans): prefix, naming, totals per role."""
+        return {
+            "prefix": self.prefix,
+            "naming": self.naming,
+            "model": _totals(self.tensors.values()),
+            "training_state": {kind: _totals(group.values()) for kind, group in self.training.items()},
+            "unknown": sorted(self.unknown),
+        }
+
+
+def _totals(metas) -> dict[str, int]:
+    metas = list(metas)
+    return {"tensors": len(metas), "params": sum(m.numel for m in metas), "bytes": sum(m.nbytes for m in metas)}
+
+
+def _groups(index: CheckpointIndex) -> dict[str, str]:
+    return {name: group for name, meta in index.tensors.items() if (group := meta.attr("group")) is not None}
+
+
+def model_entries(index: CheckpointIndex, *, logical: bool = False) -> ModelEntries:
+    """Split ``index``; with ``logical`` the model's stacked tensors appear as their per-layer views."""
+    split = split_entries(index.tensors, _groups(index))
+    roles = split.roles_by_name()
+    tensors: dict[str, TensorMeta] = {}
+    stored: dict[str, str] = {}
+    source = index.logical_tensors() if logical else index.tensors
+    prefix = split.prefix
+    for name, meta in source.items():
+        backing = index.views[name][0] if name in index.views and name not in index.tensors else name
+        if roles.get(backing) != MODEL:
+            continue
+        clean = strip_infix_wrappers(name)
+        model_name = clean[len(prefix):] if clean.startswith(prefix) else clean
+        tensors[model_name] = meta if meta.name == model_name else replace(meta, name=model_name)
+        stored[model_name] = name
+    training: dict[str, dict[str, TensorMeta]] = {}
+    for kind in TRAINING_KINDS:
+        for name in split.training.get(kind, ()):
+            training.setdefault(kind, {})[name] = index.tensors[name]
+    unknown = {name: index.tensors[name] for name in split.unknown}
+    return ModelEntries(split, tensors, stored, training, unknown)
+
+
+def role_totals(index: CheckpointIndex) -> dict[str, dict[str, int]]:
+    """Tensors, parameters and bytes per role (``model``, each training kind, ``unknown``), for
+    summaries (the TUI header, ``inspect``)."""
+    entries = model_entries(index)
+    out = {MODEL: _totals(entries.tensors.values())}
+    out.update({kind: _totals(group.values()) for kind, group in entries.training.items()})
+    if entries.unknown:
+        out[UNKNOWN] = _totals(entries.unknown.values())
+    return out
