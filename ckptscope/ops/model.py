@@ -41,7 +41,25 @@ class ModelEntries:
 
     @property
     def num_params(self) -> int:
-        return sum(t.numel for t in self.tensors.values())
+        """Parameters of the model as ``sum(p.numel() for p in model.parameters())`` counts them: a
+        tensor stored twice on one storage (tied embeddings in a ``torch.save`` file) counts once."""
+        return sum(t.numel for t in self.unique_tensors())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.unique_tensors())
+
+    def unique_tensors(self) -> list[TensorMeta]:
+        seen: set[str] = set()
+        out = []
+        for name, meta in self.tensors.items():
+            stored = self.stored[name]
+            sharers = meta.attr("shares_storage_with")
+            if sharers and any(other in seen for other in sharers.split(",")):
+                continue
+            seen.add(stored)
+            out.append(meta)
+        return out
 
     def training_tensors(self) -> dict[str, TensorMeta]:
         """Every training-state tensor by stored name (what ``diff --training-state`` adds)."""
@@ -64,7 +82,7 @@ class ModelEntries:
         return {
             "prefix": self.prefix,
             "naming": self.naming,
-            "model": _totals(self.tensors.values()),
+            "model": _totals(self.unique_tensors()),
             "training_state": {kind: _totals(group.values()) for kind, group in self.training.items()},
             "unknown": sorted(self.unknown),
         }
@@ -107,7 +125,7 @@ def role_totals(index: CheckpointIndex) -> dict[str, dict[str, int]]:
     """Tensors, parameters and bytes per role (``model``, each training kind, ``unknown``), for
     summaries (the TUI header, ``inspect``)."""
     entries = model_entries(index)
-    out = {MODEL: _totals(entries.tensors.values())}
+    out = {MODEL: _totals(entries.unique_tensors())}
     out.update({kind: _totals(group.values()) for kind, group in entries.training.items()})
     if entries.unknown:
         out[UNKNOWN] = _totals(entries.unknown.values())

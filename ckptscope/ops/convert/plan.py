@@ -270,6 +270,14 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
     elif family == "hf":
         arch_name = arch or cfg.arch or None
         source_space = None
+        if cfg.tie_word_embeddings and "lm_head.weight" in tensors and "model.embed_tokens.weight" in tensors:
+            # torch.save keeps both keys of a tied model (one storage); transformers re-ties on load
+            # and ignores the stored lm_head, so Megatron's shared embedding is the whole truth.
+            shared = tensors["lm_head.weight"].attr("shares_storage_with") == entries.stored["model.embed_tokens.weight"]
+            del tensors["lm_head.weight"]
+            shapes = shapes_of(tensors)
+            notes.append("tied embeddings: lm_head.weight " + ("shares the embedding's storage; not written" if shared
+                         else "is stored apart but the config ties it (transformers ignores it on load); not written"))
     else:
         raise CkptError(_unmapped_naming(family, tensors), src_path)
     if cfg.vocab_size is None:

@@ -17,6 +17,7 @@ from textual.message import Message
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode as WidgetNode
 
+from ckptscope.core.roles import training_kind
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.core.units import human_bytes, human_count, shape_str
 from ckptscope.ops.tree import TreeNode
@@ -130,6 +131,12 @@ def node_label(entry: Entry, pending: PendingView | None = None, copies: list[st
         text.append(entry.label, style="bold")
     if note is not None:
         text.append_text(note)
+    kind = training_kind(node.path) if node.path and entry.label == node.path else None
+    if kind is not None:  # a top-level training-state module: its elements are no model parameters
+        text.append(f"  training state: {kind}", style="yellow")
+        text.append(f"  {human_count(node.num_params)} elements", style="dim")
+        text.append(f"  {human_bytes(node.nbytes)}", style="dim italic")
+        return text
     text.append(f"  {human_count(node.num_params)} params", style="dim")
     text.append(f"  {human_bytes(node.nbytes)}", style="dim italic")
     return text

@@ -1,0 +1,387 @@
+"""Real trainers' checkpoints: the model's weights told apart from the training state beside them.
+
+Fixtures come from sample_ckpts/make_trainer_samples.py, each written by the real framework on CPU: a
+transformers ``Trainer`` output dir (``checkpoint-2/``, ``checkpoint-4/``), accelerate's
+``save_state`` of an FSDP2 run (``pytorch_model_fsdp_0/`` DCP + ``optimizer_0/``), and a tied-embedding
+Llama as transformers 5 saves it (safetensors, no ``lm_head.weight``) and as 4.x saved it
+(``pytorch_model.bin`` with both names on one storage). Ground truth: the weights the Trainer's
+``on_save`` callback and the FSDP2 ranks' ``full_tensor()`` saw, written outside the sample dirs.
+Everything goes through the real CLI (``python -m ckptscope``) and is checked with transformers'
+``from_pretrained`` and safetensors' ``safe_open``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import load_sample_module, run_cli
+
+OPTIMIZER_WORDS = ("exp_avg", "exp_avg_sq", "optimizer", "rng", "scheduler")
+
+
+# --- fixtures: each sample written once per test run (shared by xdist workers) -------------------------
+
+
+@pytest.fixture(scope="session")
+def gen():
+    return load_sample_module("make_trainer_samples")
+
+
+def _write_once(tmp_path_factory, worker: str, name: str, write) -> Path:
+    """Run ``write(out_dir)`` once per test run: xdist workers share one dir under a file lock."""
+    if worker == "master":
+        return write(tmp_path_factory.mktemp(name))
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent / f"trainer_samples_{name}"
+    with FileLock(str(shared) + ".lock"):
+        done = shared / ".done"
+        if not done.exists():
+            if shared.exists():
+                shutil.rmtree(shared)
+            shared.mkdir()
+            result = write(shared)
+            done.write_text(str(result.relative_to(shared)))
+        return shared / done.read_text()
+
+
+@pytest.fixture(scope="session")
+def worker(request) -> str:
+    """pytest-xdist's worker id ("master" without xdist), session-scoped for the session fixtures."""
+    return getattr(request.config, "workerinput", {}).get("workerid", "master")
+
+
+@pytest.fixture(scope="session")
+def trainer_run(tmp_path_factory, worker, gen) -> Path:
+    return _write_once(tmp_path_factory, worker, "hf_trainer_run",
+                       lambda out: gen.write_hf_trainer_run(out, reference=True))
+
+
+@pytest.fixture(scope="session")
+def accelerate_run(tmp_path_factory, worker, gen) -> Path:
+    return _write_once(tmp_path_factory, worker, "accelerate_fsdp2",
+                       lambda out: gen.write_accelerate_fsdp2(out, reference=True))
+
+
+@pytest.fixture(scope="session")
+def tied(tmp_path_factory, gen) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("tied")
+    return {"bin": gen.write_hf_tied_bin(out), "safetensors": gen.write_hf_tied_safetensors(out)}
+
+
+def trainer_reference(gen, run: Path, step: int) -> dict:
+    return gen.load_reference(gen.reference_dir(run) / f"checkpoint-{step}.safetensors")
+
+
+def accelerate_reference(gen, run: Path) -> dict:
+    return gen.load_reference(gen.reference_dir(run) / "model.safetensors")
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+
+def bits(tensor) -> tuple:
+    """dtype, shape and the raw bytes: equal bits, not merely equal values."""
+    import torch
+
+    return str(tensor.dtype), tuple(tensor.shape), tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+
+
+def read_out(out: Path) -> dict:
+    """Every tensor of every ``*.safetensors`` in an exported dir, read with safetensors itself."""
+    from safetensors import safe_open
+
+    tensors = {}
+    files = sorted(out.glob("*.safetensors"))
+    assert files, f"no .safetensors in {out}: {sorted(p.name for p in out.iterdir())}"
+    for path in files:
+        with safe_open(str(path), "pt") as f:
+            for name in f.keys():
+                assert name not in tensors, f"{name} stored twice in {out}"
+                tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def assert_bitwise(out: Path, reference: dict) -> None:
+    got = read_out(out)
+    assert sorted(got) == sorted(reference), (
+        f"extra: {sorted(set(got) - set(reference))}, missing: {sorted(set(reference) - set(got))}")
+    for name, want in reference.items():
+        assert bits(got[name]) == bits(want), f"{name} differs from the reference"
+
+
+def assert_loads_in_transformers(out: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    _, info = AutoModelForCausalLM.from_pretrained(str(out), output_loading_info=True)
+    for key in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        assert not info[key], f"from_pretrained({out}): {key} = {sorted(info[key])}"
+
+
+def ok(result, what: str) -> None:
+    assert result.code == 0, f"{what}: exit {result.code}\nstderr: {result.err.strip()}\nstdout: {result.out[-2000:]}"
+
+
+def one_line_error(result) -> bool:
+    lines = result.err.strip().splitlines()
+    return result.code == 2 and len(lines) == 1 and "Traceback" not in result.err
+
+
+EXPORTS = {"merge": ("merge",), "convert --to hf": ("convert", "--to", "hf")}
+
+
+def export(command: str, src: Path, out: Path, *extra: str):
+    verb, *opts = EXPORTS[command]
+    return run_cli(verb, str(src), str(out), *opts, *extra)
+
+
+# --- HF Trainer output dir ---------------------------------------------------------------------------
+
+
+def test_sample_is_what_the_trainer_wrote(trainer_run):
+    """The fixture itself: both checkpoints, each with the files ``_save_checkpoint`` writes."""
+    assert sorted(p.name for p in trainer_run.iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    for step in (2, 4):
+        names = sorted(p.name for p in (trainer_run / f"checkpoint-{step}").iterdir())
+        assert names == ["config.json", "generation_config.json", "model.safetensors", "optimizer.pt",
+                         "rng_state.pth", "scheduler.pt", "trainer_state.json", "training_args.bin"]
+        assert json.loads((trainer_run / f"checkpoint-{step}" / "trainer_state.json").read_text())["global_step"] == step
+
+
+def test_inspect_trainer_checkpoint_counts_only_the_model(trainer_run, gen):
+    ckpt = trainer_run / "checkpoint-4"
+    reference = trainer_reference(gen, trainer_run, 4)
+    result = run_cli("inspect", str(ckpt), "--json")
+    ok(result, "inspect checkpoint-4 --json")
+    doc = json.loads(result.out)
+    assert sorted(t["name"] for t in doc["tensors"]) == sorted(reference)
+    assert doc["metadata"]["num_params"] == sum(t.numel() for t in reference.values())  # no Adam moments
+
+
+def test_inspect_trainer_root_lists_both_checkpoints_and_opens_the_newest(trainer_run):
+    result = run_cli("inspect", str(trainer_run), "--json")
+    ok(result, "inspect <Trainer output_dir> --json")
+    doc = json.loads(result.out)
+    assert sorted(i["iteration"] for i in doc["iterations"]) == [2, 4]
+    assert [i["iteration"] for i in doc["iterations"] if i["opened"]] == [4]
+    assert doc["path"] == str(trainer_run / "checkpoint-4")
+    human = run_cli("inspect", str(trainer_run))
+    ok(human, "inspect <Trainer output_dir>")
+    assert "checkpoint-2" in human.out and "checkpoint-4" in human.out
+
+
+def test_iteration_option_selects_checkpoint_2(trainer_run, gen):
+    result = run_cli("inspect", str(trainer_run), "--iteration", "2", "--json")
+    ok(result, "inspect <Trainer output_dir> --iteration 2 --json")
+    doc = json.loads(result.out)
+    assert doc["path"] == str(trainer_run / "checkpoint-2")
+    assert [i["iteration"] for i in doc["iterations"] if i["opened"]] == [2]
+    assert sorted(t["name"] for t in doc["tensors"]) == sorted(trainer_reference(gen, trainer_run, 2))
+
+
+def test_checkpoint_without_trainer_state_is_incomplete(trainer_run, tmp_path):
+    """``_save_checkpoint`` writes trainer_state.json last: without it the save did not finish."""
+    root = tmp_path / "run"
+    shutil.copytree(trainer_run, root)
+    shutil.copytree(root / "checkpoint-4", root / "checkpoint-6")
+    (root / "checkpoint-6" / "trainer_state.json").unlink()
+    result = run_cli("inspect", str(root), "--json")
+    ok(result, "inspect <output_dir with a crashed checkpoint-6> --json")
+    doc = json.loads(result.out)
+    status = {i["iteration"]: (i["complete"], i["opened"]) for i in doc["iterations"]}
+    assert status == {6: (False, False), 4: (True, True), 2: (True, False)}
+    assert doc["path"] == str(root / "checkpoint-4")
+
+
+@pytest.mark.parametrize("which", ["root", "checkpoint-4"])
+def test_check_needs_no_megatron_tracker(trainer_run, which):
+    path = trainer_run if which == "root" else trainer_run / "checkpoint-4"
+    result = run_cli("check", str(path))
+    ok(result, f"check <{which}>")
+    assert "latest_checkpointed_iteration" not in result.out + result.err
+
+
+@pytest.mark.parametrize("command", list(EXPORTS))
+def test_export_trainer_checkpoint_is_the_model_only(trainer_run, gen, tmp_path, command):
+    out = tmp_path / "out"
+    ok(export(command, trainer_run / "checkpoint-4", out), f"{command} checkpoint-4")
+    got = read_out(out)
+    assert not [n for n in got if any(w in n for w in OPTIMIZER_WORDS) or n.endswith(".step")]
+    assert_bitwise(out, trainer_reference(gen, trainer_run, 4))
+    assert_loads_in_transformers(out)
+
+
+# --- accelerate FSDP2 SHARDED_STATE_DICT ------------------------------------------------------------------
+
+
+def test_sample_is_what_accelerate_wrote(accelerate_run):
+    names = sorted(p.name for p in accelerate_run.iterdir())
+    assert names == ["optimizer_0", "pytorch_model_fsdp_0", "random_states_0.pkl", "random_states_1.pkl",
+                     "scheduler.bin"]
+    for dcp_dir in ("optimizer_0", "pytorch_model_fsdp_0"):
+        assert sorted(p.name for p in (accelerate_run / dcp_dir).iterdir()) == [".metadata", "__0_0.distcp",
+                                                                                 "__1_0.distcp"]
+
+
+@pytest.mark.parametrize("command", list(EXPORTS))
+def test_export_accelerate_dcp_is_bitwise_and_loads(accelerate_run, gen, tmp_path, command):
+    out = tmp_path / "out"
+    config = gen.reference_dir(accelerate_run)  # the tiny config.json (+ generation_config.json)
+    ok(export(command, accelerate_run / "pytorch_model_fsdp_0", out, "--hf-config", str(config)),
+       f"{command} pytorch_model_fsdp_0")
+    assert_bitwise(out, accelerate_reference(gen, accelerate_run))
+    assert_loads_in_transformers(out)
+
+
+def test_accelerate_save_state_dir_is_read_as_its_model(accelerate_run, gen, tmp_path):
+    """Beyond the DCP dir itself: the ``save_state`` output dir a user points at."""
+    reference = accelerate_reference(gen, accelerate_run)
+    result = run_cli("inspect", str(accelerate_run), "--json")
+    ok(result, "inspect <accelerate save_state dir> --json")
+    assert json.loads(result.out)["metadata"]["num_params"] == sum(t.numel() for t in reference.values())
+    out = tmp_path / "out"
+    ok(run_cli("merge", str(accelerate_run), str(out), "--hf-config", str(gen.reference_dir(accelerate_run))),
+       "merge <accelerate save_state dir>")
+    assert_bitwise(out, reference)
+
+
+# --- tied embeddings: 4.x pytorch_model.bin vs 5.x safetensors ---------------------------------------------
+
+
+def test_tied_samples_are_what_transformers_wrote(tied, gen):
+    import torch
+    from safetensors import safe_open
+
+    state = torch.load(tied["bin"] / "pytorch_model.bin", weights_only=True)
+    assert state["lm_head.weight"].untyped_storage().data_ptr() == \
+        state["model.embed_tokens.weight"].untyped_storage().data_ptr()
+    with safe_open(str(tied["safetensors"] / "model.safetensors"), "pt") as f:
+        assert sorted(f.keys()) == sorted(set(state) - {"lm_head.weight"})
+
+
+def test_tied_bin_converts_to_mcore(tied, tmp_path):
+    out = tmp_path / "mcore"
+    ok(run_cli("convert", str(tied["bin"]), str(out), "--to", "mcore"), "convert hf_tied_bin --to mcore")
+    ok(run_cli("diff", str(tied["bin"]), str(out)), "diff hf_tied_bin <its mcore conversion>")
+
+
+@pytest.mark.parametrize("order", ["bin-first", "safetensors-first"])
+def test_diff_tied_bin_and_safetensors_is_the_same_model(tied, order):
+    a, b = (tied["bin"], tied["safetensors"]) if order == "bin-first" else (tied["safetensors"], tied["bin"])
+    ok(run_cli("diff", str(a), str(b)), f"diff {a.name} {b.name}")
+
+
+def test_tied_parameter_count_does_not_depend_on_the_file_format(tied):
+    counts = {}
+    for kind, path in tied.items():
+        result = run_cli("inspect", str(path), "--json")
+        ok(result, f"inspect {path.name} --json")
+        counts[kind] = json.loads(result.out)["metadata"]["num_params"]
+    assert counts["bin"] == counts["safetensors"], counts
+
+
+# --- smuggled entries never reach an export -------------------------------------------------------------
+
+
+def _dcp_with(accelerate_run: Path, dst: Path, extra: dict) -> Path:
+    """The accelerate model DCP, read back in full and saved again (1 process) with ``extra`` added."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    flat = dst.parent / f"{dst.name}.pt"
+    dcp_to_torch_save(str(accelerate_run / "pytorch_model_fsdp_0"), str(flat))
+    state = torch.load(flat, weights_only=True)
+    flat.unlink()
+    assert sorted(state) == ["model"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to save in a single process"
+        dcp.save({**state, **extra}, checkpoint_id=str(dst), no_dist=True)
+    return dst
+
+
+def _checkpoint_with(trainer_run: Path, dst: Path, *, extra_in_model: dict | None = None,
+                     extra_file: tuple[str, dict] | None = None) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(trainer_run / "checkpoint-4", dst)
+    if extra_in_model:
+        weights = load_file(str(dst / "model.safetensors"))
+        save_file({**weights, **extra_in_model}, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    if extra_file:
+        save_file(extra_file[1], str(dst / extra_file[0]), metadata={"format": "pt"})
+    return dst
+
+
+SMUGGLED_UNKNOWN = ["dcp+ema", "dcp+foo.bar", "checkpoint+ema.safetensors", "checkpoint+foo.bar"]
+SMUGGLED_OPTIMIZER = ["dcp+optimizer", "checkpoint+optimizer"]
+
+
+@pytest.fixture(scope="session")
+def smuggled(tmp_path_factory, trainer_run, accelerate_run, gen) -> dict[str, tuple[Path, str]]:
+    """name -> (source dir, the smuggled tensor name)."""
+    import torch
+
+    out = tmp_path_factory.mktemp("smuggled")
+    embed = accelerate_reference(gen, accelerate_run)["model.embed_tokens.weight"]
+    moment = torch.full_like(embed, 0.25)
+    return {
+        "dcp+ema": (_dcp_with(accelerate_run, out / "dcp_ema", {"ema": {"model.embed_tokens.weight": embed * 0.5}}),
+                    "ema.model.embed_tokens.weight"),
+        "dcp+foo.bar": (_dcp_with(accelerate_run, out / "dcp_foo", {"foo": {"bar": torch.arange(3.0)}}), "foo.bar"),
+        "dcp+optimizer": (_dcp_with(accelerate_run, out / "dcp_opt", {
+            "optimizer": {"state": {"model.embed_tokens.weight": {"exp_avg": moment}}}}),
+            "optimizer.state.model.embed_tokens.weight.exp_avg"),
+        "checkpoint+ema.safetensors": (_checkpoint_with(trainer_run, out / "ckpt_ema", extra_file=(
+            "ema.safetensors", {"ema.model.embed_tokens.weight": embed.clone()})), "ema.model.embed_tokens.weight"),
+        "checkpoint+foo.bar": (_checkpoint_with(trainer_run, out / "ckpt_foo",
+                                                extra_in_model={"foo.bar": torch.arange(3.0)}), "foo.bar"),
+        "checkpoint+optimizer": (_checkpoint_with(trainer_run, out / "ckpt_opt",
+                                                  extra_in_model={"optimizer.state.0.exp_avg": moment}),
+                                 "optimizer.state.0.exp_avg"),
+    }
+
+
+def _export_smuggled(case, command, smuggled, tmp_path, trainer_run, accelerate_run, gen):
+    src, name = smuggled[case]
+    out = tmp_path / "out"
+    if case.startswith("dcp"):
+        result = export(command, src, out, "--hf-config", str(gen.reference_dir(accelerate_run)))
+        reference = accelerate_reference(gen, accelerate_run)
+    else:
+        result = export(command, src, out)
+        reference = trainer_reference(gen, trainer_run, 4)
+    if out.exists() and list(out.glob("*.safetensors")):
+        assert name not in read_out(out), f"{name} reached the export"
+    return result, out, reference, name
+
+
+@pytest.mark.parametrize("command", list(EXPORTS))
+@pytest.mark.parametrize("case", SMUGGLED_UNKNOWN)
+def test_unknown_entry_is_left_out_and_said_or_refused(case, command, smuggled, tmp_path, trainer_run,
+                                                       accelerate_run, gen):
+    result, out, reference, name = _export_smuggled(case, command, smuggled, tmp_path, trainer_run,
+                                                    accelerate_run, gen)
+    if result.code == 0:
+        assert_bitwise(out, reference)
+        assert name in result.out + result.err, f"{name} was left out silently: {result.out + result.err!r}"
+    else:
+        assert one_line_error(result), f"exit {result.code}, stderr: {result.err!r}"
+        assert not out.exists() or not list(out.glob("*.safetensors"))
+
+
+@pytest.mark.parametrize("command", list(EXPORTS))
+@pytest.mark.parametrize("case", SMUGGLED_OPTIMIZER)
+def test_optimizer_state_never_reaches_the_export(case, command, smuggled, tmp_path, trainer_run, accelerate_run,
+                                                  gen):
+    result, out, reference, name = _export_smuggled(case, command, smuggled, tmp_path, trainer_run,
+                                                    accelerate_run, gen)
+    if result.code == 0:
+        assert_bitwise(out, reference)
+    else:
+        assert one_line_error(result), f"exit {result.code}, stderr: {result.err!r}"
