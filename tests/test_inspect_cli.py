@@ -22,8 +22,8 @@ def test_json_document_schema_and_values(samples, cli):
     assert {t["name"] for t in doc["tensors"]} == set(expected)
     for entry in doc["tensors"]:
         tensor, shard = expected[entry["name"]]
-        assert set(entry) == {"name", "dtype", "shape", "nbytes", "chunks"}
-        assert entry["dtype"] == "bfloat16"
+        assert set(entry) == {"name", "dtype", "shape", "nbytes", "chunks", "role"}
+        assert entry["dtype"] == "bfloat16" and entry["role"] == "model"
         assert entry["shape"] == list(tensor.shape)
         assert entry["nbytes"] == tensor.numel() * 2
         assert entry["chunks"] == [{"offsets": [0] * tensor.dim(), "shape": list(tensor.shape), "file": shard}]
@@ -38,8 +38,14 @@ def test_json_objects_of_a_training_checkpoint(samples, cli):
     assert types["args"] == "argparse.Namespace"
     assert types["iteration"] == "int" and doc["metadata"]["iteration"] == 20
     assert types["optimizer.param_groups"] == "list"
-    names = {t["name"] for t in doc["tensors"]}
-    assert "model.model.embed_tokens.weight" in names and "optimizer.state.0.exp_avg" in names
+    roles = {t["name"]: t["role"] for t in doc["tensors"]}
+    assert roles["model.model.embed_tokens.weight"] == "model" and roles["optimizer.state.0.exp_avg"] == "optimizer"
+    assert roles["rng_state.0.torch_rng_state"] == "rng" and roles["extra.transposed_view"] == "unknown"
+    split = doc["metadata"]["roles"]
+    assert split["prefix"] == "model." and split["naming"] == "hf" and split["unknown"] == ["extra.transposed_view"]
+    model_params = sum(t["nbytes"] // 4 for t in doc["tensors"] if t["role"] == "model")  # all float32
+    assert doc["metadata"]["num_params"] == model_params == split["model"]["params"]
+    assert split["training_state"]["optimizer"]["tensors"] == 3
 
 
 def test_include_exclude_filters(samples, cli):

@@ -97,10 +97,9 @@ def training_kind(name: str, group: str | None = None) -> str | None:
     candidate. ``group`` is a reader's own tag (``optimizer`` for Megatron/DCP optimizer state)."""
     if group == "optimizer":
         return "optimizer"
-    parts = name.split(".", 2)
-    first = parts[0]
-    if _CHAINED.match(first) and len(parts) > 1:
-        first = parts[1]
+    first, _, rest = name.partition(".")
+    if first.startswith("chained_") and _CHAINED.match(first) and rest:
+        first = rest.partition(".")[0]
     if "/" in first:  # Megatron ShardedObject keys: rng_state/shard_0.0_1.2
         first = first.split("/", 1)[0]
     return _TRAINING_ROOTS.get(first)
@@ -108,6 +107,8 @@ def training_kind(name: str, group: str | None = None) -> str | None:
 
 def strip_infix_wrappers(name: str) -> str:
     """``model.layers.0._fsdp_wrapped_module.mlp.weight`` -> ``model.layers.0.mlp.weight``."""
+    if "_mod" not in name:  # every infix wrapper contains it; the common case returns at once
+        return name
     for wrapper in INFIX_WRAPPERS:
         if wrapper in name:
             name = name.replace("." + wrapper, ".")

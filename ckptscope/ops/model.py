@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ckptscope.core.dtypes import dtype_by_name
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.roles import MODEL, TRAINING_KINDS, UNKNOWN, Split, split_entries, strip_infix_wrappers
 from ckptscope.core.tensor import TensorMeta
@@ -43,16 +44,19 @@ class ModelEntries:
     def num_params(self) -> int:
         """Parameters of the model as ``sum(p.numel() for p in model.parameters())`` counts them: a
         tensor stored twice on one storage (tied embeddings in a ``torch.save`` file) counts once."""
-        return sum(t.numel for t in self.unique_tensors())
+        return _totals(self.unique_tensors())["params"]
 
     @property
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.unique_tensors())
+        return _totals(self.unique_tensors())["bytes"]
 
     def unique_tensors(self) -> list[TensorMeta]:
         seen: set[str] = set()
         out = []
         for name, meta in self.tensors.items():
+            if not meta.attrs:
+                out.append(meta)
+                continue
             stored = self.stored[name]
             sharers = meta.attr("shares_storage_with")
             if sharers and any(other in seen for other in sharers.split(",")):
@@ -89,8 +93,19 @@ class ModelEntries:
 
 
 def _totals(metas) -> dict[str, int]:
-    metas = list(metas)
-    return {"tensors": len(metas), "params": sum(m.numel for m in metas), "bytes": sum(m.nbytes for m in metas)}
+    """Count, elements and bytes; elements are summed per dtype first (one dtype lookup per dtype,
+    not per tensor: this runs over every tensor on each inspect)."""
+    count = 0
+    per_dtype: dict[str, int] = {}
+    packed = 0  # sub-byte dtypes round up per tensor
+    for meta in metas:
+        count += 1
+        numel = meta.numel
+        per_dtype[meta.dtype] = per_dtype.get(meta.dtype, 0) + numel
+        if dtype_by_name(meta.dtype).bits % 8:
+            packed += meta.nbytes
+    nbytes = packed + sum(dtype_by_name(d).nbytes(n) for d, n in per_dtype.items() if not dtype_by_name(d).bits % 8)
+    return {"tensors": count, "params": sum(per_dtype.values()), "bytes": nbytes}
 
 
 def _groups(index: CheckpointIndex) -> dict[str, str]:
@@ -100,19 +115,24 @@ def _groups(index: CheckpointIndex) -> dict[str, str]:
 def model_entries(index: CheckpointIndex, *, logical: bool = False) -> ModelEntries:
     """Split ``index``; with ``logical`` the model's stacked tensors appear as their per-layer views."""
     split = split_entries(index.tensors, _groups(index))
-    roles = split.roles_by_name()
     tensors: dict[str, TensorMeta] = {}
     stored: dict[str, str] = {}
-    source = index.logical_tensors() if logical else index.tensors
-    prefix = split.prefix
-    for name, meta in source.items():
-        backing = index.views[name][0] if name in index.views and name not in index.tensors else name
-        if roles.get(backing) != MODEL:
-            continue
-        clean = strip_infix_wrappers(name)
-        model_name = clean[len(prefix):] if clean.startswith(prefix) else clean
-        tensors[model_name] = meta if meta.name == model_name else replace(meta, name=model_name)
-        stored[model_name] = name
+    if not logical or not index.views:
+        for model_name, name in split.stored.items():
+            meta = index.tensors[name]
+            tensors[model_name] = meta if model_name == name else replace(meta, name=model_name)
+        stored = dict(split.stored)
+    else:
+        model_stored = set(split.stored.values())
+        prefix = split.prefix
+        for name, meta in index.logical_tensors().items():
+            backing = index.views[name][0] if name in index.views and name not in index.tensors else name
+            if backing not in model_stored:
+                continue
+            clean = strip_infix_wrappers(name)
+            model_name = clean[len(prefix):] if clean.startswith(prefix) else clean
+            tensors[model_name] = meta if meta.name == model_name else replace(meta, name=model_name)
+            stored[model_name] = name
     training: dict[str, dict[str, TensorMeta]] = {}
     for kind in TRAINING_KINDS:
         for name in split.training.get(kind, ()):

@@ -1,0 +1,154 @@
+"""The one split of a checkpoint into its model and its training state (core.roles, ops.model).
+
+Unit cases cover every wrapper and training root real trainers write; the export cases push an
+optimizer tensor and an unknown wrapper through each export path (HF, torch_dist, per-rank torch)
+and check what comes out with independent loaders.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from ckptscope.core.roles import naming_family, split_entries
+from tests.conftest import run_cli
+
+HF_NAMES = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight",
+            "model.norm.weight", "lm_head.weight"]
+
+
+@pytest.mark.parametrize("wrap", ["", "model.", "module.", "_orig_mod.", "module.model.", "state_dict."])
+def test_model_found_under_any_whole_model_wrapper(wrap):
+    names = [wrap + n for n in HF_NAMES] + ["optim.state.0.exp_avg", "train_state.step"]
+    split = split_entries(names)
+    assert split.prefix == wrap.replace("_orig_mod.", "")
+    assert split.naming == "hf"
+    assert sorted(split.stored) == sorted(HF_NAMES)
+    assert all(split.stored[n] == wrap + n for n in HF_NAMES)
+    assert split.training == {"optimizer": ["optim.state.0.exp_avg"], "train_state": ["train_state.step"]}
+    assert split.unknown == []
+
+
+def test_tied_hf_model_keeps_its_own_model_prefix():
+    """Every key of a tied HF Llama starts with ``model.``: that is its naming, not a wrapper."""
+    names = [n for n in HF_NAMES if n != "lm_head.weight"]
+    split = split_entries(names)
+    assert split.prefix == "" and split.naming == "hf" and sorted(split.stored) == sorted(names)
+
+
+def test_fsdp1_and_compile_wrappers_are_dropped_wherever_they_stand():
+    names = ["_orig_mod.model.layers.0._fsdp_wrapped_module.self_attn.q_proj.weight",
+             "_orig_mod.model.layers.0._fsdp_wrapped_module._checkpoint_wrapped_module.mlp.up_proj.weight",
+             "_orig_mod.lm_head.weight"]
+    split = split_entries(names)
+    assert sorted(split.stored) == ["lm_head.weight", "model.layers.0.mlp.up_proj.weight",
+                                    "model.layers.0.self_attn.q_proj.weight"]
+
+
+def test_entries_outside_the_model_are_unknown_not_model():
+    names = HF_NAMES + ["ema.model.embed_tokens.weight", "foo.bar"]
+    split = split_entries(names)
+    assert split.unknown == ["ema.model.embed_tokens.weight", "foo.bar"]
+    assert sorted(split.stored) == sorted(HF_NAMES)
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("optimizer.state.exp_avg.decoder.layers.mlp.linear_fc1.weight", "optimizer"),
+    ("optimizer.optimizer.state.fp32_param.decoder.final_layernorm.weight", "optimizer"),
+    ("chained_1.optimizer.state.exp_avg.decoder.layers.mlp.experts.weight", "optimizer"),
+    ("distrib_optim.mp_rank_00.param", "optimizer"),
+    ("rng_state/shard_0.0_1.2", "rng"),
+    ("lr_scheduler.last_epoch", "lr_scheduler"),
+    ("opt_param_scheduler.num_steps", "lr_scheduler"),
+    ("dataloader.dp_rank_0", "dataloader"),
+    ("train_state.step", "train_state"),
+    ("num_floating_point_operations_so_far", "train_state"),
+])
+def test_training_roots_of_real_trainers(name, kind):
+    split = split_entries(["decoder.layers.self_attention.linear_qkv.weight", name])
+    assert split.training == {kind: [name]}
+    assert list(split.stored) == ["decoder.layers.self_attention.linear_qkv.weight"]
+
+
+def test_reader_tags_win_over_names():
+    split = split_entries(["decoder.layers.mlp.linear_fc1.weight", "weird.bucket"], {"weird.bucket": "optimizer"})
+    assert split.training == {"optimizer": ["weird.bucket"]}
+
+
+@pytest.mark.parametrize("names, family", [
+    (["decoder.layers.self_attention.linear_qkv.weight", "embedding.word_embeddings.weight"], "mcore"),
+    (["model.layers.0.mlp.up_proj.weight", "lm_head.weight"], "hf"),
+    (["tok_embeddings.weight", "layers.0.attention.wq.weight", "layers.0.feed_forward.w1.weight"], "torchtitan"),
+    (["model.layers.0.weight", "model.embed.weight"], "other"),  # a toy nn.Sequential, not transformers
+])
+def test_naming_families(names, family):
+    assert naming_family(names) == family
+
+
+# --- every export path, smuggled entries ------------------------------------------------------------
+
+
+@pytest.fixture
+def smuggled_hf(samples, tmp_path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The HF sample with an optimizer moment and an EMA copy added to its safetensors file."""
+    src = tmp_path / "hf"
+    shutil.copytree(samples["hf_llama_single"], src)
+    weights = load_file(src / "model.safetensors")
+    extra = {"optimizer.state.0.exp_avg": torch.ones(4), "ema.model.norm.weight": weights["model.norm.weight"].clone()}
+    save_file({**weights, **extra}, src / "model.safetensors", metadata={"format": "pt"})
+    return src, weights
+
+
+@pytest.mark.parametrize("args", [("--to", "hf"), ("--to", "mcore"), ("--to", "mcore", "--ckpt-format", "torch")])
+def test_unknown_wrapper_refuses_every_export_and_writes_nothing(smuggled_hf, tmp_path, args):
+    src, _ = smuggled_hf
+    out = tmp_path / "out"
+    result = run_cli("convert", str(src), str(out), *args)
+    assert result.code == 2 and result.err.count("\n") == 1 and "ema.model.norm.weight" in result.err
+    assert not out.exists()
+
+
+def test_skip_unknown_exports_exactly_the_model(smuggled_hf, tmp_path):
+    src, weights = smuggled_hf
+    out = tmp_path / "out"
+    result = run_cli("convert", str(src), str(out), "--to", "hf", "--skip-unknown")
+    assert result.code == 0, result.err
+    exported = load_file(out / "model.safetensors")
+    assert set(exported) == set(weights)
+    assert all(torch.equal(exported[n], weights[n]) for n in weights)
+
+
+def test_mcore_export_holds_no_optimizer_state(smuggled_hf, tmp_path):
+    """torch_dist output, read back by torch's own DCP metadata: only model keys."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    src, _ = smuggled_hf
+    out = tmp_path / "out"
+    assert run_cli("convert", str(src), str(out), "--to", "mcore", "--skip-unknown").code == 0
+    metadata = FileSystemReader(str(out / "iter_0000000")).read_metadata()
+    keys = set(metadata.state_dict_metadata)
+    assert keys and not any(k.startswith(("optimizer", "ema")) for k in keys)
+    assert any(k.startswith("decoder.") for k in keys)
+
+
+def test_dry_run_names_what_is_left_out(smuggled_hf, tmp_path):
+    src, _ = smuggled_hf
+    result = run_cli("convert", str(src), str(tmp_path / "out"), "--to", "hf", "--skip-unknown", "--dry-run", "--json")
+    assert result.code == 0, result.err
+    plan = json.loads(result.out)
+    assert "ema.model.norm.weight" in plan["dropped"]
+    assert any("training state left out" in note for note in plan["notes"])
+    assert not any(t["name"].startswith(("optimizer", "ema")) for t in plan["tensors"])
+
+
+@pytest.mark.parametrize("tp, what", [(3, "4 attention heads"), (4, "2 query groups")])
+def test_parallel_sizes_are_checked_before_anything_is_written(samples, tmp_path, tp, what):
+    out = tmp_path / "out"
+    result = run_cli("convert", str(samples["hf_llama_single"]), str(out), "--to", "mcore", "--tp", str(tp))
+    assert result.code == 2 and what in result.err and result.err.count("\n") == 1
+    assert not out.exists()
