@@ -411,3 +411,23 @@ async def test_f1_opens_help_from_a_form_where_question_mark_is_typed(in_repo):
         await pilot.press("escape")
         await pilot.pause()
         assert app.screen is form
+
+
+@sync
+async def test_enter_opens_and_closes_a_module(in_repo):
+    """The help says enter expands: pressing it on a module shows its children, again hides them."""
+    app = make_app(Path("sample_ckpts/hf_llama_sharded"), keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        tree = app.screen.query_one(TensorTree)
+        row = next(i for i in range(tree.last_line + 1) if "[0-3]" in tree.get_node_at_line(i).label.plain)
+        tree.move_cursor_to_line(row)
+        before = tree_lines(app)
+        await pilot.press("enter")
+        await settle(pilot)
+        opened = tree_lines(app)
+        assert tree.cursor_node.is_expanded and len(opened) > len(before)
+        assert any(line.startswith("self_attn") for line in opened), opened
+        await pilot.press("enter")
+        await settle(pilot)
+        assert not tree.cursor_node.is_expanded and tree_lines(app) == before

@@ -255,8 +255,12 @@ class TensorTree(Tree[Entry]):
         return True
 
     def on_tree_node_selected(self, event: Tree.NodeSelected[Entry]) -> None:
+        """Enter (or a click) on "… N more" shows the next page; on a module it opens or closes it,
+        as the help says (auto_expand is off so that a click only selects)."""
         if self._show_more(event.node):
             event.stop()
+        elif event.node.allow_expand:
+            event.node.toggle()
 
     def on_tree_node_expanded(self, event: Tree.NodeExpanded[Entry]) -> None:
         self._populate(event.node)
