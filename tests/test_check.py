@@ -73,9 +73,9 @@ def truncate(path: Path, keep: int) -> None:
 
 
 def problem_lines(result) -> list[str]:
-    """Problem lines of the human output (the last stdout line is the summary)."""
+    """Problem lines of the human output (the first stdout line names the layout, the last one is the summary)."""
     lines = result.out.strip().splitlines()
-    return lines[:-1]
+    return lines[1:-1]
 
 
 def check_json(cli, path: Path) -> tuple[int, dict]:
@@ -112,10 +112,11 @@ def test_every_clean_sample_passes(samples, single_process):
 def test_clean_cli_exit_0_and_json_schema(cli):
     result = cli("check", str(FSDP2))
     assert result.code == 0, result
-    assert result.out.strip().splitlines() == ["ok: 17 tensors, 29 chunks, 3 files checked"]
+    assert result.out.strip().splitlines() == ["PyTorch DCP dir", "ok: 17 tensors, 29 chunks, 3 files checked"]
     code, doc = check_json(cli, FSDP2)
     assert code == 0
-    assert set(doc) == {"path", "format", "ok", "problems", "checked"}
+    assert set(doc) == {"path", "layout", "format", "ok", "iteration", "target", "problems", "checked"}
+    assert doc["layout"] == "PyTorch DCP dir" and doc["iteration"] is None and doc["target"] is None
     assert doc["path"] == str(FSDP2) and doc["format"] == "dcp" and doc["ok"] is True and doc["problems"] == []
     expected_chunks = len(dcp_storage(FSDP2))  # torch's own count of tensor chunks
     assert doc["checked"] == {"tensors": 17, "files": 3, "chunks": expected_chunks}
@@ -124,9 +125,12 @@ def test_clean_cli_exit_0_and_json_schema(cli):
 def test_save_root_checks_the_tracked_iteration(cli):
     result = cli("check", str(MEGATRON_ROOT))
     assert result.code == 0, result
-    assert "iteration 10 (iter_0000010)" in result.err
+    assert result.out.splitlines()[0] == ("Megatron-LM save root (torch_dist, tracker: iteration 10): "
+                                          "checking iteration 10 (iter_0000010)")
     code, doc = check_json(cli, MEGATRON_ROOT)
     assert code == 0 and doc["format"] == "megatron_dist" and doc["path"] == str(MEGATRON_ROOT)
+    assert doc["layout"] == "Megatron-LM save root (torch_dist, tracker: iteration 10)"
+    assert (doc["iteration"], doc["target"]) == (10, "iter_0000010")
 
 
 def test_check_imports_no_torch():

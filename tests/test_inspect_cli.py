@@ -13,8 +13,8 @@ def test_json_document_schema_and_values(samples, cli):
     result = cli("inspect", "--json", str(path))
     assert result.code == 0, result.err
     doc = json.loads(result.out)  # exactly one JSON object on stdout
-    assert set(doc) == {"path", "format", "tensors", "objects", "metadata"}
-    assert doc["path"] == str(path) and doc["format"] == "hf"
+    assert set(doc) == {"path", "format", "layout", "tensors", "objects", "metadata"}
+    assert doc["path"] == str(path) and doc["format"] == "hf" and doc["layout"] == "Hugging Face model dir"
     expected = {}
     for shard in sorted(path.glob("*.safetensors")):
         for name, tensor in load_file(shard).items():

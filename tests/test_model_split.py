@@ -152,3 +152,20 @@ def test_parallel_sizes_are_checked_before_anything_is_written(samples, tmp_path
     result = run_cli("convert", str(samples["hf_llama_single"]), str(out), "--to", "mcore", "--tp", str(tp))
     assert result.code == 2 and what in result.err and result.err.count("\n") == 1
     assert not out.exists()
+
+
+def test_diff_compares_models_and_training_state_only_on_request(samples, tmp_path):
+    """Two saves of one model whose Adam moments differ: the same model (exit 0); with
+    --training-state the moments are compared too (exit 1, at exactly that tensor)."""
+    original = torch.load(samples["megatron_style.pt"], weights_only=False)
+    original["optimizer"]["state"][0]["exp_avg"] = original["optimizer"]["state"][0]["exp_avg"] + 1.0
+    changed = tmp_path / "changed.pt"
+    torch.save(original, changed)
+    same_model = run_cli("diff", str(samples["megatron_style.pt"]), str(changed), "--json")
+    assert same_model.code == 0, same_model.err
+    report = json.loads(same_model.out)
+    assert not any(t["name"].startswith("optimizer") for t in report["tensors"])
+    with_state = run_cli("diff", str(samples["megatron_style.pt"]), str(changed), "--json", "--training-state")
+    assert with_state.code == 1
+    differing = [t["name"] for t in json.loads(with_state.out)["tensors"] if t["status"] == "different"]
+    assert differing == ["optimizer.state.0.exp_avg"]

@@ -1,7 +1,9 @@
-"""Save roots of the three trainers (Megatron iter_*, verl global_step_*, torchtitan step-*) and
-``--iteration`` on ``inspect`` / ``open``. Roots are assembled from the shipped samples, each
-written by its real writer (megatron-core, verl-style FSDP2 save, torch DCP); a crashed save is a
-copy with the file that is written last taken away."""
+"""Save roots as trainers leave them (Megatron iter_* and release/, verl global_step_*, torchtitan
+step-*; HF Trainer checkpoint-* is in test_hf_trainer_root.py), each checked by its own completeness
+markers and named by ``check`` / ``inspect``, and ``--iteration N`` / ``--step N`` on every command
+that takes a root. Roots are assembled from the shipped samples, each written by its real writer
+(megatron-core, verl-style FSDP2 save, torch DCP); a crashed save is a copy with the file that is
+written last taken away."""
 
 from __future__ import annotations
 
@@ -158,3 +160,234 @@ def test_open_iteration_hands_the_tui_that_directory(verl_root, monkeypatch):
     cli_main(["open", str(verl_root), "--iteration", "1"])
     assert opened == [str(verl_root / "global_step_1" / "actor")]
     assert discover_iterations(opened[0]) is None  # so the TUI opens it straight away
+
+
+# --- Megatron release/ --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def release_root(tmp_path) -> Path:
+    """What Megatron's converters leave: ``release/`` and a tracker that says ``release``."""
+    root = tmp_path / "release_root"
+    shutil.copytree(MEGATRON_ITER, root / "release")
+    (root / TRACKER).write_text("release\n")
+    return root
+
+
+def test_release_root_is_an_iteration(release_root):
+    found = discover_iterations(release_root)
+    assert [(i.iteration, i.label, i.complete, i.latest, i.kind) for i in found] == [
+        ("release", "release", True, True, "megatron")]
+    assert pick_iteration(release_root, found).path == str(release_root / "release")
+    assert pick_iteration(release_root, found, "release") is found[0]
+
+
+def test_release_beside_iterations(release_root):
+    shutil.copytree(MEGATRON_ITER, release_root / "iter_0000010")
+    found = discover_iterations(release_root)
+    assert [(i.label, i.latest) for i in found] == [("10", False), ("release", True)]
+    assert pick_iteration(release_root, found).iteration == "release"  # the tracker says so
+    (release_root / TRACKER).write_text("10")
+    found = discover_iterations(release_root)
+    assert [(i.label, i.latest) for i in found] == [("10", True), ("release", False)]
+    assert pick_iteration(release_root, found, "release").path == str(release_root / "release")
+
+
+def test_release_without_tracker_needs_megatron_files(tmp_path):
+    root = tmp_path / "r"
+    (root / "release").mkdir(parents=True)
+    (root / "release" / "notes.txt").write_text("not a checkpoint")
+    assert discover_iterations(root) is None
+    shutil.copytree(MEGATRON_ITER, root / "release", dirs_exist_ok=True)
+    assert [i.label for i in discover_iterations(root)] == ["release"]
+
+
+@pytest.mark.parametrize("iteration", [(), ("--iteration", "release"), ("--step", "release")])
+def test_release_root_inspect(release_root, cli, iteration):
+    result = cli("inspect", str(release_root), *iteration, "--json")
+    assert result.code == 0, result.err
+    doc = json.loads(result.out)
+    assert doc["path"] == str(release_root / "release") and doc["format"] == "megatron_dist"
+    assert doc["layout"] == "Megatron-LM save root (torch_dist, tracker: release)"
+    assert doc["iteration_layout"] == "Megatron-LM release checkpoint (torch_dist)"
+    assert [(i["iteration"], i["opened"]) for i in doc["iterations"]] == [("release", True)]
+    human = cli("inspect", str(release_root), *iteration)
+    assert human.code == 0
+    assert "release │ opened, latest │ complete" in human.out
+
+
+def test_release_root_check_convert_diff(release_root, tmp_path, cli):
+    result = cli("check", str(release_root))
+    assert result.code == 0, result.out
+    assert result.out.splitlines()[0] == ("Megatron-LM save root (torch_dist, tracker: release): "
+                                          "checking release (release)")
+    doc = json.loads(cli("check", str(release_root), "--json").out)
+    assert (doc["iteration"], doc["target"], doc["ok"]) == ("release", "release", True)
+    assert cli("diff", str(release_root), str(MEGATRON_ITER), "--json").code == 0
+    assert cli("diff", str(MEGATRON_ITER), str(release_root), "--iteration", "release", "--json").code == 0
+    merged = cli("merge", str(release_root), str(tmp_path / "hf"))
+    assert merged.code == 0, merged.err
+    assert cli("diff", str(release_root), str(tmp_path / "hf"), "--json").code == 0
+    plan = json.loads(cli("convert", str(release_root), str(tmp_path / "x"), "--to", "hf", "--iteration", "release",
+                          "--dry-run", "--json").out)
+    assert plan["src"] == str(release_root / "release")
+
+
+def test_open_release_root(release_root, monkeypatch):
+    """``open ROOT --iteration release`` starts on release/; without it the TUI's discovery lists it."""
+    import sys
+
+    from ckptscope import tui
+    from ckptscope.tui.opening import open_path
+
+    opened = []
+    monkeypatch.setattr(tui, "run_tui", lambda path, **kw: opened.append((path, kw["iterations_root"])) or 0)
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    cli_main(["open", str(release_root), "--iteration", "release"])
+    assert opened == [(str(release_root / "release"), str(release_root))]
+    listed = open_path(release_root)
+    assert [i.label for i in listed.iterations] == ["release"]
+    assert open_path(listed.iterations[0].path, discover=False).index.format == "megatron_dist"
+
+
+# --- torchtitan: no tracker, .metadata is the marker ---------------------------------------------------
+
+
+def test_check_torchtitan_root_needs_no_tracker(titan_root, cli):
+    """torchtitan resumes from the newest step with .metadata (crashed step-300 is skipped by
+    torchtitan itself), and never writes Megatron's tracker: a clean run checks clean."""
+    result = cli("check", str(titan_root), "--json")
+    assert result.code == 0, result.out
+    doc = json.loads(result.out)
+    assert doc["layout"] == "torchtitan checkpoint folder (DCP, newest complete: step-200)"
+    assert (doc["target"], doc["iteration"], doc["format"], doc["problems"]) == ("step-200", 200, "dcp", [])
+    human = cli("check", str(titan_root))
+    assert human.code == 0 and TRACKER not in human.out
+    assert human.out.splitlines()[0] == ("torchtitan checkpoint folder (DCP, newest complete: step-200): "
+                                         "checking iteration 200 (step-200)")
+    crashed = json.loads(cli("check", str(titan_root), "--step", "300", "--json").out)
+    assert [(p["kind"], p["file"]) for p in crashed["problems"]] == [("missing-marker", "step-300/.metadata")]
+    for step in ("step-100", "step-200"):
+        (titan_root / step / ".metadata").unlink()
+    none_whole = cli("check", str(titan_root), "--json")
+    assert none_whole.code == 1
+    assert ("missing-marker", "step-300/.metadata") in [(p["kind"], p["file"])
+                                                         for p in json.loads(none_whole.out)["problems"]]
+
+
+def test_titan_inspect_and_step_layout(titan_root, cli):
+    doc = json.loads(cli("inspect", str(titan_root), "--json").out)
+    assert doc["layout"] == "torchtitan checkpoint folder (DCP, newest complete: step-200)"
+    assert doc["iteration_layout"] == "torchtitan step dir (DCP, step 200)"
+    direct = json.loads(cli("inspect", str(titan_root / "step-100"), "--json").out)
+    assert direct["layout"] == "torchtitan step dir (DCP, step 100)"
+
+
+# --- each root kind named by check and inspect, with its own markers ------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["megatron", "verl", "torchtitan"])
+def test_check_names_each_layout(kind, megatron_root, verl_root, titan_root, cli):
+    root, layout, target = {
+        "megatron": (megatron_root, "Megatron-LM save root (torch_dist, tracker: iteration 20)", "iter_0000020"),
+        "verl": (verl_root, "verl checkpoint dir (FSDP, tracker: step 2)", "global_step_2/actor"),
+        "torchtitan": (titan_root, "torchtitan checkpoint folder (DCP, newest complete: step-200)", "step-200"),
+    }[kind]
+    result = cli("check", str(root), "--json")
+    assert result.code == 0, result.out
+    doc = json.loads(result.out)
+    assert (doc["layout"], doc["target"]) == (layout, target)
+    assert json.loads(cli("inspect", str(root), "--json").out)["layout"] == layout
+
+
+def test_check_tracked_roots_demand_their_tracker(megatron_root, verl_root, cli):
+    for root in (megatron_root, verl_root):
+        (root / TRACKER).unlink()
+        doc = json.loads(cli("check", str(root), "--json").out)
+        assert [(p["kind"], p["file"]) for p in doc["problems"]][:1] == [("missing-marker", TRACKER)]
+        assert "no tracker" in doc["layout"]
+
+
+def test_verl_check_by_its_rank_files(verl_root, cli):
+    doc = json.loads(cli("check", str(verl_root), "--iteration", "4", "--json").out)
+    assert doc["target"] == "global_step_4/actor"
+    assert ("missing-file", "global_step_4/actor/model_world_size_2_rank_1.pt") in [
+        (p["kind"], p["file"]) for p in doc["problems"]]
+
+
+def test_single_checkpoint_layouts(cli):
+    """A trainer's save dir is named by ``inspect`` and ``check``; a plain checkpoint by its format."""
+    cases = {MEGATRON_ITER: "Megatron-LM iteration dir (torch_dist, iteration 10)",
+             VERL_ACTOR: "verl actor (FSDP, step 2)"}
+    for path, layout in cases.items():
+        assert json.loads(cli("inspect", str(path), "--json").out)["layout"] == layout, path
+        assert json.loads(cli("check", str(path), "--json").out)["layout"] == layout, path
+        assert cli("inspect", str(path)).out.splitlines()[0].split(None, 1) == ["layout", layout]
+    plain = {SAMPLES / "dcp_fsdp2": "PyTorch DCP dir", SAMPLES / "hf_llama_gqa": "Hugging Face model dir"}
+    for path, layout in plain.items():
+        assert json.loads(cli("inspect", str(path), "--json").out)["layout"] == layout, path
+        assert json.loads(cli("check", str(path), "--json").out)["layout"] == layout, path
+        assert cli("check", str(path)).out.splitlines()[0] == layout
+
+
+# --- --iteration N / --step N on every command that takes a root -----------------------------------------
+
+
+COMMANDS = {
+    "inspect": lambda root, out: ["inspect", root],
+    "open": lambda root, out: ["open", root],
+    "check": lambda root, out: ["check", root],
+    "diff": lambda root, out: ["diff", root, str(MEGATRON_ITER), "--plain"],
+    "convert": lambda root, out: ["convert", root, out, "--to", "hf"],
+    "merge": lambda root, out: ["merge", root, out],
+    "verify": lambda root, out: ["verify", root],
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("option", ["--iteration", "--step"])
+def test_missing_iteration_on_every_command(command, option, megatron_root, tmp_path, cli):
+    result = cli(*COMMANDS[command](str(megatron_root), str(tmp_path / "out")), option, "99")
+    assert result.code == 2, (result.out, result.err)
+    assert result.err.strip().splitlines() == [
+        f"ckptscope: error: {megatron_root}: no iteration 99; available: 30 (incomplete), 20 (latest), 10"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_iteration_option_on_every_command(megatron_root, tmp_path, cli):
+    assert json.loads(cli("check", str(megatron_root), "--iteration", "10", "--json").out)["target"] == "iter_0000010"
+    crashed = json.loads(cli("check", str(megatron_root), "--step", "30", "--json").out)
+    assert crashed["target"] == "iter_0000030" and not crashed["ok"]
+    same = cli("diff", str(megatron_root), str(megatron_root), "--iteration", "10", "--iteration-b", "20", "--json")
+    assert same.code == 0, same.err
+    doc = json.loads(same.out)
+    assert (doc["a"], doc["b"]) == (str(megatron_root / "iter_0000010"), str(megatron_root / "iter_0000020"))
+    one_side = json.loads(cli("diff", str(MEGATRON_ITER), str(megatron_root), "--step", "10", "--json").out)
+    assert one_side["b"] == str(megatron_root / "iter_0000010")
+    plan = json.loads(cli("convert", str(megatron_root), str(tmp_path / "a"), "--to", "hf", "--iteration", "10",
+                          "--dry-run", "--json").out)
+    assert plan["src"] == str(megatron_root / "iter_0000010")
+    plan = json.loads(cli("merge", str(megatron_root), str(tmp_path / "b"), "--step", "10", "--dry-run",
+                          "--json").out)
+    assert plan["src"] == str(megatron_root / "iter_0000010")
+    mcore = tmp_path / "mcore"  # a root verify can round-trip (config in its args)
+    shutil.copytree(SAMPLES / "mcore_llama_gqa" / "iter_0000000", mcore / "iter_0000005")
+    shutil.copytree(SAMPLES / "mcore_llama_gqa" / "iter_0000000", mcore / "iter_0000009")
+    (mcore / TRACKER).write_text("9")
+    verified = cli("verify", str(mcore), "--via", "hf", "--iteration", "5", "--json")
+    assert verified.code == 0, verified.err
+    assert json.loads(verified.out)["a"] == str(mcore / "iter_0000005")
+
+
+@pytest.mark.parametrize("args", [
+    ["check", str(MEGATRON_ITER), "--iteration", "10"],
+    ["diff", str(MEGATRON_ITER), str(MEGATRON_ITER), "--iteration", "10"],
+    ["diff", str(MEGATRON_ITER), str(MEGATRON_ITER), "--iteration-b", "10"],
+    ["convert", str(MEGATRON_ITER), "/nonexistent/x", "--to", "hf", "--step", "10"],
+    ["verify", str(MEGATRON_ITER), "--iteration", "10"],
+])
+def test_iteration_on_a_plain_checkpoint_is_an_error_everywhere(args, cli):
+    result = cli(*args)
+    assert result.code == 2 and "not a save directory" in result.err and result.err.count("\n") == 1
+    assert "Traceback" not in result.err

@@ -14,11 +14,10 @@ from collections.abc import Sequence
 import click
 
 from ckptscope import __version__
+from ckptscope.cli.roots_view import iteration_option
 from ckptscope.core.errors import CkptError
 
 EXIT_TROUBLE = 2
-_ITERATION_HELP = ("On a save directory (iter_*, global_step_*, step-*): open iteration N instead of the latest "
-                   "complete one.")
 
 
 def _fail(message: str) -> "None":
@@ -53,8 +52,8 @@ def cli() -> None:
 @click.option("--trust-pickle", is_flag=True,
               help="Load pickles with real torch.load(weights_only=False). Runs code from the file: only for files you trust.")
 @click.option("--light", is_flag=True, help="Start with the light theme (ctrl+t toggles).")
-@click.option("--iteration", type=int, metavar="N", help=_ITERATION_HELP)
-def open_(path: str, trust_pickle: bool, light: bool, iteration: int | None) -> None:
+@iteration_option()
+def open_(path: str, trust_pickle: bool, light: bool, iteration: int | str | None) -> None:
     """Browse a checkpoint in the terminal: tensor tree, shard layout, stats, values, objects."""
     root = None
     if iteration is not None:  # straight to that iteration; without it the TUI offers its picker
@@ -78,30 +77,44 @@ def open_(path: str, trust_pickle: bool, light: bool, iteration: int | None) -> 
 @click.option("--trust-pickle", is_flag=True,
               help="Load pickles with real torch.load(weights_only=False). Runs code from the file: only for files you trust.")
 @click.option("--no-collapse", is_flag=True, help="Show every layer instead of collapsing identical ones into ranges.")
-@click.option("--iteration", type=int, metavar="N", help=_ITERATION_HELP)
+@iteration_option()
 def inspect(path: str, as_json: bool, include: tuple[str, ...], exclude: tuple[str, ...], trust_pickle: bool,
-            no_collapse: bool, iteration: int | None) -> None:
+            no_collapse: bool, iteration: int | str | None) -> None:
     """Summarise a checkpoint: format, files, tensors, parameters, bytes per dtype, module tree.
 
     On a save directory, list its iterations and inspect the latest complete one (or --iteration N)."""
     from ckptscope.cli.roots_view import iterations_json, print_iterations, resolve
     from ckptscope.ops.inspect import inspect_checkpoint, report_to_json
+    from ckptscope.ops.roots import describe_checkpoint
 
     target = resolve(path, iteration)
     report = inspect_checkpoint(target.path, include=include, exclude=exclude, trust_pickle=trust_pickle)
+    # A trainer's layout (a save root, or one of its saves) by name; a plain file or dir by its format.
+    layout = target.layout or describe_checkpoint(target.path, report.index)
     for warning in report.index.warnings:
         click.echo(f"ckptscope: warning: {warning}", err=True)
     if as_json:
         doc = report_to_json(report)
+        doc["layout"] = layout
         if target.iterations is not None:
-            doc.update(root=target.root, iterations=iterations_json(target))
+            doc.update(root=target.root, iterations=iterations_json(target),
+                       iteration_layout=describe_checkpoint(target.path, report.index))
         click.echo(json.dumps(doc, indent=None if not sys.stdout.isatty() else 2))
         return
+    from rich.console import Console
+    from rich.text import Text
+
     from ckptscope.cli.render import print_inspect
 
+    console = Console(highlight=False)
     if target.iterations is not None:
-        print_iterations(target)
-    print_inspect(report, collapse=not no_collapse)
+        print_iterations(target, console)
+        where = os.path.relpath(target.path, target.root) if target.root else target.path
+        console.print(Text.assemble(("opened", "bold"), "  ", "./ (final)" if where == "." else where, ": ",
+                                    describe_checkpoint(target.path, report.index)))
+    else:
+        console.print(Text.assemble(("layout", "bold"), "  ", layout))
+    print_inspect(report, collapse=not no_collapse, console=console)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from ckptscope.cli.roots_view import iteration_option, resolve_path
 from ckptscope.core.errors import CkptError
 
 EXIT_DIFFERENT = 1
@@ -78,13 +79,14 @@ def run_convert(src: str, dst: str, *, to: str, tp: int = 1, pp: int = 1, ep: in
                 ckpt_format: str = "torch_dist",
                 dtype: str = "keep", hf_config: str | None = None, arch: str | None = None,
                 max_shard_size: str = "5GB", dry_run: bool = False, overwrite: bool = False, as_json: bool = False,
-                trust_pickle: bool = False, quiet: bool = False) -> None:
+                trust_pickle: bool = False, quiet: bool = False, skip_unknown: bool = False) -> None:
     from ckptscope.ops.convert.execute import execute_convert
     from ckptscope.ops.convert.plan import plan_convert
 
     plan = plan_convert(src, dst, to=to, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format, dtype=dtype,
                         hf_config=hf_config,
-                        arch=arch, max_shard_size=max_shard_size, trust_pickle=trust_pickle)
+                        arch=arch, max_shard_size=max_shard_size, trust_pickle=trust_pickle,
+                        skip_unknown=skip_unknown)
     if dry_run:
         print_plan(plan, as_json)
         return
@@ -110,6 +112,10 @@ _common = [
     click.option("--overwrite", is_flag=True, help="Replace DST if it exists."),
     click.option("--json", "as_json", is_flag=True, help="Print the plan/result as one JSON object."),
     click.option("--trust-pickle", is_flag=True, help="Load pickles with torch.load(weights_only=False)."),
+    click.option("--skip-unknown", is_flag=True,
+                 help="Leave out entries that are neither model weights nor known training state (listed in "
+                      "the plan) instead of refusing."),
+    iteration_option(),
 ]
 
 
@@ -132,25 +138,30 @@ def common_options(fn):
               help="Megatron-Core layer spec to name the output for (te: Transformer Engine layers).")
 @common_options
 def convert(src, dst, to, tp, pp, ep, spec, ckpt_format, dtype, hf_config, arch, max_shard_size, dry_run, overwrite,
-            as_json,
-            trust_pickle) -> None:
-    """Convert SRC to HF safetensors or to a Megatron-Core save root (torch_dist or per-rank torch)."""
+            as_json, trust_pickle, skip_unknown, iteration) -> None:
+    """Convert SRC to HF safetensors or to a Megatron-Core save root (torch_dist or per-rank torch).
+
+    SRC may be a save root: its latest complete iteration is converted, or --iteration N."""
     if to == "hf" and (tp != 1 or pp != 1 or ep != 1 or spec != "local"):
         raise CkptError("--tp/--pp/--ep/--spec only apply to --to mcore")
-    run_convert(src, dst, to=to, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format, dtype=dtype,
-                hf_config=hf_config, arch=arch,
+    run_convert(resolve_path(src, iteration), dst, to=to, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format,
+                dtype=dtype, hf_config=hf_config, arch=arch,
                 max_shard_size=max_shard_size, dry_run=dry_run, overwrite=overwrite, as_json=as_json,
-                trust_pickle=trust_pickle)
+                trust_pickle=trust_pickle, skip_unknown=skip_unknown)
 
 
 @click.command()
 @click.argument("src", type=click.Path(path_type=str))
 @click.argument("dst", type=click.Path(path_type=str))
 @common_options
-def merge(src, dst, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, as_json, trust_pickle) -> None:
-    """Merge sharded training checkpoints (verl FSDP, Megatron TP/PP or torch_dist, DCP) into one HF model."""
-    run_convert(src, dst, to="hf", dtype=dtype, hf_config=hf_config, arch=arch, max_shard_size=max_shard_size,
-                dry_run=dry_run, overwrite=overwrite, as_json=as_json, trust_pickle=trust_pickle)
+def merge(src, dst, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, as_json, trust_pickle, skip_unknown,
+          iteration) -> None:
+    """Merge sharded training checkpoints (verl FSDP, Megatron TP/PP or torch_dist, DCP) into one HF model.
+
+    SRC may be a save root: its latest complete iteration is merged, or --iteration N."""
+    run_convert(resolve_path(src, iteration), dst, to="hf", dtype=dtype, hf_config=hf_config, arch=arch,
+                max_shard_size=max_shard_size, dry_run=dry_run, overwrite=overwrite, as_json=as_json,
+                trust_pickle=trust_pickle, skip_unknown=skip_unknown)
 
 
 @click.command()
@@ -166,13 +177,18 @@ def merge(src, dst, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, 
 @click.option("--arch", help="Architecture when the checkpoint does not say.")
 @click.option("--hf-config", type=click.Path(path_type=str), help="Directory with the HF config.json to use.")
 @click.option("--json", "as_json", is_flag=True, help="Print the diff report as one JSON object.")
-def verify(src, via, tp, pp, ep, spec, ckpt_format, arch, hf_config, as_json) -> None:
-    """Convert SRC to the target and back in a temp dir, then diff bitwise. Exit 0 iff identical."""
+@click.option("--skip-unknown", is_flag=True,
+              help="Leave out (and do not compare) entries that are neither model weights nor known training state.")
+@iteration_option()
+def verify(src, via, tp, pp, ep, spec, ckpt_format, arch, hf_config, as_json, skip_unknown, iteration) -> None:
+    """Convert SRC to the target and back in a temp dir, then diff bitwise. Exit 0 iff identical.
+
+    SRC may be a save root: its latest complete iteration is verified, or --iteration N."""
     from ckptscope.cli.diff_cmd import print_report
     from ckptscope.ops.verify import verify_round_trip
 
-    report = verify_round_trip(src, via=via, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format, arch=arch,
-                               hf_config=hf_config)
+    report = verify_round_trip(resolve_path(src, iteration), via=via, tp=tp, pp=pp, ep=ep, spec=spec,
+                               ckpt_format=ckpt_format, arch=arch, hf_config=hf_config, skip_unknown=skip_unknown)
     if as_json:
         click.echo(json.dumps(report.to_json(), allow_nan=False))
     else:

@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from ckptscope.cli.roots_view import iteration_option
 from ckptscope.core.errors import CkptError
 
 EXIT_DIFFERENT = 1
@@ -89,11 +90,24 @@ def _glob_list(ctx, param, values):
 @click.option("--top", type=click.IntRange(min=0), default=20, show_default=True, help="Differing pairs to list.")
 @click.option("--arch", default=None, help="Architecture for --map auto when the checkpoints do not say.")
 @click.option("--trust-pickle", is_flag=True, help="Load pickles with torch.load(weights_only=False).")
+@click.option("--training-state", is_flag=True,
+              help="Also compare training state (optimizer moments, scheduler, rng ...), by stored name. "
+                   "Without it only the models are compared.")
+@iteration_option(help_text="For each side that is a save directory: use iteration N (a number, 'release' or "
+                            "'final') instead of its latest complete one (B: unless --iteration-b).")
+@iteration_option("--iteration-b", "--step-b", "iteration_b",
+                  help_text="Iteration N of B when B is a save directory (default: --iteration, if given).")
 def diff(a: str, b: str, as_json: bool, plain: bool, mapping: str, atol: float, rtol: float, device: str,
-         include: tuple[str, ...], exclude: tuple[str, ...], top: int, arch: str | None, trust_pickle: bool) -> None:
-    """Compare two checkpoints tensor by tensor. Exit 0 identical, 1 different, 2 error."""
+         include: tuple[str, ...], exclude: tuple[str, ...], top: int, arch: str | None, trust_pickle: bool,
+         training_state: bool, iteration: int | str | None, iteration_b: int | str | None) -> None:
+    """Compare two checkpoints tensor by tensor. Exit 0 identical, 1 different, 2 error.
+
+    A or B may be a save root: its latest complete iteration is compared, or --iteration N (both
+    sides that are roots) / --iteration-b N (B). `diff ROOT ROOT --iteration 10 --iteration-b 20`
+    compares two iterations of one run."""
     if atol < 0 or rtol < 0 or math.isnan(atol) or math.isnan(rtol):
         raise CkptError("--atol and --rtol must be non-negative numbers")
+    a, b = resolve_sides(a, b, iteration, iteration_b)
     from ckptscope.ops.diff.engine import DiffOptions
 
     options = DiffOptions(atol=atol, rtol=rtol, device=device)
@@ -105,13 +119,14 @@ def diff(a: str, b: str, as_json: bool, plain: bool, mapping: str, atol: float, 
             run_diff_tui = None
         if run_diff_tui is not None:
             code = run_diff_tui(a, b, mapping=mapping, include=include, exclude=exclude, options=options, arch=arch,
-                                trust_pickle=trust_pickle)
+                                trust_pickle=trust_pickle, training_state=training_state)
             sys.exit(code)
 
     from ckptscope.ops.diff.engine import diff_checkpoints
     from ckptscope.ops.diff.plan import plan_diff
 
-    plan = plan_diff(a, b, mapping=mapping, include=include, exclude=exclude, arch=arch, trust_pickle=trust_pickle)
+    plan = plan_diff(a, b, mapping=mapping, include=include, exclude=exclude, arch=arch, trust_pickle=trust_pickle,
+                     training_state=training_state)
     if as_json or not sys.stderr.isatty():
         report = diff_checkpoints(plan, options)
     else:
@@ -127,6 +142,26 @@ def diff(a: str, b: str, as_json: bool, plain: bool, mapping: str, atol: float, 
     else:
         print_report(report, top)
     sys.exit(0 if report.identical else EXIT_DIFFERENT)
+
+
+def resolve_sides(a: str, b: str, iteration: int | str | None, iteration_b: int | str | None) -> tuple[str, str]:
+    """The directories to compare: each save root's chosen iteration. ``--iteration`` applies to every
+    side that is a root (an error when neither is), ``--iteration-b`` to B only (an error when B is none)."""
+    from ckptscope.ops.roots import discover_iterations, pick_iteration, resolve_root
+
+    found_a, found_b = discover_iterations(a), discover_iterations(b)
+    if iteration is not None and found_a is None and found_b is None:
+        resolve_root(a, iteration)  # raises: not a save directory
+    if iteration_b is not None and found_b is None:
+        resolve_root(b, iteration_b)  # raises: not a save directory
+    wanted_b = iteration_b if iteration_b is not None else iteration
+
+    def side(path: str, found, wanted) -> str:
+        if not found:  # no root (or a tracker alone): the path itself, as diff always did
+            return path if wanted is None or found is None else pick_iteration(path, found, wanted).path
+        return pick_iteration(path, found, wanted).path
+
+    return side(a, found_a, iteration), side(b, found_b, wanted_b)
 
 
 def _stderr_console():

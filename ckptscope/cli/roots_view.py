@@ -1,24 +1,56 @@
 """``--iteration N`` and save roots on the command line: which directory a command really opens.
 
-A save root (Megatron ``iter_*``, verl ``global_step_*``, torchtitan ``step-*``) is not itself a
-checkpoint. ``inspect`` lists its iterations and opens the latest complete one (or ``N``);
-``open --iteration N`` hands the TUI the iteration directory directly (without the option the TUI
-shows its own iteration picker).
+A save root (Megatron ``iter_*`` / ``release``, verl ``global_step_*``, torchtitan ``step-*``, HF
+Trainer ``checkpoint-*``) is not itself a checkpoint. ``inspect`` lists its iterations and opens the
+latest complete one (or ``N``); ``open --iteration N`` hands the TUI the iteration directory
+directly (without the option the TUI shows its own iteration picker); ``check``, ``diff``,
+``convert``, ``merge`` and ``verify`` take the same option (``--step`` is an alias).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+import click
 
-from ckptscope.core.errors import CkptError
-from ckptscope.core.units import human_bytes
-from ckptscope.ops.roots import IterationInfo, discover_iterations, pick_iteration
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.console import Console
+
+    from ckptscope.ops.roots import IterationInfo
+
+# The CLI imports this module to declare its options: it stays light (click only); rich and the
+# save-root code are imported when a command runs.
+Iteration = int | str
+
+ITERATION_HELP = ("On a save directory (iter_*, release, global_step_*, step-*, checkpoint-*): use iteration N "
+                  "(a number, 'release' or 'final') instead of the latest complete one.")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class IterationType(click.ParamType):
+    """A step number (``0000010`` is 10) or a name (``release``, ``final``)."""
+
+    name = "N"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Iteration:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        if not text:
+            self.fail("an iteration number, 'release' or 'final'", param, ctx)
+        return int(text) if text.isdigit() else text
+
+
+ITERATION = IterationType()
+
+
+def iteration_option(*names: str, help_text: str = ITERATION_HELP) -> Callable[[F], F]:
+    """``--iteration N`` with its ``--step N`` alias (or the names given), into ``iteration``."""
+    decls = names or ("--iteration", "--step", "iteration")
+    return click.option(*decls, type=ITERATION, metavar="N", default=None, help=help_text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,23 +60,37 @@ class Resolved:
     root: str | None = None
     iterations: list[IterationInfo] | None = None
     chosen: IterationInfo | None = None
+    layout: str | None = None
+    """The root's layout (``Megatron-LM save root (torch_dist, tracker: iteration 5)``); None for a
+    path that is no save root."""
 
 
-def resolve(path: str, iteration: int | None = None) -> Resolved:
+def resolve(path: str, iteration: Iteration | None = None) -> Resolved:
     """Pick the iteration to open under a save root. ``CkptError`` when ``iteration`` does not exist
     (the message lists the ones that do) or is given for a path that is no save root."""
+    from ckptscope.ops.roots import describe_root, discover_iterations, pick_iteration, resolve_root, save_state_model
+
     found = discover_iterations(path)
     if found is None:
-        if iteration is not None:
-            raise CkptError(f"--iteration {iteration}: not a save directory with iterations "
-                            "(iter_*, global_step_*, step-*)", path)
+        resolve_root(path, iteration)  # raises for --iteration on a path that is no save root
+        model = save_state_model(path)
+        if model is not None:
+            return Resolved(model, layout="accelerate save_state dir (FSDP sharded model in pytorch_model_fsdp_0/)")
         return Resolved(path)
     chosen = pick_iteration(path, found, iteration)
-    return Resolved(chosen.path, path, found, chosen)
+    return Resolved(chosen.path, path, found, chosen, describe_root(path, found))
+
+
+def resolve_path(path: str, iteration: Iteration | None = None) -> str:
+    """The directory a command that takes one checkpoint reads: the root's iteration, or ``path``."""
+    from ckptscope.ops.roots import resolve_root
+
+    return resolve_root(path, iteration)
 
 
 def iterations_json(resolved: Resolved) -> list[dict[str, Any]]:
-    """The ``iterations`` field of ``inspect --json`` on a save root, newest first."""
+    """The ``iterations`` field of ``inspect --json`` on a save root, newest first. ``iteration`` is
+    a number, or ``"release"`` / ``"final"``."""
     return [
         {"iteration": i.iteration, "path": i.path, "size": i.size, "complete": i.complete, "latest": i.latest,
          "kind": i.kind, "roles": list(i.roles), "opened": i is resolved.chosen}
@@ -52,12 +98,24 @@ def iterations_json(resolved: Resolved) -> list[dict[str, Any]]:
     ]
 
 
+def iteration_cell(info: IterationInfo) -> str:
+    return f"{info.number:,}" if info.number is not None else info.label
+
+
 def print_iterations(resolved: Resolved, console: Console | None = None) -> None:
     """The iterations of a save root, with the opened one marked, before the usual inspect view."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from ckptscope.core.units import human_bytes
+
     console = console or Console(highlight=False)
     found = resolved.iterations or []
     complete = sum(1 for i in found if i.complete)
     plural = "s" if len(found) != 1 else ""
+    if resolved.layout:
+        console.print(Text.assemble(("layout", "bold"), "  ", resolved.layout))
     table = Table(title=f"save directory {resolved.root}: {len(found)} iteration{plural} ({complete} complete)",
                   title_justify="left", show_edge=False, pad_edge=False)
     for column, justify in (("iteration", "right"), ("", "left"), ("status", "left"), ("size", "right"),
@@ -67,6 +125,7 @@ def print_iterations(resolved: Resolved, console: Console | None = None) -> None
         marks = ", ".join(m for m, on in (("opened", info is resolved.chosen), ("latest", info.latest)) if on)
         status = Text("complete", style="green") if info.complete else Text("incomplete", style="bold red")
         where = os.path.relpath(info.path, resolved.root) if resolved.root else info.path
-        table.add_row(f"{info.iteration:,}", Text(marks, style="magenta"), status, human_bytes(info.size), where)
+        table.add_row(iteration_cell(info), Text(marks, style="magenta"), status, human_bytes(info.size),
+                      "./" if where == "." else where)
     console.print(table)
     console.print()

@@ -11,8 +11,12 @@ tensor bytes are read), for any format, through what every reader provides:
   length against its dtype and shape;
 * the damage readers record while indexing (``CheckpointIndex.issues``: missing completeness
   markers, HF index vs shard headers, files that hold only objects);
-* for a save root (``iter_*`` + ``latest_checkpointed_iteration.txt``, verl ``global_step_*``),
-  the tracker, then the iteration it names.
+* for a save root, its trainer's own completeness markers, then the iteration the trainer would
+  resume from: Megatron (``iter_*`` / ``release``) and verl (``global_step_*``) by the
+  ``latest_checkpointed_iteration.txt`` tracker; torchtitan (``step-*``, no tracker) the newest step
+  with DCP's ``.metadata``; HF Trainer (``checkpoint-*``, no tracker) the highest checkpoint, whole
+  when its ``trainer_state.json`` (written last) is there. No root is asked for another trainer's
+  marker.
 
 A new reader gets all of this without a change here, as long as it describes its chunks.
 """
@@ -32,7 +36,22 @@ from ckptscope.core.errors import CkptError, UnknownFormat
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
 from ckptscope.formats import open_checkpoint
-from ckptscope.ops.roots import TRACKER, discover_iterations
+from ckptscope.ops.roots import (
+    RELEASE,
+    TRACKED_KINDS,
+    TRACKER,
+    TRAINER_STATE,
+    Iteration,
+    IterationInfo,
+    describe_checkpoint,
+    describe_root,
+    discover_iterations,
+    find_iteration,
+    pick_iteration,
+    resolve_root,
+    resume_target,
+    root_kind,
+)
 
 Box = tuple[tuple[int, int], ...]
 """``(start, stop)`` per axis, global coordinates."""
@@ -88,6 +107,10 @@ class CheckReport:
     target: str | None = None
     """For a save root: the iteration directory checked, relative to ``path``."""
     iteration: int | str | None = None
+    """For a save root: the iteration checked (a number, ``release`` or ``final``)."""
+    layout: str | None = None
+    """What was recognised: ``Megatron-LM save root (torch_dist, tracker: iteration 5)``,
+    ``HF Trainer checkpoint (step 4)``, ``PyTorch DCP dir``, ... (None when nothing could be opened)."""
 
     @property
     def ok(self) -> bool:
@@ -101,7 +124,8 @@ class CheckReport:
         return f"{len(self.problems)} problem{'s' if len(self.problems) != 1 else ''} in {counted}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "format": self.format, "ok": self.ok,
+        return {"path": self.path, "layout": self.layout, "format": self.format, "ok": self.ok,
+                "iteration": self.iteration, "target": self.target,
                 "problems": [p.to_json() for p in self.problems],
                 "checked": {"tensors": self.tensors, "files": self.files, "chunks": self.chunks}}
 
@@ -407,72 +431,123 @@ def check_index(index: CheckpointIndex, root: Path) -> tuple[list[Problem], int,
     return problems, len(files), chunks
 
 
-def _resolve_root(path: Path) -> tuple[Path | None, list[Problem], int | str | None]:
-    """For a save root: the iteration to check (the tracker's, else the newest) and the tracker's
-    problems. ``(path, [], None)`` for anything else."""
-    iterations = discover_iterations(path)
-    if iterations is None:
-        return path, [], None
+def _tracked_target(path: Path, found: list[IterationInfo], explicit: bool = False
+                    ) -> tuple[IterationInfo | None, list[Problem]]:
+    """Megatron and verl: the iteration the tracker names (the newest one when it names none that is
+    here), and the tracker's problems (``explicit``: the user picks the iteration)."""
     problems: list[Problem] = []
-    newest = Path(iterations[0].path) if iterations else None
+    newest = found[0] if found else None
     try:
         text: str | None = (path / TRACKER).read_text(encoding="utf-8", errors="replace").strip()
     except OSError:
         text = None
     if text is None:
+        where = f"; checking the newest iteration ({newest.label}) instead" if newest and not explicit else ""
         problems.append(Problem("missing-marker", TRACKER, (),
-                                "not found; trainers write it once a save is complete, and resume looks for it; "
-                                f"checking the newest iteration ({iterations[0].iteration}) instead"))
-        return newest, problems, iterations[0].iteration
-    if text == "release":
-        target = path / "release"
-        if target.is_dir():
-            return target, problems, "release"
+                                "not found; trainers write it once a save is complete, and resume looks for "
+                                f"it{where}"))
+        return newest, problems
+    if text == RELEASE:
+        release = find_iteration(found, RELEASE)
+        if release is not None:
+            return release, problems
         problems.append(Problem("tracker", TRACKER, (), "names the 'release' checkpoint, but there is no "
                                 "release/ directory"))
-        return newest, problems, iterations[0].iteration if iterations else None
+        return newest, problems
     if not text.isdigit():
         problems.append(Problem("tracker", TRACKER, (), f"holds {text[:40]!r}, not an iteration number"))
-        return newest, problems, iterations[0].iteration if iterations else None
+        return newest, problems
     wanted = int(text)
-    for info in iterations:
-        if info.iteration == wanted:
-            return Path(info.path), problems, wanted
-    others = ", ".join(str(i.iteration) for i in iterations[:5]) or "none"
+    named = find_iteration(found, wanted)
+    if named is not None:
+        return named, problems
+    others = ", ".join(i.label for i in found[:5]) or "none"
     problems.append(Problem("tracker", TRACKER, (), f"names iteration {wanted}, which is not here "
                             f"(iterations found: {others})"))
-    return newest, problems, iterations[0].iteration if iterations else None
+    return newest, problems
 
 
-def check_checkpoint(path: str | Path) -> CheckReport:
-    """Check ``path`` (a checkpoint, or a save root: its tracker and the iteration it names).
+def _untracked_target(found: list[IterationInfo]) -> tuple[IterationInfo | None, list[Problem]]:
+    """torchtitan and HF Trainer keep no tracker: what the trainer resumes from, by its own rule, and
+    a missing completeness marker there."""
+    target = resume_target(found)
+    problems: list[Problem] = []
+    if target is None:
+        problems.append(Problem("incomplete", None, (), "a save root without any checkpoint"))
+    elif not target.complete and target.kind == "hf-trainer":
+        name = Path(target.path).name
+        good = next((i for i in found if i.complete and i.number is not None), None)
+        fallback = (f"; the newest complete one is {Path(good.path).name}" if good
+                    else "; no checkpoint here is complete")
+        problems.append(Problem("missing-marker", f"{name}/{TRAINER_STATE}", (),
+                                f"not found; transformers' Trainer writes it last, so the save of {name} did not "
+                                f"finish, and resume_from_checkpoint=True (get_last_checkpoint: the highest "
+                                f"number) would pick it{fallback}"))
+    return target, problems
 
-    Raises ``CkptError`` when the checkpoint cannot be read at all (exit code 2 in the CLI).
+
+def _resolve_root(path: Path, iteration: Iteration | None = None
+                  ) -> tuple[Path | None, list[Problem], Iteration | None, str | None]:
+    """For a save root: the iteration to check (``iteration``, else the one the trainer resumes from:
+    the tracker's, torchtitan's newest complete step, HF Trainer's highest checkpoint), the root's
+    problems by its trainer's own markers, and the root's layout. ``(path, [], None, None)`` for
+    anything else."""
+    found = discover_iterations(path)
+    if found is None:
+        if iteration is not None:
+            resolve_root(path, iteration)  # raises: not a save directory
+        return path, [], None, None
+    layout = describe_root(path, found)
+    tracked = root_kind(found) in TRACKED_KINDS
+    if iteration is not None:
+        target: IterationInfo | None = pick_iteration(path, found, iteration)  # raises, listing what is there
+        problems = _tracked_target(path, found, explicit=True)[1] if tracked else []
+    elif tracked:
+        target, problems = _tracked_target(path, found)
+    else:
+        target, problems = _untracked_target(found)
+    if target is None:
+        return None, problems, None, layout
+    return Path(target.path), problems, target.iteration, layout
+
+
+def check_checkpoint(path: str | Path, iteration: Iteration | None = None) -> CheckReport:
+    """Check ``path`` (a checkpoint, or a save root: its trainer's markers and the iteration it would
+    resume from, or ``iteration``).
+
+    Raises ``CkptError`` when the checkpoint cannot be read at all, or ``iteration`` is not there
+    (exit code 2 in the CLI).
     """
     given = Path(path)
-    target, problems, iteration = _resolve_root(given)
-    report = CheckReport(path=str(path), format=None, problems=problems, iteration=iteration)
+    target, problems, label, layout = _resolve_root(given, iteration)
+    report = CheckReport(path=str(path), format=None, problems=problems, iteration=label, layout=layout)
     if target is None:
         if not problems:
             problems.append(Problem("incomplete", None, (), "a save root without any iteration"))
         return report
     prefix = ""
-    if target != given:
+    if label is not None:
         report.target = target.relative_to(given).as_posix()
-        prefix = report.target + "/"
+        prefix = "" if report.target == "." else report.target + "/"
     try:
         with open_checkpoint(target) as reader:
             index = reader.index()
     except UnknownFormat as exc:
-        if target == given:
+        if label is None:
             raise
-        problems.append(Problem("incomplete", report.target, (), f"no checkpoint here: {exc.problem}"))
+        if not any(p.kind == "missing-marker" and p.file is not None and p.file.startswith(prefix) for p in problems):
+            problems.append(Problem("incomplete", report.target, (), f"no checkpoint here: {exc.problem}"))
         return report
     report.format = index.format
+    if report.layout is None:
+        report.layout = describe_checkpoint(target, index)
     root = target if target.is_dir() else target.parent
     found, report.files, report.chunks = check_index(index, root)
     report.tensors = len(index.tensors)
+    seen = {(p.kind, p.file) for p in problems}
     for problem in found:
         file = f"{prefix}{problem.file}" if problem.file is not None else None
+        if (problem.kind, file) in seen:
+            continue
         problems.append(Problem(problem.kind, file, problem.tensors, problem.detail))
     return report

@@ -1,46 +1,103 @@
 """Save directories that hold many iterations: find them so a user can pick one.
 
-Trainers write one directory per save under a root: Megatron ``iter_0000100/`` next to a
-``latest_checkpointed_iteration.txt`` tracker, verl ``global_step_100/actor/`` (and ``critic/``)
-next to the same tracker, torchtitan ``checkpoint/step-100/`` (no tracker: the newest complete
-step is the latest, FORMATS.md §5.7). Opening the root itself should offer the iterations (newest
-first) instead of failing, and say which ones are incomplete (a save that crashed half-way is the
-usual reason to open a checkpoint at all). ``pick_iteration`` is what the CLI opens by default.
+Trainers write one directory per save under a root, each with its own completeness marker:
+
+* Megatron-LM: ``iter_0000100/`` (or ``release/``) next to a ``latest_checkpointed_iteration.txt``
+  tracker that holds the iteration number or ``release``; a save is whole when Megatron's
+  ``metadata.json`` (torch_dist) or every ``mp_rank_*`` file (torch) is there.
+* verl: ``global_step_100/actor/`` (and ``critic/``) next to the same tracker; whole when every rank
+  file (FSDP) or the torch_dist markers (Megatron backend) are there.
+* torchtitan: ``checkpoint/step-100/``, no tracker; a step is whole when DCP's ``.metadata`` (renamed
+  into place last) is there, and torchtitan resumes from the newest such step (FORMATS.md §5.7).
+* HF Trainer: ``output_dir/checkpoint-100/``, no tracker; a checkpoint is whole when
+  ``trainer_state.json`` is there (``Trainer._save_checkpoint`` writes it after the model, optimizer,
+  scheduler and rng files). A model that ``trainer.save_model()`` left in ``output_dir`` itself is
+  the ``final`` entry.
+
+Opening the root itself offers the iterations (newest first) instead of failing, and says which
+ones are incomplete (a save that crashed half-way is the usual reason to open a checkpoint at all).
+``pick_iteration`` is what the CLI opens by default; ``describe_root`` / ``describe_checkpoint``
+name the layout for ``inspect`` and ``check``.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckptscope.core.errors import CkptError
 from ckptscope.formats import detect_format
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ckptscope.core.index import CheckpointIndex
+
 TRACKER = "latest_checkpointed_iteration.txt"
+TRAINER_STATE = "trainer_state.json"
+RELEASE = "release"
+"""Megatron's ``release/`` dir, named by the tracker as ``release``: an iteration the user can pick."""
+FINAL = "final"
+"""The model ``trainer.save_model()`` wrote into an HF Trainer ``output_dir`` itself."""
 _MEGATRON = re.compile(r"^iter_(\d+)$")
 _VERL = re.compile(r"^global_step_(\d+)$")
 _TORCHTITAN = re.compile(r"^step-(\d+)$")
+_HF_TRAINER = re.compile(r"^checkpoint-(\d+)$")
 VERL_ROLES = ("actor", "critic")
 """The role dirs of a verl step, in the order opening prefers them."""
+KINDS = ("megatron", "verl", "torchtitan", "hf-trainer")
+"""Root kinds, in the order a tie between them is broken."""
+TRACKED_KINDS = ("megatron", "verl")
+"""Kinds whose trainer writes ``latest_checkpointed_iteration.txt``; the others have no tracker."""
+
+Iteration = int | str
+"""An iteration number, or ``release`` / ``final``."""
 
 
 @dataclass(frozen=True, slots=True)
 class IterationInfo:
     path: str
-    """Directory to open for this iteration (``iter_0000100`` or ``global_step_100/actor``)."""
-    iteration: int
+    """Directory to open for this iteration (``iter_0000100``, ``global_step_100/actor``, ``checkpoint-100``)."""
+    iteration: Iteration
+    """The step number, or ``"release"`` (Megatron ``release/``) or ``"final"`` (HF Trainer ``output_dir``)."""
     size: int
-    """Bytes of every file below ``path``."""
+    """Bytes of every file below ``path`` (for ``final``: the files of ``output_dir`` itself)."""
     complete: bool
-    """A checkpoint is readable there (a reader recognises it, or Megatron's markers are present)."""
+    """The trainer's own completeness marker is there (see the module docstring)."""
     latest: bool = False
-    """The tracker file names this iteration (torchtitan, which has none: the newest complete step)."""
+    """The tracker names this iteration (no tracker: the newest complete one)."""
     kind: str = ""
-    """``megatron``, ``verl`` or ``torchtitan``: which trainer's layout the root has."""
+    """``megatron``, ``verl``, ``torchtitan`` or ``hf-trainer``: which trainer's layout the root has."""
     roles: tuple[str, ...] = ()
     """verl: the role dirs saved at this step (``actor``, ``critic``); ``path`` is the first."""
+
+    @property
+    def label(self) -> str:
+        """How listings show it: ``20``, ``release``, ``final``."""
+        return str(self.iteration)
+
+    @property
+    def number(self) -> int | None:
+        return self.iteration if isinstance(self.iteration, int) else None
+
+
+def parse_iteration(text: str | int) -> Iteration:
+    """``--iteration`` / ``--step`` text: a number (``0000010`` is 10), else a name (``release``, ``final``)."""
+    if isinstance(text, int):
+        return text
+    text = text.strip()
+    return int(text) if text.isdigit() else text
+
+
+def _order(info: IterationInfo) -> tuple[int, int]:
+    """Newest first: ``final`` above every step, ``release`` (a converted or initial model) below."""
+    if info.iteration == FINAL:
+        return (2, 0)
+    if isinstance(info.iteration, int):
+        return (1, info.iteration)
+    return (0, 0)
 
 
 def _dir_size(path: Path) -> int:
@@ -54,11 +111,30 @@ def _dir_size(path: Path) -> int:
     return total
 
 
-def _is_complete(path: Path) -> bool:
+def _top_size(path: Path) -> int:
+    total = 0
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                if entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+    except OSError:
+        pass
+    return total
+
+
+def _is_complete(path: Path, kind: str = "") -> bool:
+    """Whether ``path`` holds a whole save, judged by its trainer's own marker."""
     try:
         entries = [e.name for e in path.iterdir()]
     except OSError:
         return False
+    if kind == "hf-trainer":  # Trainer._save_checkpoint writes trainer_state.json last
+        return TRAINER_STATE in entries and (path / TRAINER_STATE).is_file()
+    if kind == "torchtitan":  # DCP renames .metadata into place once every rank wrote its data
+        if ".metadata" in entries or any(e.endswith(".distcp") for e in entries):
+            return ".metadata" in entries and "common.pt" not in entries
+        # (``last_save_in_hf``: the last step exported as HF safetensors shards + index, no DCP files)
     from ckptscope.formats.megatron.legacy_reader import is_complete_save
     from ckptscope.formats.verl.reader import verl_complete
 
@@ -80,13 +156,32 @@ def _is_complete(path: Path) -> bool:
     return True
 
 
-def read_tracker(root: Path) -> int | None:
-    """The iteration in Megatron's tracker file, or None (missing, or ``release``)."""
+def _looks_megatron(path: Path) -> bool:
+    """A ``release/`` dir without a tracker next to it counts only if it holds Megatron files."""
     try:
-        text = (root / TRACKER).read_text().strip()
+        names = {e.name for e in path.iterdir()}
+    except OSError:
+        return False
+    return bool(names & {"metadata.json", ".metadata", "common.pt"}) or any(n.startswith("mp_rank_") for n in names)
+
+
+def read_tracker(root: Path) -> Iteration | None:
+    """What Megatron's tracker file names: an iteration, ``"release"``, or None (missing or garbage)."""
+    try:
+        text = (Path(root) / TRACKER).read_text(encoding="utf-8", errors="replace").strip()
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
+    if text.isdigit():
+        return int(text)
+    return RELEASE if text == RELEASE else None
+
+
+def _root_has_model(root: Path) -> bool:
+    """``output_dir`` itself holds a model (``trainer.save_model()`` at the end of training)."""
+    try:
+        return detect_format(root).format_name == "hf"
+    except CkptError:
+        return False
 
 
 def discover_iterations(path: str | Path) -> list[IterationInfo] | None:
@@ -98,38 +193,54 @@ def discover_iterations(path: str | Path) -> list[IterationInfo] | None:
         entries = sorted(root.iterdir())
     except OSError:
         return None
+    has_tracker = (root / TRACKER).is_file()
     latest = read_tracker(root)
     found: list[IterationInfo] = []
     for entry in entries:
         if not entry.is_dir():
             continue
-        target, kind, roles = None, "", ()
+        target, kind, roles, iteration = None, "", (), None
         if m := _MEGATRON.match(entry.name):
-            target, kind = entry, "megatron"
-        elif (m := _VERL.match(entry.name)) is not None:
+            target, kind, iteration = entry, "megatron", int(m.group(1))
+        elif entry.name == RELEASE and (has_tracker or _looks_megatron(entry)):
+            target, kind, iteration = entry, "megatron", RELEASE
+        elif m := _VERL.match(entry.name):
             roles = tuple(r for r in VERL_ROLES if (entry / r).is_dir())
-            target, kind = (entry / roles[0] if roles else entry), "verl"
-        elif (m := _TORCHTITAN.match(entry.name)) is not None:
-            target, kind = entry, "torchtitan"
-        if target is None or m is None:
+            target, kind, iteration = (entry / roles[0] if roles else entry), "verl", int(m.group(1))
+        elif m := _TORCHTITAN.match(entry.name):
+            target, kind, iteration = entry, "torchtitan", int(m.group(1))
+        elif m := _HF_TRAINER.match(entry.name):
+            target, kind, iteration = entry, "hf-trainer", int(m.group(1))
+        if target is None or iteration is None:
             continue
-        iteration = int(m.group(1))
         found.append(IterationInfo(path=str(target), iteration=iteration, size=_dir_size(target),
-                                   complete=_is_complete(target), latest=iteration == latest, kind=kind,
-                                   roles=roles))
-    if not found and not (root / TRACKER).is_file():
+                                   complete=_is_complete(target, kind), latest=has_tracker and iteration == latest,
+                                   kind=kind, roles=roles))
+    if not found and not has_tracker:
         return None
-    found.sort(key=lambda info: info.iteration, reverse=True)
-    if latest is None and not (root / TRACKER).is_file():  # torchtitan: the newest complete step
-        newest = next((i for i in found if i.complete and i.kind == "torchtitan"), None)
+    if found and root_kind(found) == "hf-trainer" and _root_has_model(root):
+        found.append(IterationInfo(path=str(root), iteration=FINAL, size=_top_size(root), complete=True,
+                                   kind="hf-trainer"))
+    found.sort(key=_order, reverse=True)
+    if not has_tracker:  # torchtitan, HF Trainer: no tracker, the newest complete save is the latest
+        newest = next((i for i in found if i.complete and i.kind not in TRACKED_KINDS), None)
         if newest is not None:
             found = [replace(i, latest=True) if i is newest else i for i in found]
     return found
 
 
+def root_kind(found: list[IterationInfo]) -> str:
+    """The trainer whose layout a root has: the kind most of its iterations have (``megatron`` for a
+    root that has only a tracker so far)."""
+    counts = Counter(i.kind for i in found if i.kind)
+    if not counts:
+        return "megatron"
+    return max(KINDS, key=lambda k: (counts.get(k, 0), -KINDS.index(k)))
+
+
 def _label(info: IterationInfo) -> str:
     notes = [note for note, on in (("latest", info.latest), ("incomplete", not info.complete)) if on]
-    return f"{info.iteration} ({', '.join(notes)})" if notes else str(info.iteration)
+    return f"{info.label} ({', '.join(notes)})" if notes else info.label
 
 
 def describe_iterations(found: list[IterationInfo]) -> str:
@@ -144,11 +255,16 @@ def default_iteration(found: list[IterationInfo]) -> IterationInfo | None:
     return latest or next((i for i in found if i.complete), None)
 
 
-def pick_iteration(root: str | Path, found: list[IterationInfo], iteration: int | None = None) -> IterationInfo:
+def find_iteration(found: list[IterationInfo], iteration: Iteration) -> IterationInfo | None:
+    wanted = str(parse_iteration(iteration))
+    return next((i for i in found if i.label == wanted), None)
+
+
+def pick_iteration(root: str | Path, found: list[IterationInfo], iteration: Iteration | None = None) -> IterationInfo:
     """Iteration ``iteration`` of the root (any, even incomplete: the user asked for it), or the
     default one. Raises ``CkptError`` listing what is there when there is no such iteration."""
     if iteration is not None:
-        chosen = next((i for i in found if i.iteration == iteration), None)
+        chosen = find_iteration(found, iteration)
         if chosen is None:
             raise CkptError(f"no iteration {iteration}; available: {describe_iterations(found)}", root)
         return chosen
@@ -158,10 +274,138 @@ def pick_iteration(root: str | Path, found: list[IterationInfo], iteration: int 
     return chosen
 
 
-def resolve_root(path: str | Path) -> str:
-    """A save root (Megatron tracker, verl/torchtitan step dirs) stands for its default iteration:
-    the tracker's when complete, else the newest complete one (``roots.pick_iteration``)."""
+ACCELERATE_FSDP_MODEL = "pytorch_model_fsdp_0"
+"""accelerate's ``save_state`` writes an FSDP sharded model here (``FSDP_MODEL_NAME`` + ``_0``), a
+DCP dir of ``{"model": state_dict}``, beside ``optimizer_0/``, ``scheduler.bin`` and
+``random_states_R.pkl`` (FORMATS.md §9.4)."""
+
+
+def save_state_model(path: str | Path) -> str | None:
+    """The model inside an accelerate ``save_state`` dir (``pytorch_model_fsdp_0/``), or None.
+
+    Users point at the dir they passed to ``save_state``; its model is one level down, and
+    everything else there is training state, so the dir stands for its model.
+    """
+    candidate = Path(path) / ACCELERATE_FSDP_MODEL
+    if candidate.is_dir() and not (Path(path) / "model.safetensors").exists():
+        return str(candidate)
+    return None
+
+
+def resolve_root(path: str | Path, iteration: Iteration | None = None) -> str:
+    """A save root (Megatron tracker, verl/torchtitan/HF Trainer step dirs) stands for its default
+    iteration (``pick_iteration``), or for ``iteration`` when given; an accelerate ``save_state`` dir
+    for its sharded model. Any other path stands for itself; ``iteration`` on it is an error."""
     found = discover_iterations(path)
-    if not found:
+    if found is None:
+        if iteration is not None:
+            raise CkptError(f"--iteration {iteration}: not a save directory with iterations "
+                            "(iter_*, release, global_step_*, step-*, checkpoint-*)", path)
+        return save_state_model(path) or str(path)
+    if not found and iteration is None:
         return str(path)
-    return pick_iteration(path, found).path
+    return pick_iteration(path, found, iteration).path
+
+
+def resume_target(found: list[IterationInfo]) -> IterationInfo | None:
+    """The iteration the trainer itself would resume from, by its own rule, for roots without a
+    tracker: torchtitan takes the newest step with ``.metadata``; HF Trainer's
+    ``get_last_checkpoint`` takes the highest ``checkpoint-N``, whole or not (a final model in
+    ``output_dir`` is not a checkpoint to resume from)."""
+    kind = root_kind(found)
+    if kind == "hf-trainer":
+        return next((i for i in found if i.kind == kind and i.number is not None), None)
+    return default_iteration(found) or (found[0] if found else None)
+
+
+# --- naming the layout ------------------------------------------------------------------------------
+
+
+def _megatron_format(path: Path) -> str | None:
+    try:
+        names = {e.name for e in path.iterdir()}
+    except OSError:
+        return None
+    if "metadata.json" in names or "common.pt" in names:
+        return "torch_dist"
+    if any(n.startswith("mp_rank_") for n in names):
+        return "torch"
+    if ".metadata" in names:
+        return "DCP"
+    return None
+
+
+def _tracker_text(root: Path) -> str:
+    try:
+        text = (root / TRACKER).read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return "no tracker"
+    if text.isdigit():
+        return f"tracker: iteration {int(text)}"
+    if text == RELEASE:
+        return "tracker: release"
+    return f"tracker: {text[:20]!r}"
+
+
+def describe_root(root: str | Path, found: list[IterationInfo]) -> str:
+    """The layout of a save root, e.g. ``Megatron-LM save root (torch_dist, tracker: iteration 5)``."""
+    root = Path(root)
+    kind = root_kind(found)
+    chosen = default_iteration(found) or (found[0] if found else None)
+    if kind == "megatron":
+        fmt = _megatron_format(Path(chosen.path)) if chosen else None
+        return f"Megatron-LM save root ({f'{fmt}, ' if fmt else ''}{_tracker_text(root)})"
+    if kind == "verl":
+        backend = None
+        if chosen is not None:
+            from ckptscope.formats.verl.reader import megatron_dist_dir
+
+            backend = "Megatron" if megatron_dist_dir(Path(chosen.path)) is not None else "FSDP"
+        tracker = _tracker_text(root).replace("iteration", "step")
+        return f"verl checkpoint dir ({f'{backend}, ' if backend else ''}{tracker})"
+    newest = next((i for i in found if i.latest), None)
+    if kind == "torchtitan":
+        where = f"newest complete: {Path(newest.path).name}" if newest else "no complete step"
+        return f"torchtitan checkpoint folder (DCP, {where})"
+    steps = sum(1 for i in found if i.number is not None)
+    if any(i.iteration == FINAL for i in found):
+        return f"HF Trainer output dir (final model + {steps} checkpoint{'s' if steps != 1 else ''})"
+    where = f"newest complete: {Path(newest.path).name}" if newest else "no complete checkpoint"
+    return f"HF Trainer output dir ({where})"
+
+
+_FORMAT_LAYOUTS = {
+    "safetensors": "safetensors file", "hf": "Hugging Face model dir", "torch": "torch.save file",
+    "torch-legacy": "torch.save file (legacy format)", "megatron_dist": "Megatron-Core torch_dist dir",
+    "dcp": "PyTorch DCP dir", "megatron_legacy": "Megatron-LM per-rank checkpoint (torch)",
+    "verl_fsdp": "verl FSDP checkpoint dir", "verl_megatron": "verl Megatron checkpoint dir",
+}
+
+
+def describe_checkpoint(path: str | Path, index: CheckpointIndex, *, fallback: bool = True) -> str | None:
+    """The layout of one checkpoint, e.g. ``HF Trainer checkpoint (step 4)`` or
+    ``Megatron-LM iteration dir (torch_dist, iteration 10)``: a trainer's save dir. Anything else is
+    named by its format (``PyTorch DCP dir``), or None without ``fallback``."""
+    path = Path(path)
+    fmt = index.format
+    name = path.name
+    trainer = index.metadata.get("trainer")
+    if fmt == "hf" and isinstance(trainer, dict):
+        step = trainer.get("global_step")
+        if step is None:
+            m = _HF_TRAINER.match(name)
+            return f"HF Trainer checkpoint ({f'step {m.group(1)}, ' if m else ''}incomplete: no {TRAINER_STATE})"
+        return f"HF Trainer checkpoint (step {step})"
+    if fmt in ("megatron_dist", "megatron_legacy", "dcp") and (_MEGATRON.match(name) or name == RELEASE):
+        sub = {"megatron_dist": "torch_dist", "megatron_legacy": "torch"}.get(fmt, "DCP without metadata.json")
+        if name == RELEASE:
+            return f"Megatron-LM release checkpoint ({sub})"
+        return f"Megatron-LM iteration dir ({sub}, iteration {int(name[5:])})"
+    if fmt == "dcp" and name.startswith("pytorch_model_fsdp_"):
+        return "accelerate FSDP sharded model (DCP)"
+    if fmt == "dcp" and (m := _TORCHTITAN.match(name)):
+        return f"torchtitan step dir (DCP, step {m.group(1)})"
+    if fmt.startswith("verl") and name in VERL_ROLES and (m := _VERL.match(path.parent.name)):
+        backend = "Megatron" if fmt == "verl_megatron" else "FSDP"
+        return f"verl {name} ({backend}, step {m.group(1)})"
+    return _FORMAT_LAYOUTS.get(fmt, fmt) if fallback else None

@@ -5,11 +5,20 @@ or truncated shard, a tensor the index places in a shard that lacks it, or a sto
 index leaves out, is recorded as an issue (and a warning) naming both, and the rest stays
 browsable; ``ckptscope check`` reports them. Config and generation files become objects;
 tokenizer files are listed.
+
+An HF Trainer ``checkpoint-N/`` dir is this format too, with the Trainer's files next to the model:
+``optimizer.pt``, ``scheduler.pt``, ``scaler.pt``, ``rng_state[_R].pth`` and ``training_args.bin`` are
+listed with their roles (never unpickled, except ``training_args.bin``, whose arguments are shown
+through the safe stub unpickler), ``trainer_state.json`` becomes an object and its ``global_step`` the
+iteration. ``Trainer._save_checkpoint`` writes ``trainer_state.json`` last, so a Trainer checkpoint
+without it is recorded as incomplete (a ``missing-marker`` issue). A DeepSpeed ``global_stepN/`` dir
+and its ``latest`` tracker (and an FSDP ``optimizer_N/`` dir) are listed file by file.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +27,7 @@ from ckptscope.core.index import CheckpointIndex, FileInfo, Issue, ObjectEntry
 from ckptscope.core.names import natural_key
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.formats.base import CheckpointReader
+from ckptscope.formats.pickles.safe import to_plain, type_name
 from ckptscope.formats.pickles.torch_file import build_torch_index, is_torch_zip, read_torch_zip
 from ckptscope.formats.pickles.trusted import TrustedTorchFile
 from ckptscope.formats.registry import register_reader
@@ -28,6 +38,19 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 BIN_INDEX = "pytorch_model.bin.index.json"
 _CONFIG_FILES = ("config.json", "generation_config.json", "adapter_config.json")
 _TOKENIZER_HINTS = ("tokenizer", "vocab", "merges.txt", "special_tokens_map", "chat_template")
+TRAINER_STATE = "trainer_state.json"
+TRAINING_ARGS = "training_args.bin"
+_TRAINER_ROLES = {"optimizer.pt": "optimizer", "scheduler.pt": "scheduler", "scaler.pt": "scaler",
+                  TRAINING_ARGS: "args", TRAINER_STATE: "state"}
+"""transformers.trainer's file names (OPTIMIZER_NAME, SCHEDULER_NAME, SCALER_NAME, TRAINING_ARGS_NAME,
+TRAINER_STATE_NAME) and what each is for."""
+_RNG_STATE = re.compile(r"^rng_state(_\d+)?\.pth$")
+_TRAINER_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_TRAINER_SUBDIRS = re.compile(r"^(global_step\d+|optimizer_\d+)$")
+"""DeepSpeed's ``global_stepN/`` (engine.save_checkpoint under the Trainer checkpoint) and the
+FSDP sharded optimizer's ``optimizer_N/``: listed, never read."""
+_TRAINER_STATE_KEYS = ("global_step", "epoch", "max_steps", "num_train_epochs", "save_steps",
+                       "train_batch_size", "best_global_step", "best_model_checkpoint")
 
 
 def _safetensors_files(path: Path) -> list[Path]:
@@ -232,8 +255,13 @@ class HFDirReader(CheckpointReader):
 
     def _add_side_files(self, index: CheckpointIndex) -> None:
         data_files = {f for t in index.tensors.values() for f in t.files}
-        for path in sorted(self.path.iterdir(), key=lambda p: natural_key(p.name)):
+        entries = sorted(self.path.iterdir(), key=lambda p: natural_key(p.name))
+        names = {p.name for p in entries if p.is_file()}
+        trainer = self._is_trainer_checkpoint(names)
+        for path in entries:
             if not path.is_file():
+                if trainer and path.is_dir() and _TRAINER_SUBDIRS.match(path.name):
+                    self._add_trainer_subdir(index, path)
                 continue
             name = path.name
             if name in data_files:
@@ -242,6 +270,12 @@ class HFDirReader(CheckpointReader):
                 role = "index"
             elif name in _CONFIG_FILES:
                 role = "config"
+            elif name in _TRAINER_ROLES:
+                role = _TRAINER_ROLES[name]
+            elif _RNG_STATE.match(name):
+                role = "rng"
+            elif trainer and name in ("latest", "zero_to_fp32.py"):
+                role = "deepspeed"
             elif any(h in name for h in _TOKENIZER_HINTS):
                 role = "tokenizer"
             else:
@@ -254,3 +288,59 @@ class HFDirReader(CheckpointReader):
                     for key in ("architectures", "model_type", "torch_dtype", "dtype", "tie_word_embeddings"):
                         if key in config:
                             index.metadata.setdefault(key, config[key])
+            elif role == "state":
+                self._add_trainer_state(index, path)
+            elif role == "args":
+                self._add_training_args(index, path)
+        if trainer:
+            index.metadata.setdefault("trainer", {"global_step": None})
+            if TRAINER_STATE not in names:
+                index.add_issue("missing-marker", "not found; transformers' Trainer writes it last, so this save "
+                                "did not finish (resume_from_checkpoint needs it)", file=TRAINER_STATE,
+                                warning=f"{TRAINER_STATE}: not found: an HF Trainer checkpoint whose save did "
+                                        "not finish")
+
+    def _is_trainer_checkpoint(self, names: set[str]) -> bool:
+        """A Trainer ``checkpoint-N`` dir: its name, or the files only ``_save_checkpoint`` writes."""
+        return bool(_TRAINER_CHECKPOINT.match(self.path.name) or TRAINER_STATE in names
+                    or names & {"optimizer.pt", "scheduler.pt", "scaler.pt"}
+                    or any(_RNG_STATE.match(n) for n in names))
+
+    def _add_trainer_subdir(self, index: CheckpointIndex, folder: Path) -> None:
+        deepspeed = folder.name.startswith("global_step")
+        for path in sorted((p for p in folder.rglob("*") if p.is_file()), key=lambda p: natural_key(str(p))):
+            rel = path.relative_to(self.path).as_posix()
+            role = "optimizer" if not deepspeed or path.name.endswith("optim_states.pt") else "deepspeed"
+            index.files.append(FileInfo(rel, path.stat().st_size, role))
+
+    @staticmethod
+    def _add_trainer_state(index: CheckpointIndex, path: Path) -> None:
+        """``trainer_state.json`` as an object; its ``global_step`` is the iteration. A file that does
+        not parse is an issue (a crash while it was written), not a failure."""
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            index.add_issue("unreadable-file", f"cannot parse: {exc}", file=path.name)
+            return
+        index.objects.append(ObjectEntry("trainer_state", "json", state))
+        if not isinstance(state, dict):
+            return
+        summary = {k: state[k] for k in _TRAINER_STATE_KEYS if k in state}
+        summary.setdefault("global_step", None)
+        index.metadata["trainer"] = summary
+        step = state.get("global_step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            index.metadata.setdefault("iteration", step)
+
+    @staticmethod
+    def _add_training_args(index: CheckpointIndex, path: Path) -> None:
+        """The pickled ``TrainingArguments``, read by the safe stub unpickler (nothing is imported or
+        called; torch is not needed): its fields as a dict."""
+        if not is_torch_zip(path):
+            return
+        try:
+            parsed = read_torch_zip(path)
+        except CkptError as exc:
+            index.add_issue("unreadable-file", exc.problem, file=path.name)
+            return
+        index.objects.append(ObjectEntry("training_args", type_name(parsed.obj), to_plain(parsed.obj)))

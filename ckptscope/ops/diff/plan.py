@@ -139,14 +139,14 @@ def _add_tied(recipes: dict[str, Recipe], other: dict[str, Recipe], cfg: ModelCo
 
 def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", include: tuple[str, ...] = (),
               exclude: tuple[str, ...] = (), arch: str | None = None, trust_pickle: bool = False,
-              training_state: bool = False) -> DiffPlan:
+              training_state: bool = False, compare_unknown: bool = True) -> DiffPlan:
     """Open both checkpoints (metadata only) and pair their models' tensors.
 
     Each side is split into its model and its training state (``ops.model``): the models are
     compared under the names a mapping sees (a ``{"model": ...}`` DCP against an HF dir pairs
     ``model.model.x`` with ``model.x``); ``training_state`` adds optimizer, scheduler, rng ...
-    tensors, compared by stored name. Entries that are neither are compared by stored name too,
-    so nothing in either file goes unseen.
+    tensors, compared by stored name. Entries that are neither are compared by stored name too
+    (unless ``compare_unknown`` is off: ``verify --skip-unknown``), so nothing goes unseen.
     """
     if mapping not in ("auto", "none"):
         raise CkptError(f"--map must be auto or none, not {mapping!r}")
@@ -192,8 +192,8 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
             notes.append(f"{label}: model found under {entries.prefix!r} (compared without it)")
     recipes_a, recipes_b = entries_a.to_stored(recipes_a), entries_b.to_stored(recipes_b)
     for label, entries, recipes in (("A", entries_a, recipes_a), ("B", entries_b, recipes_b)):
-        extra = dict(entries.unknown)
-        if entries.unknown:
+        extra = dict(entries.unknown) if compare_unknown else {}
+        if entries.unknown and compare_unknown:
             notes.append(f"{label}: {len(entries.unknown)} entries are neither model weights nor known training "
                          f"state (first: {next(iter(entries.unknown))}); compared by stored name")
         state = entries.training_tensors()

@@ -89,9 +89,11 @@ class DiffScreen(Screen[None]):
 
     def __init__(self, a: str, b: str, *, mapping: str = "auto", include: tuple[str, ...] = (),
                  exclude: tuple[str, ...] = (), options: DiffOptions | None = None, arch: str | None = None,
-                 trust_pickle: bool = False, standalone: bool = True) -> None:
+                 trust_pickle: bool = False, standalone: bool = True, training_state: bool = False) -> None:
         super().__init__()
         self.a, self.b = str(a), str(b)
+        self.training_state = training_state
+        """Also compare training state (``diff --training-state``); models only by default."""
         self.mapping, self.include, self.exclude, self.arch = mapping, tuple(include), tuple(exclude), arch
         self.options = options
         self.trust_pickle = trust_pickle
@@ -149,7 +151,7 @@ class DiffScreen(Screen[None]):
         start = time.perf_counter()
         try:
             plan = plan_diff(self.a, self.b, mapping=self.mapping, include=self.include, exclude=self.exclude,
-                             arch=self.arch, trust_pickle=self.trust_pickle)
+                             arch=self.arch, trust_pickle=self.trust_pickle, training_state=self.training_state)
             engine = DiffEngine(plan, self.options)
         except CkptError as exc:
             self.post_message(DiffFailed("plan", str(exc)))

@@ -1,4 +1,5 @@
-"""Opening a save root (``iter_*`` or ``global_step_*`` dirs) asks which iteration to open."""
+"""Opening a save root (``iter_*`` / ``release``, ``global_step_*``, ``step-*``, ``checkpoint-*`` dirs)
+asks which iteration to open."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ class IterationPickerScreen(Screen[str | None]):
         table.add_columns("iteration", "", "status", "size", "path")
         for info in self.iterations:
             status = Text("✓ complete", style="green") if info.complete else Text("✗ incomplete", style="bold red")
-            table.add_row(Text(f"{info.iteration:,}", style="bold", justify="right"),
+            label = f"{info.number:,}" if info.number is not None else info.label
+            table.add_row(Text(label, style="bold", justify="right"),
                           Text("latest", style="magenta") if info.latest else "",
                           status, Text(human_bytes(info.size), justify="right"), info.path, key=info.path)
         table.focus()
