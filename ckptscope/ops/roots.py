@@ -184,6 +184,10 @@ def _root_has_model(root: Path) -> bool:
         return False
 
 
+TORCHTITAN_FOLDER = "checkpoint"
+"""torchtitan's default ``checkpoint.folder`` inside its dump folder (FORMATS.md §5.7)."""
+
+
 def discover_iterations(path: str | Path) -> list[IterationInfo] | None:
     """Iterations saved under ``path``, newest first; ``None`` when ``path`` is not a save root."""
     root = Path(path)
@@ -217,6 +221,12 @@ def discover_iterations(path: str | Path) -> list[IterationInfo] | None:
                                    complete=_is_complete(target, kind), latest=has_tracker and iteration == latest,
                                    kind=kind, roles=roles))
     if not found and not has_tracker:
+        # torchtitan's dump folder: its saves are one level down, in checkpoint/ (checkpoint.folder)
+        folder = root / TORCHTITAN_FOLDER
+        if folder.is_dir():
+            inner = discover_iterations(folder)
+            if inner and root_kind(inner) == "torchtitan":
+                return inner
         return None
     if found and root_kind(found) == "hf-trainer" and _root_has_model(root):
         found.append(IterationInfo(path=str(root), iteration=FINAL, size=_top_size(root), complete=True,

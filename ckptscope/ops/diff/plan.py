@@ -182,6 +182,9 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
                 recipes_b, ignored_b, mapped_b = _with_unmapped(view, tb), view.ignored, True
                 notes += _view_notes("B", view)
             used = "mcore->hf"
+        elif fam_a != fam_b and "other" not in (fam_a, fam_b):
+            notes.append(f"A has {fam_a} names and B {fam_b} names, and ckptscope has no mapping between "
+                         f"them: tensors are paired by name only")
         for label, mine, theirs, index, tensors in (("A", recipes_a, recipes_b, index_a, ta),
                                                     ("B", recipes_b, recipes_a, index_b, tb)):
             tied = _add_tied(mine, theirs, _side_config(index, tensors))
