@@ -169,3 +169,24 @@ def test_diff_compares_models_and_training_state_only_on_request(samples, tmp_pa
     assert with_state.code == 1
     differing = [t["name"] for t in json.loads(with_state.out)["tensors"] if t["status"] == "different"]
     assert differing == ["optimizer.state.0.exp_avg"]
+
+
+def test_config_that_does_not_fit_the_tensors_is_refused(samples, tmp_path):
+    """megatron_style.pt's args name num_query_groups=2 without group_query_attention, so Megatron
+    itself would build 4 KV heads; the stored k/v projections hold 2. An HF export under a config
+    derived from those args would load with re-initialised k/v weights: refused, nothing written."""
+    out = tmp_path / "out"
+    result = run_cli("convert", str(samples["megatron_style.pt"]), str(out), "--to", "hf", "--skip-unknown")
+    assert result.code == 2 and result.err.count("\n") == 1
+    assert "k_proj.weight is [32, 64] but config.json implies [64, 64]" in result.err and "--hf-config" in result.err
+    assert not out.exists()
+    # With a config that fits, the same source exports and loads with nothing missing or re-initialised.
+    from transformers import AutoModelForCausalLM
+
+    fitting = tmp_path / "config"
+    shutil.copytree(samples["hf_llama_single"], fitting)
+    result = run_cli("convert", str(samples["megatron_style.pt"]), str(out), "--to", "hf", "--skip-unknown",
+                     "--hf-config", str(fitting))
+    assert result.code == 0, result.err
+    _, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))

@@ -290,3 +290,44 @@ def parallel_problems(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1
     if pp > 1 and cfg.num_layers is not None and pp > cfg.num_layers:
         problems.append(f"--pp {pp} is more pipeline stages than the model's {cfg.num_layers} layers")
     return problems
+
+
+_HF_SHAPE_RULES: tuple[tuple[str, Any], ...] = (
+    # (name suffix, shape from the config); None in a shape means "not known from this config"
+    ("model.embed_tokens.weight", lambda c: (c.vocab_size, c.hidden_size)),
+    ("lm_head.weight", lambda c: (c.vocab_size, c.hidden_size)),
+    ("model.norm.weight", lambda c: (c.hidden_size,)),
+    ("self_attn.q_proj.weight", lambda c: (_mul(c.num_attention_heads, c.head_dim), c.hidden_size)),
+    ("self_attn.k_proj.weight", lambda c: (_mul(c.num_kv_heads, c.head_dim), c.hidden_size)),
+    ("self_attn.v_proj.weight", lambda c: (_mul(c.num_kv_heads, c.head_dim), c.hidden_size)),
+    ("self_attn.o_proj.weight", lambda c: (c.hidden_size, _mul(c.num_attention_heads, c.head_dim))),
+    ("mlp.gate_proj.weight", lambda c: (c.ffn_hidden_size, c.hidden_size)),
+    ("mlp.up_proj.weight", lambda c: (c.ffn_hidden_size, c.hidden_size)),
+    ("mlp.down_proj.weight", lambda c: (c.hidden_size, c.ffn_hidden_size)),
+    ("input_layernorm.weight", lambda c: (c.hidden_size,)),
+    ("post_attention_layernorm.weight", lambda c: (c.hidden_size,)),
+)
+
+
+def _mul(a: int | None, b: int | None) -> int | None:
+    return a * b if a is not None and b is not None else None
+
+
+def hf_shape_problems(hf_config: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> list[str]:
+    """Where the tensors an HF export writes disagree with the shapes its ``config.json`` implies.
+
+    transformers builds the model from the config and then loads the tensors: a config derived
+    from incomplete Megatron args (``num_query_groups`` without ``group_query_attention``, say)
+    gives a model that refuses or, worse, silently re-initialises mismatched weights. Checked
+    before anything is written; one line per kind of tensor.
+    """
+    cfg = from_hf_config(hf_config)
+    problems: dict[str, str] = {}
+    for name, shape in shapes.items():
+        for suffix, rule in _HF_SHAPE_RULES:
+            if name == suffix or name.endswith("." + suffix):
+                expected = rule(cfg)
+                if None not in expected and tuple(expected) != tuple(shape) and suffix not in problems:
+                    problems[suffix] = (f"{name} is {list(shape)} but config.json implies {list(expected)}")
+                break
+    return list(problems.values())

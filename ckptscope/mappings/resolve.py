@@ -72,8 +72,10 @@ def config_from_names(tensors: Mapping[str, TensorShape]) -> ModelConfig:
         if match:
             layers.add(int(match.group(1)))
     embed = tensors.get("model.embed_tokens.weight")
+    down = tensors.get("model.layers.0.mlp.down_proj.weight") or tensors.get("decoder.layers.0.mlp.linear_fc2.weight")
     return ModelConfig(
         num_layers=max(layers) + 1 if layers else None,
+        ffn_hidden_size=down.shape[-1] if down and len(down.shape) == 2 else None,
         hidden_size=embed.shape[1] if embed and len(embed.shape) == 2 else None,
         vocab_size=embed.shape[0] if embed else None,
         tie_word_embeddings=("lm_head.weight" not in tensors) if embed else None,

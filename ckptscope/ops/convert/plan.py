@@ -22,6 +22,7 @@ from ckptscope.formats.registry import open_checkpoint
 from ckptscope.mappings.config import (
     ModelConfig,
     from_hf_config,
+    hf_shape_problems,
     padded_vocab,
     parallel_problems,
     to_hf_config,
@@ -251,6 +252,12 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         if not tied and "lm_head.weight" not in recipes and "model.embed_tokens.weight" in recipes:
             raise CkptError("the config says untied embeddings but the source has no output layer; "
                             "check tie_word_embeddings")
+        problems = hf_shape_problems(hf_cfg_dict, {n: r.shape for n, r in recipes.items()})
+        if problems:
+            source = "--hf-config" if hf_config else ("the source's config.json" if _source_hf_config(index) else
+                                                     "the config derived from the Megatron args")
+            raise CkptError(f"the tensors do not fit {source}: {'; '.join(problems)}"
+                            + ("" if hf_config else "; pass --hf-config DIR"), src_path)
         recipes = entries.to_stored(recipes)
         out = [OutputTensor(n, r.shape, r.dtype if dtype == "keep" else dtype, r) for n, r in recipes.items()]
         plan = ConvertPlan(str(src), str(dst), "hf", reader, out, cfg, view.arch, hf_config=hf_cfg_dict,
