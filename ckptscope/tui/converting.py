@@ -44,6 +44,8 @@ class ConvertSettings:
     pp: int = 1
     ckpt_format: str = "torch_dist"
     dtype: str = "keep"
+    skip_unknown: bool = False
+    """Leave out entries that are neither model nor training state (``--skip-unknown``)."""
 
     def label(self) -> str:
         if self.target == "hf":

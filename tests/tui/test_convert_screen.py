@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from textual.widgets import Button, DataTable, Input, Select, Static
+from textual.widgets import Button, Checkbox, DataTable, Input, Select, Static
 from tui_helpers import settle, sync, text_of
 
 from ckptscope.tui.app import make_app
@@ -262,3 +262,30 @@ def _form_keys():
 def test_convert_form_snapshot(snap_compare, in_repo):
     assert snap_compare(make_app("sample_ckpts/mcore_llama_gqa/iter_0000000", keymap={}), terminal_size=SIZE,
                         run_before=_form_keys())
+
+
+@sync
+async def test_skip_unknown_box_turns_a_refusal_into_a_plan(tmp_path):
+    """An HF dir with a stray EMA tensor: the plan refuses and says why; ticking "skip unknown"
+    plans the model alone, listing the stray tensor as not written."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "hf"
+    shutil.copytree(SAMPLES / "hf_llama_single", src)
+    weights = load_file(src / "model.safetensors")
+    save_file({**weights, "ema.model.norm.weight": torch.ones(64, dtype=torch.bfloat16)}, src / "model.safetensors",
+              metadata={"format": "pt"})
+    app = make_app(src, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("C")
+        await replan(pilot)
+        form = app.screen
+        assert isinstance(form, ConvertScreen)
+        status = text_of(form.query_one("#convert-status", Static))
+        assert "ema.model.norm.weight" in status and form.plan is None
+        form.query_one("#convert-skip-unknown", Checkbox).value = True
+        await replan(pilot)
+        assert form.plan is not None and "ema.model.norm.weight" in form.plan.dropped
+        assert not any(t.name.startswith("ema") for t in form.plan.tensors)

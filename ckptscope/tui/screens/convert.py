@@ -126,6 +126,9 @@ class ConvertScreen(ModalScreen[str | None]):
                 yield Label("destination", classes="convert-label")
                 yield Input(str(self._default_dst), id="convert-dst", suggester=PathSuggester())
                 yield Checkbox("overwrite", id="convert-overwrite")
+                yield Checkbox("skip unknown", id="convert-skip-unknown",
+                               tooltip="Leave out entries that are neither model weights nor known training state "
+                                       "(--skip-unknown); without it they stop the conversion")
             yield Static(Text("planning…", style="italic"), id="convert-status")
             yield ProgressBar(id="convert-progress", show_eta=False)
             yield DataTable(id="convert-plan", cursor_type="row")
@@ -165,7 +168,8 @@ class ConvertScreen(ModalScreen[str | None]):
                 raise CkptError(f"{name} must be a whole number of at least 1")
             numbers.append(int(text) if target == "mcore" else 1)
         return ConvertSettings(target, numbers[0], numbers[1], str(self.query_one("#convert-format", Select).value),
-                               str(self.query_one("#convert-dtype", Select).value))
+                               str(self.query_one("#convert-dtype", Select).value),
+                               self.query_one("#convert-skip-unknown", Checkbox).value)
 
     def destination(self) -> str:
         return str(Path(self.query_one("#convert-dst", Input).value.strip()).expanduser())
@@ -190,6 +194,7 @@ class ConvertScreen(ModalScreen[str | None]):
     @on(Input.Changed, "#convert-tp")
     @on(Input.Changed, "#convert-pp")
     @on(Checkbox.Changed, "#convert-overwrite")
+    @on(Checkbox.Changed, "#convert-skip-unknown")
     def _field_changed(self) -> None:
         self._schedule_plan()
 
@@ -241,7 +246,8 @@ class ConvertScreen(ModalScreen[str | None]):
 
         try:
             plan = plan_convert(self.src, dst, to=settings.target, tp=settings.tp, pp=settings.pp,
-                                ckpt_format=settings.ckpt_format, dtype=settings.dtype, trust_pickle=self.trust_pickle)
+                                ckpt_format=settings.ckpt_format, dtype=settings.dtype, trust_pickle=self.trust_pickle,
+                                skip_unknown=settings.skip_unknown)
         except CkptError as exc:
             self.post_message(ConvertFailed("plan", str(exc), token))
             return
@@ -391,7 +397,7 @@ class ConvertScreen(ModalScreen[str | None]):
         self.set_class(stage in ("writing", "done"), "-writing")
         editing = stage == "editing"
         mcore = str(self.query_one("#convert-target", Select).value) == "mcore"
-        for field in ("#convert-target", "#convert-dtype", "#convert-dst", "#convert-overwrite"):
+        for field in ("#convert-target", "#convert-dtype", "#convert-dst", "#convert-overwrite", "#convert-skip-unknown"):
             self.query_one(field).disabled = not editing
         for field in ("#convert-tp", "#convert-pp", "#convert-format"):
             self.query_one(field).disabled = not (editing and mcore)
@@ -431,7 +437,7 @@ class ConvertScreen(ModalScreen[str | None]):
         start = time.perf_counter()
         try:
             report = verify_round_trip(self.src, via=settings.target, tp=settings.tp, pp=settings.pp,
-                                       ckpt_format=settings.ckpt_format)
+                                       ckpt_format=settings.ckpt_format, skip_unknown=settings.skip_unknown)
         except CkptError as exc:
             self.post_message(ConvertFailed("verify", str(exc)))
             return
