@@ -9,6 +9,7 @@ import struct
 
 import pytest
 import torch
+from conftest import run_cli
 
 
 def assert_one_line_error(result, *fragments: str) -> None:
@@ -160,3 +161,16 @@ def test_source_files_are_never_modified(samples, tmp_path, cli):
 def test_file_whose_read_fails(cli):
     """/proc/self/mem exists but reading its first byte fails with EIO, even for root."""
     assert_one_line_error(cli("inspect", "/proc/self/mem"), "/proc/self/mem", "cannot read")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["./no/such/ckpt"], "no such file or directory"),
+    (["open", "./no/such/ckpt"], "no such file or directory"),
+    (["open", "/etc/hostname"], "not a checkpoint ckptscope can read"),
+])
+def test_open_checks_the_path_before_the_full_screen_ui(args, message):
+    """A typo'd path is one line on stderr and exit 2, before any screen is drawn (even from a
+    terminal: the check comes before the terminal one, so this runs the same without a tty)."""
+    result = run_cli(*args)
+    assert result.code == 2 and result.err.count("\n") == 1 and message in result.err
+    assert "interactive terminal" not in result.err and result.out == ""

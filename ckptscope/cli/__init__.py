@@ -60,6 +60,9 @@ def open_(path: str, trust_pickle: bool, light: bool, iteration: int | str | Non
         from ckptscope.cli.roots_view import resolve
 
         root, path = path, resolve(path, iteration).path
+    from ckptscope.ops.opening import check_openable
+
+    check_openable(path)  # a wrong path is one line on stderr, before the full-screen UI starts
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise CkptError("`ckptscope open` needs an interactive terminal; use `ckptscope inspect` in scripts")
     from ckptscope.tui import run_tui  # lazy: only this command imports textual

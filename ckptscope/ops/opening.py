@@ -7,7 +7,20 @@ out of the views is what lets formats/ change without touching a screen.
 
 from __future__ import annotations
 
-from ckptscope.formats.base import CheckpointReader as Reader
-from ckptscope.formats.registry import open_checkpoint
+from pathlib import Path
 
-__all__ = ["Reader", "open_checkpoint"]
+from ckptscope.formats.base import CheckpointReader as Reader
+from ckptscope.formats.registry import detect_format, open_checkpoint
+
+__all__ = ["Reader", "check_openable", "open_checkpoint"]
+
+
+def check_openable(path: str | Path) -> None:
+    """Raise ``CkptError`` (one line: missing path, unreadable, unknown format) unless ``path`` is a
+    checkpoint, a save root or an accelerate save_state dir: what ``open`` checks before the
+    full-screen UI starts, so a typo gets a line on stderr, not a screen."""
+    from ckptscope.ops.roots import discover_iterations, save_state_model
+
+    if discover_iterations(path) is not None:
+        return
+    detect_format(save_state_model(path) or path)
