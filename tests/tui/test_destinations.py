@@ -1,0 +1,33 @@
+"""The convert form's default destination lands next to the checkpoint, never inside a checkpoint
+dir or a trainer's save root (where it would read as another save, or be deleted with the run)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckptscope.tui.converting import default_destination
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("run/iter_0000100", "run-hf"),                       # Megatron save root
+    ("run/release", "run-hf"),
+    ("run/global_step_10/actor", "run-hf"),               # verl
+    ("out/checkpoint-500", "out-hf"),                     # HF Trainer output_dir
+    ("state/pytorch_model_fsdp_0", "state-hf"),           # accelerate save_state
+    ("run/iter_0000100/mp_rank_00", "run-hf"),            # one Megatron rank dir
+    ("dump/checkpoint/step-4", "dump/checkpoint-hf"),     # torchtitan
+    ("models/llama", "models/llama-hf"),                  # a plain model dir
+])
+def test_default_destination_is_beside_the_save(tmp_path, source, expected):
+    src = tmp_path / source
+    src.mkdir(parents=True)
+    dst = default_destination(src, "hf")
+    assert dst == tmp_path / expected
+    assert not dst.is_relative_to(src)
+
+
+def test_default_destination_skips_taken_names(tmp_path):
+    src = tmp_path / "out" / "checkpoint-500"
+    src.mkdir(parents=True)
+    (tmp_path / "out-mcore").mkdir()
+    assert default_destination(src, "mcore") == tmp_path / "out-mcore-2"
