@@ -99,3 +99,34 @@ async def test_an_iteration_opened_directly_still_knows_its_root(tmp_path, sampl
         await settle(pilot)
         assert isinstance(app.screen, IterationPickerScreen)
         assert app.screen.query_one(DataTable).row_count == 3
+
+
+@sync
+async def test_escape_goes_back_and_only_q_quits(tmp_path, samples, monkeypatch):
+    """Esc on the first picker neither quits nor leaves an empty screen (it says what to do); on a
+    picker opened with ``i`` from a checkpoint it goes back to that checkpoint; q quits."""
+    megatron_root(tmp_path, samples)
+    monkeypatch.chdir(tmp_path)
+    app = make_app("save", keymap={})
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        assert isinstance(app.screen, IterationPickerScreen)
+        await pilot.press("escape")
+        await settle(pilot)
+        assert isinstance(app.screen, IterationPickerScreen) and app.is_running
+        await pilot.press("down", "enter")  # iteration 20
+        await settle(pilot)
+        assert isinstance(app.screen, BrowseScreen)
+        opened = app.screen.query_one(SummaryHeader).index.path
+        await pilot.press("i")
+        await settle(pilot)
+        assert isinstance(app.screen, IterationPickerScreen)
+        await pilot.press("escape")
+        await settle(pilot)
+        assert isinstance(app.screen, BrowseScreen)
+        assert app.screen.query_one(SummaryHeader).index.path == opened
+        await pilot.press("i")
+        await settle(pilot)
+        await pilot.press("q")
+        await settle(pilot)
+    assert not app.is_running

@@ -252,13 +252,11 @@ class BrowseScreen(RenameActions, Screen[None]):
         self.iterations_root = message.root
 
         def picked(path: str | None) -> None:
-            if path is None:
-                if self.index is None:
-                    self.app.exit()
-                return
-            self.load(path)
+            if path is not None:
+                self.load(path)
 
-        self.app.push_screen(IterationPickerScreen(message.root, message.iterations), picked)
+        self.app.push_screen(IterationPickerScreen(message.root, message.iterations,
+                                                   can_go_back=self.index is not None), picked)
 
     @on(OpenFailed)
     def _open_failed(self, message: OpenFailed) -> None:

@@ -12,7 +12,7 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from ckptscope.core.units import human_bytes
+from ckptscope.core.units import human_bytes, plural
 from ckptscope.ops.roots import IterationInfo
 
 
@@ -21,19 +21,24 @@ class IterationPickerScreen(Screen[str | None]):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("enter", "open", "open", id="iterations.open", tooltip="Open the highlighted iteration"),
-        Binding("escape,q", "cancel", "back", id="iterations.cancel", tooltip="Go back (quits if nothing is open)"),
+        Binding("escape", "back", "back", id="iterations.back",
+                tooltip="Back to the checkpoint that is open (nothing happens when none is open yet)"),
+        Binding("q", "quit", "quit", id="iterations.quit", tooltip="Quit ckptscope"),
     ]
 
-    def __init__(self, root: str, iterations: list[IterationInfo]) -> None:
+    def __init__(self, root: str, iterations: list[IterationInfo], *, can_go_back: bool = True) -> None:
         super().__init__()
         self.root = root
         self.iterations = iterations
+        self.can_go_back = can_go_back
+        """False on the first picker of a session: there is no screen to go back to, and esc must
+        not quit behind the user's back (q does)."""
 
     def compose(self) -> ComposeResult:
         with Vertical(id="picker"):
             complete = sum(1 for i in self.iterations if i.complete)
             yield Static(Text.assemble((self.root, "bold"), "   save directory · ",
-                                       (f"{len(self.iterations)} iterations", "bold"),
+                                       (plural(len(self.iterations), "iteration"), "bold"),
                                        f" ({complete} complete)"), id="picker-title")
             table: DataTable[object] = DataTable(id="picker-table", cursor_type="row", zebra_stripes=True)
             yield table
@@ -61,5 +66,11 @@ class IterationPickerScreen(Screen[str | None]):
         if self.iterations and table.cursor_row is not None:
             self.dismiss(self.iterations[table.cursor_row].path)
 
-    def action_cancel(self) -> None:
-        self.dismiss(None)
+    def action_back(self) -> None:
+        if self.can_go_back:
+            self.dismiss(None)
+        else:
+            self.notify("Nothing is open yet: enter opens the highlighted iteration, q quits.", timeout=4)
+
+    async def action_quit(self) -> None:
+        await self.app.action_quit()
