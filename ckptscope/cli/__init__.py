@@ -18,6 +18,8 @@ from ckptscope.cli.roots_view import iteration_option
 from ckptscope.core.errors import CkptError
 
 EXIT_TROUBLE = 2
+OPTIONAL_PACKAGES = {"torch": "PyTorch"}
+"""Packages only some commands need (import name -> what to tell the user)."""
 
 
 def _fail(message: str) -> "None":
@@ -137,6 +139,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)
+    except ImportError as exc:
+        # torch is optional: listing, checking, browsing, diffing and converting to safetensors or
+        # torch_dist never need it; rewriting torch.save files, --trust-pickle and CUDA do.
+        missing = (exc.name or "").split(".")[0]
+        if missing not in OPTIONAL_PACKAGES or os.environ.get("CKPTSCOPE_DEBUG"):
+            raise
+        _fail(f"this needs {OPTIONAL_PACKAGES[missing]}, which is not installed: "
+              f"pip install 'ckptscope[{missing}]' (README: Install)")
     except Exception as exc:  # a bug in ckptscope: still one line, but say it is ours
         if os.environ.get("CKPTSCOPE_DEBUG"):
             raise
@@ -147,6 +157,7 @@ def _register_commands() -> None:
     from ckptscope.cli.check_cmd import check
     from ckptscope.cli.convert_cmd import convert, merge, verify
     from ckptscope.cli.diff_cmd import diff
+    from ckptscope.cli.lora_cmd import lora
     from ckptscope.cli.rename_cmd import rename
 
     cli.add_command(rename)
@@ -155,6 +166,7 @@ def _register_commands() -> None:
     cli.add_command(convert)
     cli.add_command(merge)
     cli.add_command(verify)
+    cli.add_command(lora)
 
 
 _register_commands()
