@@ -15,7 +15,7 @@ traverse every live object (Textual's included), on both threads: ~40 % of the w
 half the first paint after it. So the collector is paused while opening
 (``core.collector.collector_paused``) and the result is then frozen (``gc.freeze``): moved out of
 the generations the collector scans, as CPython's docs suggest for long-lived data. Reference
-counting still frees what is dropped; bench/bench_tui_startup.py measures the effect.
+counting still frees what is dropped; row 9 of bench/run_all.py measures the effect.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ REVEAL_ALL_UNDER = 60
 
 class DetailTabs(Vertical):
     """The right-hand tabs. The screen mounts them once the tree is usable, not at start:
-    mounting and styling them costs about as much as painting the tree (bench_tui_startup.py
+    mounting and styling them costs about as much as painting the tree (row 9 of bench/run_all.py
     measured ~0.2 s on 20k tensors), and the user looks at the tree first."""
 
     def compose(self) -> ComposeResult:

@@ -1,0 +1,43 @@
+"""Rows 7-8: rename and diff, against the cost of touching the same bytes once.
+
+* rename rewrites headers and copies tensor bytes verbatim, so ``cp -r`` is its floor (7).
+* diff must read both checkpoints, so ``cat A/* B/* > /dev/null`` is its floor (8); both read from
+  a warm page cache, so this is the CPU cost of comparing against the cost of just reading.
+"""
+
+from __future__ import annotations
+
+import json
+
+from abab import BenchError, Config, Row, Side, ckptscope, files_under, gb_text, mb_text, pairs, size_of, warm
+
+
+def row7(cfg: Config) -> list[Row]:
+    src, _ = cfg.data("llama", "llama_hf", gb=cfg.gb)
+    warm(src)
+    a = Side(ckptscope("rename", src, cfg.work / "out_a", "--sub", r"^model\.layers\.", "model.blocks."),
+             out=cfg.work / "out_a")
+    b = Side(["cp", "-r", str(src), str(cfg.work / "out_b")], out=cfg.work / "out_b")
+    shards = len(list(src.glob("*.safetensors")))
+    what = f"rename model.layers -> model.blocks ({gb_text(size_of(src))}, {shards} shards) vs cp -r"
+    return [Row.from_pairs("7", what, pairs(a, b, cfg.pairs), target=1.0)]
+
+
+def row8(cfg: Config) -> list[Row]:
+    a_dir, info = cfg.data("llama", "llama_hf", gb=cfg.gb)
+    b_dir, _ = cfg.data("llama_b", "patched_copy", src=str(a_dir), count=3)
+    warm(a_dir, b_dir)
+
+    def three_differ(run) -> None:
+        got = json.loads(run.stdout)["summary"]["different"]
+        if got != 3:
+            raise BenchError(f"diff found {got} differing tensors, expected 3")
+
+    a = Side(ckptscope("diff", "--json", "--device", "cpu", a_dir, b_dir), ok=(1,))
+    b = Side(["cat", *map(str, files_under(a_dir, b_dir))])
+    raw = pairs(a, b, cfg.pairs, check=three_differ)
+    rss = max(p["a_rss"] for p in raw)
+    return [Row.from_pairs("8", f"diff --json, 2 x {gb_text(size_of(a_dir))}, 3 tensors differ vs cat A/* B/*",
+                           raw, target=1.5, note=f"peak RSS {mb_text(rss)} (largest tensor {mb_text(info['largest'])})",
+                           extra={"peak_rss": rss})]
+
