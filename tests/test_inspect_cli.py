@@ -100,3 +100,17 @@ def test_scalar_and_empty_tensors_in_json(samples, cli):
 def test_version_and_help(cli):
     assert cli("--version").out.startswith("ckptscope")
     assert "inspect" in cli("--help").out
+
+
+def test_wide_modules_print_their_first_children_then_a_count(tmp_path, cli):
+    """A module with 100 distinct children prints 40 and '… 60 more'; --all-children prints all."""
+    import torch
+    from safetensors.torch import save_file
+
+    path = tmp_path / "wide.safetensors"
+    save_file({f"bank.item{i:03d}.weight": torch.full((2,), float(i)) for i in range(100)}, path)
+    short = cli("inspect", str(path))
+    assert short.code == 0, short.err
+    assert "item039" in short.out and "item040" not in short.out and "… 60 more" in short.out
+    full = cli("inspect", str(path), "--all-children")
+    assert all(f"item{i:03d}" in full.out for i in range(100)) and "more" not in full.out

@@ -82,9 +82,11 @@ def open_(path: str, trust_pickle: bool, light: bool, iteration: int | str | Non
 @click.option("--trust-pickle", is_flag=True,
               help="Load pickles with real torch.load(weights_only=False). Runs code from the file: only for files you trust.")
 @click.option("--no-collapse", is_flag=True, help="Show every layer instead of collapsing identical ones into ranges.")
+@click.option("--all-children", is_flag=True,
+              help="Print every child of every module (default: the first 40, then '… N more').")
 @iteration_option()
 def inspect(path: str, as_json: bool, include: tuple[str, ...], exclude: tuple[str, ...], trust_pickle: bool,
-            no_collapse: bool, iteration: int | str | None) -> None:
+            no_collapse: bool, all_children: bool, iteration: int | str | None) -> None:
     """Summarise a checkpoint: format, files, tensors, parameters, bytes per dtype, module tree.
 
     On a save directory, list its iterations and inspect the latest complete one (or --iteration N)."""
@@ -119,7 +121,7 @@ def inspect(path: str, as_json: bool, include: tuple[str, ...], exclude: tuple[s
                                     describe_checkpoint(target.path, report.index)))
     else:
         console.print(Text.assemble(("layout", "bold"), "  ", layout))
-    print_inspect(report, collapse=not no_collapse, console=console)
+    print_inspect(report, collapse=not no_collapse, console=console, max_children=None if all_children else 40)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -157,7 +159,6 @@ def _register_commands() -> None:
     from ckptscope.cli.check_cmd import check
     from ckptscope.cli.convert_cmd import convert, merge, verify
     from ckptscope.cli.diff_cmd import diff
-    from ckptscope.cli.lora_cmd import lora
     from ckptscope.cli.rename_cmd import rename
 
     cli.add_command(rename)
@@ -166,7 +167,6 @@ def _register_commands() -> None:
     cli.add_command(convert)
     cli.add_command(merge)
     cli.add_command(verify)
-    cli.add_command(lora)
 
 
 _register_commands()

@@ -19,20 +19,28 @@ DTYPE_STYLES = {
 }
 
 
+MAX_CHILDREN = 40
+"""Children printed per module before "… N more": a tree that does not collapse (distinct names in
+every layer) would otherwise print one line per tensor, 100,000 lines that take rich seconds to
+lay out and nobody reads (``--include`` narrows, ``--json`` lists everything)."""
+
+
 def dtype_style(dtype: str) -> str:
     if dtype.startswith("float8"):
         return "bright_red"
     return DTYPE_STYLES.get(dtype, "white")
 
 
-def print_inspect(report: InspectReport, *, collapse: bool = True, console: Console | None = None) -> None:
+def print_inspect(report: InspectReport, *, collapse: bool = True, console: Console | None = None,
+                  max_children: int | None = MAX_CHILDREN) -> None:
     console = console or Console(highlight=False)
     console.print(summary_table(report))
     if report.index.tensors:
-        console.print(render_tree(report, collapse=collapse))
+        console.print(render_tree(report, collapse=collapse, max_children=max_children))
     training = report.training_tree(collapse=collapse)
     if training is not None:
-        console.print(_render_node(training, "training state (not part of the model)", unit="elements"))
+        console.print(_render_node(training, "training state (not part of the model)", unit="elements",
+                                   max_children=max_children))
     if report.index.objects:
         console.print(objects_table(report))
 
@@ -103,21 +111,27 @@ def _node_label(node: TreeNode, label: str) -> Text:
     return text
 
 
-def render_tree(report: InspectReport, *, collapse: bool = True) -> Tree:
+def render_tree(report: InspectReport, *, collapse: bool = True, max_children: int | None = MAX_CHILDREN) -> Tree:
     """The model's module tree (training state has its own, see ``print_inspect``)."""
-    return _render_node(report.tree(collapse=collapse), "model")
+    return _render_node(report.tree(collapse=collapse), "model", max_children=max_children)
 
 
-def _render_node(node: TreeNode, title: str, unit: str = "params") -> Tree:
+def _render_node(node: TreeNode, title: str, unit: str = "params", max_children: int | None = MAX_CHILDREN) -> Tree:
     root = Tree(Text.assemble((title, "bold"), (f"  {human_count(node.num_params)} {unit}  {human_bytes(node.nbytes)}",
                                                 "dim")))
-    _add_children(root, node)
+    _add_children(root, node, max_children)
     return root
 
 
-def _add_children(branch: Tree, node: TreeNode) -> None:
-    for label, target in node.folded_children():
-        _add_children(branch.add(_node_label(target, label)), target)
+def _add_children(branch: Tree, node: TreeNode, max_children: int | None) -> None:
+    children = node.folded_children()
+    shown = children if max_children is None else children[:max_children]
+    for label, target in shown:
+        _add_children(branch.add(_node_label(target, label)), target, max_children)
+    if len(shown) < len(children):
+        rest = len(children) - len(shown)
+        branch.add(Text(f"… {rest:,} more (--include NAME narrows, --all-children prints them, --json lists every "
+                        f"tensor)", style="italic dim"))
 
 
 def objects_table(report: InspectReport) -> Table:
