@@ -12,6 +12,7 @@ functions into a temporary directory, so the fixtures can never drift from the w
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from pathlib import Path
@@ -89,7 +90,27 @@ def write_safetensors_dtypes(out: Path) -> Path:
     target = out / "dtypes.safetensors"
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, target, metadata={"format": "pt", "producer": "ckptscope samples"})
+    _sort_metadata_keys(target)
     return target
+
+
+def _sort_metadata_keys(path: Path) -> None:
+    """safetensors keeps ``__metadata__`` in a Rust HashMap, so its keys come out in a random order
+    per process; sorting them (same bytes, same length, nothing else moves) makes the file
+    reproducible without changing what any reader sees."""
+    import re
+    import struct
+
+    data = bytearray(path.read_bytes())
+    (length,) = struct.unpack("<Q", data[:8])
+    header = data[8:8 + length].decode()
+    match = re.search(r'"__metadata__":(\{[^{}]*\})', header)
+    if match:
+        ordered = json.dumps(dict(sorted(json.loads(match.group(1)).items())), separators=(",", ":"))
+        assert len(ordered) == len(match.group(1))
+        header = header[:match.start(1)] + ordered + header[match.end(1):]
+        data[8:8 + length] = header.encode()
+        path.write_bytes(bytes(data))
 
 
 def write_megatron_style_pt(out: Path) -> Path:
@@ -133,7 +154,75 @@ def write_legacy_pt(out: Path) -> Path:
     target = out / "legacy_format.pt"
     out.mkdir(parents=True, exist_ok=True)
     torch.save(state, target, _use_new_zipfile_serialization=False)
+    _number_legacy_storage_keys(target)
     return target
+
+
+def _number_legacy_storage_keys(path: Path) -> None:
+    """Make a legacy torch.save file byte-reproducible. The legacy writer keys each storage by its
+    memory address (``str(storage._cdata)``) and writes the storages in the sorted order of those
+    keys, so both the keys and the order of the data blocks change from process to process. Here
+    each key becomes a zero-padded counter of the same length in order of first use in the object
+    tree, and the key list and data blocks (8-byte element count + raw bytes each) follow that order;
+    torch reads the result exactly as before (tests/test_samples_reproducible.py)."""
+    import pickle
+    import struct
+
+    data = path.read_bytes()
+    stream = io.BytesIO(data)
+    for _ in range(3):  # magic number, protocol version, system info
+        pickle.load(stream)
+    used: list[str] = []
+
+    class _Skim(pickle.Unpickler):
+        def find_class(self, module, name):
+            return lambda *args, **kwargs: None
+
+        def persistent_load(self, pid):
+            if pid[2] not in used:
+                used.append(pid[2])
+
+    _Skim(stream).load()
+    keys_start = stream.tell()
+    keys = pickle.load(stream)
+    pickles_end = stream.tell()
+    blocks: dict[str, bytes] = {}
+    offset = pickles_end
+    element_sizes = _legacy_element_sizes(data[:pickles_end])
+    for key in keys:  # data blocks follow the key list: 8-byte element count, then the bytes
+        (count,) = struct.unpack("<q", data[offset:offset + 8])
+        length = 8 + count * element_sizes[key]
+        blocks[key] = data[offset:offset + length]
+        offset += length
+    renamed = {key: str(number).zfill(len(key)) for number, key in enumerate(used)}
+    head = data[:keys_start]
+    for key, new in renamed.items():
+        head = head.replace(b"X" + len(key).to_bytes(4, "little") + key.encode(),
+                            b"X" + len(new).to_bytes(4, "little") + new.encode())
+    new_keys = pickle.dumps([renamed[k] for k in used], protocol=2)
+    path.write_bytes(head + new_keys + b"".join(blocks[k] for k in used) + data[offset:])
+
+
+def _legacy_element_sizes(pickles: bytes) -> dict[str, int]:
+    """Storage key -> element size, from the storage classes named in the persistent ids."""
+    import pickle
+
+    sizes = {"DoubleStorage": 8, "FloatStorage": 4, "HalfStorage": 2, "BFloat16Storage": 2, "LongStorage": 8,
+             "IntStorage": 4, "ShortStorage": 2, "CharStorage": 1, "ByteStorage": 1, "BoolStorage": 1}
+    out: dict[str, int] = {}
+    stream = io.BytesIO(pickles)
+    for _ in range(3):
+        pickle.load(stream)
+
+    class _Types(pickle.Unpickler):
+        def find_class(self, module, name):
+            return name if module == "torch" and name.endswith("Storage") else (lambda *a, **k: None)
+
+        def persistent_load(self, pid):
+            out[pid[2]] = sizes[pid[1]]
+
+    _Types(stream).load()
+    return out
 
 
 WRITERS = {
