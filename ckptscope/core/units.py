@@ -28,3 +28,16 @@ def shape_str(shape: tuple[int, ...]) -> str:
 def plural(count: int, noun: str, many: str | None = None) -> str:
     """``1 tensor``, ``2 tensors``, ``1 iteration``: a count with its noun in the right number."""
     return f"{count:,} {noun if count == 1 else (many or noun + 's')}"
+
+
+def middle_ellipsis(text: str, width: int, head: float = 0.5) -> str:
+    """``model.layers.1…attn.q_proj.weight``: the start and the end kept, the middle cut so the text
+    fits ``width`` characters; ``head`` is the share of the room given to the start. Names that
+    differ at either end stay distinguishable, and nothing is cut when the text fits."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return text[:width]
+    room = width - 1
+    start = max(0, min(room, round(room * head)))
+    return text[:start] + "…" + (text[len(text) - (room - start):] if room > start else "")

@@ -431,3 +431,29 @@ async def test_enter_opens_and_closes_a_module(in_repo):
         await pilot.press("enter")
         await settle(pilot)
         assert not tree.cursor_node.is_expanded and tree_lines(app) == before
+
+
+@sync
+async def test_long_object_keys_keep_the_value_on_screen_and_show_whole(in_repo, tmp_path):
+    """A Megatron-style args key of 70 characters is cut in the middle in its cell; the row under
+    the cursor shows the whole key and the whole (long) value below the table."""
+    import argparse
+
+    long_key = "moe_router_load_balancing_type_for_every_expert_group_in_the_pipeline"
+    long_value = "x" * 300
+    path = tmp_path / "args.pt"
+    torch.save({"args": argparse.Namespace(**{long_key: long_value}), "w": torch.zeros(2)}, path)
+    app = make_app(path, keymap={})
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot)
+        await pilot.press("o")
+        await settle(pilot)
+        screen = browse(app)
+        table = screen.query_one("#objects-table", DataTable)
+        row = next(i for i in range(table.row_count) if "…" in str(table.get_row_at(i)[0]))
+        cell = str(table.get_row_at(row)[0])
+        assert cell.startswith("args.moe") and cell.endswith("pipeline") and len(cell) <= 36
+        table.move_cursor(row=row)
+        await settle(pilot)
+        detail = text_of(screen.query_one("#object-detail", Static))
+        assert f"args.{long_key}" in detail and long_value in detail.replace("\n", "")

@@ -34,7 +34,7 @@ from ckptscope.tui.messages import (
 from ckptscope.tui.screens.rename_actions import RENAME_BINDINGS, RenameActions
 from ckptscope.tui.widgets.files_table import FilesTable
 from ckptscope.tui.widgets.filter_bar import FilterBar
-from ckptscope.tui.widgets.objects_table import ObjectsTable
+from ckptscope.tui.widgets.objects_table import ObjectDetail, ObjectsTable
 from ckptscope.tui.widgets.shard_map import ShardMap
 from ckptscope.tui.widgets.stats_view import StatsView
 from ckptscope.tui.widgets.summary_header import SummaryHeader
@@ -71,6 +71,7 @@ class DetailTabs(Vertical):
                 yield ValuesView(id="values-view")
             with TabPane("Objects", id="objects"):
                 yield ObjectsTable(id="objects-table")
+                yield ObjectDetail(id="object-detail")
             with TabPane("Files", id="files"):
                 yield FilesTable(id="files-table")
 
@@ -281,6 +282,11 @@ class BrowseScreen(RenameActions, Screen[None]):
             self.notify(reason, severity="error")
 
     # --- selection ---------------------------------------------------------------------------
+
+    @on(ObjectsTable.RowHighlighted, "#objects-table")
+    def _object_highlighted(self, event: ObjectsTable.RowHighlighted) -> None:
+        table = self.query_one(ObjectsTable)
+        self.query_one(ObjectDetail).show(table.full_row(event.cursor_row))
 
     @on(TensorTree.TensorHighlighted)
     def _tensor_highlighted(self, message: TensorTree.TensorHighlighted) -> None:

@@ -1,4 +1,5 @@
-"""The table under the shard map: every chunk with its global offsets, shape, file and bytes.
+"""The table under the shard map: every chunk with its global offsets, shape, stored size, byte range
+and file.
 
 Rows are numbered ``#k`` like the labels in the map, and the first cell carries the file's
 colour, so the drawing and the table read together.
@@ -33,7 +34,7 @@ class ChunkTable(DataTable[object]):
         if meta is None:
             return
         odd = any(c.encoding is not Encoding.RAW or c.big_endian for c in meta.chunks)
-        self.add_columns("chunk", "offsets", "shape", "bytes", "byte range", "file", *(["encoding"] if odd else []))
+        self.add_columns("chunk", "offsets", "shape", "stored size", "byte range", "file", *(["encoding"] if odd else []))
         colors = file_colors(meta.chunks)
         for k, chunk in enumerate(meta.chunks[:MAX_ROWS]):
             start, stop = chunk.byte_range

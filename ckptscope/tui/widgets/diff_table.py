@@ -1,9 +1,8 @@
 """The diff screen's table of pairs: one row per tensor (keyed by its canonical name), sortable.
 
-The name column takes whatever width the metric columns leave. A name that does not fit is
-shortened the way fish shortens paths: leading components become their first letter, layer
-numbers and the last two components stay (``m.l.12.s.q_proj.weight``); only if that is still too
-long does it lose its head (``…12.s.q_proj.weight``). The detail pane always shows the whole name.
+The name column takes whatever width the metric columns leave and shows whole names; only a name
+that does not fit loses its middle (``model.layers.1…attn.q_proj.weight``): abbreviated components
+made similar names impossible to tell apart. The detail pane always shows the whole name.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from rich.text import Text
 from textual import events
 from textual.widgets import DataTable
 
+from ckptscope.core.units import middle_ellipsis
 from ckptscope.tui.diff_rows import COLUMNS, row_cells
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,18 +26,9 @@ MIN_NAME_WIDTH = 16
 
 
 def shorten(name: str, width: int) -> str:
-    if len(name) <= width:
-        return name
-    parts = name.split(".")
-    for i in range(len(parts) - 2):
-        if parts[i].isdigit() or len(parts[i]) <= 1:
-            continue
-        parts[i] = parts[i][0]
-        short = ".".join(parts)
-        if len(short) <= width:
-            return short
-    short = ".".join(parts)
-    return "…" + short[len(short) - width + 1:] if width > 1 else short[:width]
+    """The whole name when it fits; else its start and end around a middle ellipsis, the end given
+    more room (it tells ``q_proj.weight`` from ``k_proj.weight``)."""
+    return middle_ellipsis(name, width, head=0.4)
 
 
 class NameCell:

@@ -12,12 +12,18 @@ from collections.abc import Iterator
 from typing import Any
 
 from rich.text import Text
-from textual.widgets import DataTable
+from textual.widgets import DataTable, Static
 
 from ckptscope.core.index import CheckpointIndex
+from ckptscope.core.units import middle_ellipsis
 
 MAX_ROWS = 5000
 MAX_VALUE = 120
+"""Characters of a value shown in its cell; the row under the cursor shows it whole below the table."""
+MAX_FULL_VALUE = 20_000
+KEY_WIDTH = 36
+"""Key column width: longer keys (Megatron args have long ones) keep their start and end around a
+middle ellipsis, so the value column stays on screen; the whole key is shown below the table."""
 
 
 def flatten(prefix: str, value: Any, depth: int = 0) -> Iterator[tuple[str, str, str]]:
@@ -33,13 +39,17 @@ def flatten(prefix: str, value: Any, depth: int = 0) -> Iterator[tuple[str, str,
     if isinstance(value, (list, tuple)) and depth < 6:
         scalars = all(not isinstance(v, (dict, list, tuple)) for v in value)
         if scalars and len(value) <= 16:
-            yield prefix, type(value).__name__, _short(repr(list(value)))
+            yield prefix, type(value).__name__, _full(repr(list(value)))
             return
         yield prefix, type(value).__name__, f"{len(value)} items"
         for i, item in enumerate(value[:64]):
             yield from flatten(f"{prefix}.{i}", item, depth + 1)
         return
-    yield prefix, type(value).__name__, _short(repr(value) if not isinstance(value, str) else value)
+    yield prefix, type(value).__name__, _full(repr(value) if not isinstance(value, str) else value)
+
+
+def _full(text: str) -> str:
+    return text if len(text) <= MAX_FULL_VALUE else text[: MAX_FULL_VALUE - 1] + "…"
 
 
 def _short(text: str) -> str:
@@ -57,25 +67,47 @@ def object_rows(index: CheckpointIndex) -> list[tuple[str, str, str]]:
                 first = False
                 rows.append((key, kind, value))
         else:
-            rows.append((entry.name, entry.type, _short(repr(entry.value))))
+            rows.append((entry.name, entry.type, _full(repr(entry.value))))
     for key, value in index.metadata.items():
         rows.extend((f"metadata.{k}", t, v) for k, t, v in flatten(str(key), value))
     return rows[:MAX_ROWS]
 
 
 class ObjectsTable(DataTable[object]):
-    """Key / type / value of every object and metadata entry."""
+    """Key / type / value of every object and metadata entry; long keys and values are shortened in
+    their cells and shown whole by ``ObjectDetail`` for the row under the cursor."""
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
-
-    def on_mount(self) -> None:
-        self.add_columns("key", "type", "value")
+        self.rows_full: list[tuple[str, str, str]] = []
 
     def show(self, index: CheckpointIndex) -> None:
-        self.clear()
-        rows = object_rows(index)
-        for key, kind, value in rows:
-            self.add_row(Text(key, style="bold"), Text(kind, style="cyan"), value)
-        if not rows:
+        self.clear(columns=True)
+        # keys get about a quarter of the terminal (the tab may be hidden, so its own size is not
+        # known yet): an 80-column terminal keeps the value column on screen
+        width = max(16, min(KEY_WIDTH, self.app.size.width // 4))
+        self.add_column("key", width=width)
+        self.add_columns("type", "value")
+        self.rows_full = object_rows(index)
+        for key, kind, value in self.rows_full:
+            self.add_row(Text(middle_ellipsis(key, width), style="bold"), Text(kind, style="cyan"), _short(value))
+        if not self.rows_full:
             self.add_row(Text("no objects: this checkpoint holds only tensors", style="dim"), "", "")
+
+    def full_row(self, row: int) -> tuple[str, str, str] | None:
+        return self.rows_full[row] if 0 <= row < len(self.rows_full) else None
+
+
+class ObjectDetail(Static):
+    """The highlighted object row in full: key, type and the whole value, wrapped."""
+
+    DEFAULT_CSS = """
+    ObjectDetail { height: auto; max-height: 8; padding: 0 1; }
+    """
+
+    def show(self, row: tuple[str, str, str] | None) -> None:
+        if row is None:
+            self.update("")
+            return
+        key, kind, value = row
+        self.update(Text.assemble((key, "bold"), "  ", (kind, "cyan"), "\n", value))

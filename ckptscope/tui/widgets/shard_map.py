@@ -124,11 +124,22 @@ def render_panel(meta: TensorMeta, layout: ShardLayout, panel: Panel, shades: li
     return lines
 
 
+GENERIC_FILE_NAMES = frozenset({"model_optim_rng.pt", "distrib_optim.pt", "model.safetensors", "common.pt"})
+"""File names every rank dir repeats: the dir is what tells two of them apart."""
+
+
 def _short_file(path: str, room: int) -> str:
-    name = path.rsplit("/", 1)[-1]
-    if len(name) <= room:
-        return name
-    return "…" + name[-(room - 1):] if room > 4 else ""
+    """What a chunk's box is labelled with: the file name, or ``rank dir/name`` when the name is
+    the one every rank repeats (Megatron's ``mp_rank_01/model_optim_rng.pt``); the front is cut
+    with an ellipsis, never the part that tells files apart."""
+    head, _, name = path.rpartition("/")
+    rank_dir = head.rsplit("/", 1)[-1] if head and name in GENERIC_FILE_NAMES else ""
+    label = f"{rank_dir}/{name}" if rank_dir else name
+    if len(label) <= room:
+        return label
+    if rank_dir and len(rank_dir) + 2 <= room:
+        return rank_dir + "/…"
+    return "…" + label[-(room - 1):] if room > 4 else ""
 
 
 def legend(meta: TensorMeta, layout: ShardLayout, limit: int = 12) -> list[Text]:
