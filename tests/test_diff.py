@@ -224,3 +224,24 @@ def test_perturbed_sharded_tensor_found(samples, tmp_path):
     differing = [r for r in report.results if r.differs]
     assert [r.name for r in differing] == [name]
     assert differing[0].metrics["num_diff"] == 1
+
+
+def test_a_renamed_identical_tensor_is_paired_as_renamed(tmp_path, cli):
+    """A tensor stored under another name with the same bytes is one 'renamed' pair, not only_a +
+    only_b; a same-shaped tensor with other values stays only_a / only_b."""
+    torch.manual_seed(0)
+    base = {"keep.weight": torch.randn(4, 4), "old.name": torch.randn(3, 5), "gone.weight": torch.randn(3, 5)}
+    other = {"keep.weight": base["keep.weight"], "new.name": base["old.name"].clone(),
+             "added.weight": torch.randn(3, 5)}
+    save_file(base, tmp_path / "a.safetensors")
+    save_file(other, tmp_path / "b.safetensors")
+    result = cli("diff", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), "--json")
+    assert result.code == 1
+    doc = json.loads(result.out)
+    by_name = {t["name"]: t for t in doc["tensors"]}
+    assert by_name["old.name"]["status"] == "renamed" and by_name["old.name"]["renamed_to"] == "new.name"
+    assert "new.name" not in by_name
+    assert by_name["gone.weight"]["status"] == "only_a" and by_name["added.weight"]["status"] == "only_b"
+    assert doc["summary"]["renamed"] == 1 and doc["summary"]["only_a"] == 1 and doc["summary"]["only_b"] == 1
+    plain = cli("diff", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), "--plain")
+    assert "renamed -> new.name" in plain.out

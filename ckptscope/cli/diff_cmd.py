@@ -59,6 +59,8 @@ def print_report(report, top: int) -> None:
             status = f"dtype {result.dtype_a}->{result.dtype_b}"
         elif status == "shape_mismatch":
             status = f"shape {list(result.shape_a)}->{list(result.shape_b)}"
+        elif status == "renamed":
+            status = f"renamed -> {result.renamed_to}"
         at = ",".join(map(str, result.max_diff_at)) if result.max_diff_at else "-"
         table.add_row(result.name, status, _fmt(m.get("max_abs_diff")), _fmt(m.get("mean_abs_diff")),
                       _fmt(m.get("rel_l2")), _fmt(m.get("cosine")), _fmt(m.get("num_diff")), at)

@@ -19,14 +19,15 @@ from ckptscope.tui.filtering import matches
 if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.ops.diff.engine import PairResult
 
-STATUSES = ("equal", "close", "different", "dtype_mismatch", "shape_mismatch", "only_a", "only_b")
+STATUSES = ("equal", "close", "different", "dtype_mismatch", "shape_mismatch", "renamed", "only_a", "only_b")
 """The engine's statuses (``ops.diff.STATUSES``), repeated so this module never imports numpy."""
-SEVERITY = {"different": 0, "dtype_mismatch": 1, "shape_mismatch": 2, "only_a": 3, "only_b": 4, "close": 5,
-            "equal": 6}
+SEVERITY = {"different": 0, "dtype_mismatch": 1, "shape_mismatch": 2, "only_a": 3, "only_b": 4, "renamed": 5,
+            "close": 6, "equal": 7}
 """Sorting by status puts the most interesting first."""
 STATUS_STYLES = {"equal": "green", "close": "cyan", "different": "bold red", "dtype_mismatch": "yellow",
-                 "shape_mismatch": "bold magenta", "only_a": "#d7875f", "only_b": "#af87d7"}
-STATUS_LABELS = {"dtype_mismatch": "dtype", "shape_mismatch": "shape", "only_a": "only in A", "only_b": "only in B"}
+                 "shape_mismatch": "bold magenta", "only_a": "#d7875f", "only_b": "#af87d7", "renamed": "bold cyan"}
+STATUS_LABELS = {"dtype_mismatch": "dtype", "shape_mismatch": "shape", "only_a": "only in A", "only_b": "only in B",
+                 "renamed": "renamed"}
 
 
 @dataclass(frozen=True)

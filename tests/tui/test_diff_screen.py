@@ -337,3 +337,37 @@ def test_cli_in_a_terminal_runs_the_tui(tmp_path):
         if proc.poll() is None:
             proc.kill()
         os.close(master)
+
+
+def test_names_are_whole_unless_the_column_is_too_narrow():
+    """Whole names when they fit; otherwise start and end around one middle ellipsis, never the
+    first-letter abbreviations that made q_proj/k_proj rows of two layers look alike."""
+    from ckptscope.tui.widgets.diff_table import shorten
+
+    name = "model.layers.12.self_attn.q_proj.weight"
+    assert shorten(name, len(name)) == name
+    cut = shorten(name, 30)
+    assert len(cut) == 30 and cut.count("…") == 1
+    assert cut.startswith("model.layers") and cut.endswith("q_proj.weight")
+    assert shorten("model.layers.12.self_attn.k_proj.weight", 30) != cut
+
+
+@sync
+async def test_renamed_tensor_is_one_row(tmp_path, monkeypatch):
+    """The screen streams only_a / only_b rows as they come; once every pair is seen, a renamed
+    identical tensor becomes one 'renamed' row and the header counts it so."""
+    torch.manual_seed(1)
+    weight = torch.randn(6, 4)
+    for name, tensors in (("base", {"old.weight": weight, "same": torch.ones(3)}),
+                          ("tuned", {"new.weight": weight.clone(), "same": torch.ones(3)})):
+        (tmp_path / name).mkdir()
+        save_file(tensors, str(tmp_path / name / "model.safetensors"))
+    monkeypatch.chdir(tmp_path)
+    app = diff_app()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await finished(pilot)
+        assert set(screen.results) == {"old.weight", "same"}
+        assert screen.results["old.weight"].status == "renamed"
+        assert screen.results["old.weight"].renamed_to == "new.weight"
+        assert "renamed" in cell(screen, "old.weight", "status")
+        assert screen.progress.counts.get("only_a", 0) == 0 and screen.progress.counts.get("only_b", 0) == 0

@@ -40,7 +40,9 @@ SIGNIFICANT = 12
 """Float metrics are reported to this many significant digits: CPU and GPU sum in different
 orders, and the last bits of a float64 sum are not a property of the checkpoints."""
 
-STATUSES = ("equal", "close", "different", "dtype_mismatch", "shape_mismatch", "only_a", "only_b")
+STATUSES = ("equal", "close", "different", "dtype_mismatch", "shape_mismatch", "renamed", "only_a", "only_b")
+"""``renamed``: a tensor only A has and one only B has, with the same dtype, shape and content (its
+name in B is ``PairResult.renamed_to``): one rename, not a loss and an addition."""
 
 
 @dataclass
@@ -68,6 +70,8 @@ class PairResult:
     shape_b: tuple[int, ...] | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     max_diff_at: tuple[int, ...] | None = None
+    renamed_to: str | None = None
+    """For ``renamed``: the tensor's name in B (``name`` is its name in A)."""
 
     @property
     def differs(self) -> bool:
@@ -82,6 +86,8 @@ class PairResult:
                     "shape_a": list(self.shape_a) if self.shape_a is not None else None,
                     "shape_b": list(self.shape_b) if self.shape_b is not None else None,
                     "max_diff_at": list(self.max_diff_at) if self.max_diff_at is not None else None})
+        if self.status == "renamed":
+            out["renamed_to"] = self.renamed_to
         return out
 
 
@@ -106,6 +112,7 @@ class DiffReport:
             "equal": counts["equal"],
             "close": counts["close"],
             "different": counts["different"] + counts["dtype_mismatch"] + counts["shape_mismatch"],
+            "renamed": counts["renamed"],
             "only_a": counts["only_a"],
             "only_b": counts["only_b"],
             "dtype_mismatch": counts["dtype_mismatch"],
@@ -472,12 +479,48 @@ class DiffEngine:
             self.plan.a.reader.release_pages()
             self.plan.b.reader.release_pages()
         ordered = [results[i] for i in sorted(results)]
+        if not cancelled():
+            ordered = self._pair_renamed(ordered)
         report = DiffReport(self.plan.a.path, self.plan.b.path, self.plan.mapping, self.device, ordered,
                             notes=list(self.plan.notes),
                             ignored={"a": list(self.plan.a.ignored), "b": list(self.plan.b.ignored)},
                             bytes_read=self.bytes_read)
         report.padding = self._padding_report()
         return report
+
+    def _pair_renamed(self, results: list[PairResult]) -> list[PairResult]:
+        """Turn an only_a and an only_b result of equal dtype, shape and content into one ``renamed``
+        result. Only tensors whose dtype and shape match some tensor of the other side are read
+        (whole, once, for a BLAKE2 digest), so a diff without renames reads nothing more."""
+        only_b: dict[tuple, list[PairResult]] = {}
+        for r in results:
+            if r.status == "only_b":
+                only_b.setdefault((r.dtype_b, r.shape_b), []).append(r)
+        if not only_b:
+            return results
+        digests: dict[tuple[str, str], bytes] = {}
+
+        def digest(label: str, name: str) -> bytes:
+            if (label, name) not in digests:
+                side = self.plan.a if label == "a" else self.plan.b
+                digests[label, name] = _content_digest(side, side.recipes[name])
+            return digests[label, name]
+
+        renamed_b: set[str] = set()
+        out = []
+        for r in results:
+            if r.status == "only_b" and r.name in renamed_b:
+                continue
+            candidates = only_b.get((r.dtype_a, r.shape_a), []) if r.status == "only_a" else []
+            match = next((b for b in candidates if b.name not in renamed_b
+                          and digest("b", b.name) == digest("a", r.name)), None)
+            if match is None:
+                out.append(r)
+                continue
+            renamed_b.add(match.name)
+            out.append(PairResult(r.name, r.a, match.b, "renamed", r.dtype_a, match.dtype_b, r.shape_a, match.shape_b,
+                                  metrics=dict(r.metrics), renamed_to=match.name))
+        return [r for r in out if not (r.status == "only_b" and r.name in renamed_b)]
 
     def _padding_report(self) -> list[dict]:
         """Vocab pad rows: reported (count, all zero or not), never compared."""
@@ -495,6 +538,25 @@ class DiffEngine:
                     break
             out.append({**item, "count": rows, "all_zero": zero})
         return out
+
+
+def _content_digest(side: DiffSide, recipe: Recipe) -> bytes:
+    """BLAKE2 of the tensor's bytes in C order, read piece by piece in bounded blocks."""
+    import hashlib
+
+    import numpy as np
+
+    hasher = hashlib.blake2b(digest_size=32)
+    pieces = sorted(recipe.pieces, key=lambda p: p.dst_box)
+    if len(pieces) == 1 and pieces[0].dst_box == tuple((0, n) for n in recipe.shape):
+        for box in _split(pieces[0].dst_box, BLOCK_BYTES // max(1, _itemsize(recipe.dtype))):
+            hasher.update(np.ascontiguousarray(read_piece(side, pieces[0], box)).tobytes())
+        return hasher.digest()
+    whole = np.empty(recipe.shape, dtype=read_piece(side, pieces[0], pieces[0].dst_box).dtype)
+    for piece in pieces:
+        whole[tuple(slice(lo, hi) for lo, hi in piece.dst_box)] = read_piece(side, piece, piece.dst_box)
+    hasher.update(whole.tobytes())
+    return hasher.digest()
 
 
 def _uint_view(size: int):

@@ -229,6 +229,16 @@ class DiffScreen(Screen[None]):
     def _finished(self, message: DiffFinished) -> None:
         self.report = message.report
         p = self.progress
+        renamed = [r for r in message.report.results if r.status == "renamed"]
+        for result in renamed:  # found once every pair was seen: an only_a and an only_b row become one
+            for name, old in ((result.name, "only_a"), (result.renamed_to, "only_b")):
+                if name in self.results:
+                    p.counts[old] = p.counts.get(old, 0) - 1
+                    del self.results[name]
+            self.results[result.name] = result
+            p.counts["renamed"] = p.counts.get("renamed", 0) + 1
+        if renamed:
+            self._rebuild()
         p.state = "cancelled" if message.cancelled else "finished"
         p.done = len(message.report.results)
         p.bytes_read = message.report.bytes_read
@@ -347,6 +357,7 @@ class DiffScreen(Screen[None]):
             note = {"equal": "Every element is bitwise equal.",
                     "only_a": "Only A has this tensor: there are no values to compare.",
                     "only_b": "Only B has this tensor: there are no values to compare.",
+                    "renamed": f"Renamed: B holds the same dtype, shape and bytes as {result.renamed_to}.",
                     "shape_mismatch": "The shapes differ: values are not compared element by element."}
             view.show(result, note=note.get(result.status))
             return
