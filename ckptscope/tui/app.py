@@ -107,7 +107,14 @@ class CkptScopeApp(App[None]):
         self.theme = LIGHT.name if self.theme == DARK.name else DARK.name
 
     async def action_quit(self) -> None:
-        self.exit(return_code=2 if self.error_reason else 0)
+        """Quit, after asking when a browser holds pending renames (they exist nowhere else)."""
+        code = 2 if self.error_reason else 0
+        browsers = [s for s in self.screen_stack if hasattr(s, "confirm_discard")]
+        holding = next((s for s in browsers if s.pending_rule_count()), None)
+        if holding is None:
+            self.exit(return_code=code)
+            return
+        holding.confirm_discard(lambda: self.exit(return_code=code), "quit")
 
 
 def make_app(path: str | os.PathLike[str], *, trust_pickle: bool = False, theme: str | None = None,

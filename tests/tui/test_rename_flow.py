@@ -369,3 +369,31 @@ def _rename_dialog_keys():
 def test_rename_dialog_snapshot(snap_compare, in_repo):
     assert snap_compare(make_app("sample_ckpts/hf_llama_sharded", keymap={}), terminal_size=SIZE,
                         run_before=_rename_dialog_keys())
+
+
+@sync
+async def test_quit_with_pending_renames_asks_first(tmp_path):
+    """q with a pending rule asks; n keeps the plan and the app; y quits. Without rules q quits."""
+    from ckptscope.tui.screens.confirm import ConfirmScreen
+
+    src = tmp_path / "hf"
+    shutil.copytree("sample_ckpts/hf_llama_single", src)
+    app = make_app(src, keymap={})
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        screen = app.screen
+        await cursor_to(pilot, "norm.weight")
+        await pilot.press("x")
+        await settle(pilot)
+        assert len(screen.pending_renames()) == 1
+        await pilot.press("q")
+        await settle(pilot)
+        assert isinstance(app.screen, ConfirmScreen) and "1 pending rename rule" in app.screen.question
+        await pilot.press("n")
+        await settle(pilot)
+        assert app.screen is screen and app.is_running and len(screen.pending_renames()) == 1
+        await pilot.press("q")
+        await settle(pilot)
+        await pilot.press("y")
+        await settle(pilot)
+    assert not app.is_running and app.return_code == 0

@@ -254,7 +254,7 @@ class BrowseScreen(RenameActions, Screen[None]):
 
         def picked(path: str | None) -> None:
             if path is not None:
-                self.load(path)
+                self.confirm_discard(lambda: self.load(path), f"open {path}")
 
         self.app.push_screen(IterationPickerScreen(message.root, message.iterations,
                                                    can_go_back=self.index is not None), picked)
@@ -548,7 +548,7 @@ class BrowseScreen(RenameActions, Screen[None]):
 
         def finished(path: str | None) -> None:
             if path is not None:
-                self.open_renamed(path)
+                self.open_renamed(path, applied=False)
 
         self.app.push_screen(ConvertScreen(self.path, target=target, merge=merge, about=about,
                                            trust_pickle=self.trust_pickle), finished)

@@ -154,10 +154,38 @@ class RenameActions:
 
         self.app.push_screen(RenameApplyScreen(self.path, pending.rules), finished)
 
-    def open_renamed(self, dst: str) -> None:
-        """Browse the written copy in place of this checkpoint."""
-        screen = type(self)(dst, trust_pickle=self.trust_pickle, discover=False)  # type: ignore[call-arg]
-        self.app.switch_screen(screen)
+    def open_renamed(self, dst: str, *, applied: bool = True) -> None:
+        """Browse the written copy in place of this checkpoint. ``applied``: the pending rules are
+        in that copy (rename); otherwise (a converted copy) they would be lost, so ask first."""
+
+        def switch() -> None:
+            screen = type(self)(dst, trust_pickle=self.trust_pickle, discover=False)  # type: ignore[call-arg]
+            self.app.switch_screen(screen)
+
+        if applied:
+            switch()
+        else:
+            self.confirm_discard(switch, f"open {dst}")
+
+    def pending_rule_count(self) -> int:
+        pending = self._renames
+        return len(pending.rules) if pending is not None else 0
+
+    def confirm_discard(self, then, action: str) -> None:
+        """Run ``then`` at once without pending rules; with some, ask before they are thrown away."""
+        count = self.pending_rule_count()
+        if not count:
+            then()
+            return
+        from ckptscope.tui.screens.confirm import ConfirmScreen
+
+        def answered(discard: bool | None) -> None:
+            if discard:
+                then()
+
+        rules = f"{count} pending rename rule{'s' if count != 1 else ''}"
+        self.app.push_screen(ConfirmScreen(f"Discard {rules} and {action}?",
+                                           "They are not written anywhere yet (A writes a renamed copy)."), answered)
 
     # --- pending list -> tree and header -----------------------------------------------------
 
