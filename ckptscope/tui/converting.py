@@ -49,12 +49,18 @@ class ConvertSettings:
     dtype: str = "keep"
     skip_unknown: bool = False
     """Leave out entries that are neither model nor training state (``--skip-unknown``)."""
+    ep: int = 1
+    spec: str = "local"
+    hf_config: str | None = None
+    """Directory with the HF config.json to use (``--hf-config``); None: the source's own."""
 
     def label(self) -> str:
         if self.target == "hf":
             return "HF safetensors" + ("" if self.dtype == "keep" else f", {self.dtype}")
         dtype = "" if self.dtype == "keep" else f", {self.dtype}"
-        return f"Megatron-Core {self.ckpt_format}, tp {self.tp} pp {self.pp}{dtype}"
+        ep = f" ep {self.ep}" if self.ep > 1 else ""
+        spec = ", te spec" if self.spec == "te" else ""
+        return f"Megatron-Core {self.ckpt_format}, tp {self.tp} pp {self.pp}{ep}{spec}{dtype}"
 
 
 def default_target(index: CheckpointIndex | None) -> str:

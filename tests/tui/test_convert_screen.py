@@ -289,3 +289,25 @@ async def test_skip_unknown_box_turns_a_refusal_into_a_plan(tmp_path):
         await replan(pilot)
         assert form.plan is not None and "ema.model.norm.weight" in form.plan.dropped
         assert not any(t.name.startswith("ema") for t in form.plan.tensors)
+
+
+@sync
+async def test_hf_config_field_reaches_the_plan(tmp_path):
+    """megatron_style.pt's args do not fit its k/v shapes: the plan refuses and says to pass an HF
+    config; typing one in the hf config field (as --hf-config) makes the plan."""
+    src = tmp_path / "megatron_style.pt"
+    shutil.copy(SAMPLES / "megatron_style.pt", src)
+    app = make_app(src, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("C")
+        await replan(pilot)
+        form = app.screen
+        assert isinstance(form, ConvertScreen)
+        form.query_one("#convert-skip-unknown", Checkbox).value = True
+        await choose(pilot, "#convert-target", "hf")
+        status = text_of(form.query_one("#convert-status", Static))
+        assert "do not fit" in status and form.plan is None
+        await type_into(pilot, "#convert-hf-config", str(SAMPLES / "hf_llama_single"))
+        assert form.plan is not None and form.plan.hf_config["num_key_value_heads"] == 2
+        assert form.query_one("#convert-ep", Input).disabled  # ep and spec only mean something for mcore and form.query_one("#convert-spec", Select).disabled

@@ -122,6 +122,18 @@ class ConvertScreen(ModalScreen[str | None]):
                 yield Select([(f, f) for f in FORMATS], value="torch_dist", allow_blank=False, id="convert-format")
                 yield Label("dtype", classes="convert-label-short")
                 yield Select([(d, d) for d in DTYPES], value="keep", allow_blank=False, id="convert-dtype")
+            with Horizontal(id="convert-fields-more"):
+                yield Label("hf config", classes="convert-label")
+                yield Input("", placeholder="dir with config.json (default: the source's)", id="convert-hf-config",
+                            suggester=PathSuggester(),
+                            tooltip="--hf-config: the HF config.json to use when the source has none, or to "
+                                    "override it (true vocabulary size, architecture)")
+                yield Label("ep", classes="convert-label-short")
+                yield Input("1", type="integer", id="convert-ep", classes="convert-number",
+                            tooltip="--ep: expert parallel size (MoE, format torch)")
+                yield Label("spec", classes="convert-label-short")
+                yield Select([("local", "local"), ("te", "te")], value="local", allow_blank=False, id="convert-spec",
+                             tooltip="--spec: name the Megatron output for the local or Transformer Engine layers")
             with Horizontal(id="convert-dst-row"):
                 yield Label("destination", classes="convert-label")
                 yield Input(str(self._default_dst), id="convert-dst", suggester=PathSuggester())
@@ -162,21 +174,24 @@ class ConvertScreen(ModalScreen[str | None]):
         """The fields as ``plan_convert`` arguments; ``CkptError`` for a tp/pp that is not a number."""
         target = str(self.query_one("#convert-target", Select).value)
         numbers = []
-        for name in ("tp", "pp"):
+        for name in ("tp", "pp", "ep"):
             text = self.query_one(f"#convert-{name}", Input).value.strip()
             if not text.isdigit() or int(text) < 1:
                 raise CkptError(f"{name} must be a whole number of at least 1")
             numbers.append(int(text) if target == "mcore" else 1)
+        hf_config = self.query_one("#convert-hf-config", Input).value.strip()
         return ConvertSettings(target, numbers[0], numbers[1], str(self.query_one("#convert-format", Select).value),
                                str(self.query_one("#convert-dtype", Select).value),
-                               self.query_one("#convert-skip-unknown", Checkbox).value)
+                               self.query_one("#convert-skip-unknown", Checkbox).value,
+                               ep=numbers[2], spec=str(self.query_one("#convert-spec", Select).value),
+                               hf_config=str(Path(hf_config).expanduser()) if hf_config else None)
 
     def destination(self) -> str:
         return str(Path(self.query_one("#convert-dst", Input).value.strip()).expanduser())
 
     def _target_changed(self, target: str) -> None:
         """tp, pp and format only mean something for Megatron-Core; a default destination follows the target."""
-        for field in ("#convert-tp", "#convert-pp", "#convert-format"):
+        for field in ("#convert-tp", "#convert-pp", "#convert-format", "#convert-ep", "#convert-spec"):
             self.query_one(field).disabled = target != "mcore" or self.stage != "editing"
         if self.stage != "editing":
             return
@@ -193,6 +208,9 @@ class ConvertScreen(ModalScreen[str | None]):
     @on(Select.Changed, "#convert-dtype")
     @on(Input.Changed, "#convert-tp")
     @on(Input.Changed, "#convert-pp")
+    @on(Input.Changed, "#convert-ep")
+    @on(Input.Changed, "#convert-hf-config")
+    @on(Select.Changed, "#convert-spec")
     @on(Checkbox.Changed, "#convert-overwrite")
     @on(Checkbox.Changed, "#convert-skip-unknown")
     def _field_changed(self) -> None:
@@ -245,8 +263,9 @@ class ConvertScreen(ModalScreen[str | None]):
         from ckptscope.ops.convert.plan import plan_convert
 
         try:
-            plan = plan_convert(self.src, dst, to=settings.target, tp=settings.tp, pp=settings.pp,
-                                ckpt_format=settings.ckpt_format, dtype=settings.dtype, trust_pickle=self.trust_pickle,
+            plan = plan_convert(self.src, dst, to=settings.target, tp=settings.tp, pp=settings.pp, ep=settings.ep,
+                                spec=settings.spec, ckpt_format=settings.ckpt_format, dtype=settings.dtype,
+                                hf_config=settings.hf_config, trust_pickle=self.trust_pickle,
                                 skip_unknown=settings.skip_unknown)
         except CkptError as exc:
             self.post_message(ConvertFailed("plan", str(exc), token))
@@ -397,9 +416,10 @@ class ConvertScreen(ModalScreen[str | None]):
         self.set_class(stage in ("writing", "done"), "-writing")
         editing = stage == "editing"
         mcore = str(self.query_one("#convert-target", Select).value) == "mcore"
-        for field in ("#convert-target", "#convert-dtype", "#convert-dst", "#convert-overwrite", "#convert-skip-unknown"):
+        for field in ("#convert-target", "#convert-dtype", "#convert-dst", "#convert-overwrite", "#convert-skip-unknown",
+                      "#convert-hf-config"):
             self.query_one(field).disabled = not editing
-        for field in ("#convert-tp", "#convert-pp", "#convert-format"):
+        for field in ("#convert-tp", "#convert-pp", "#convert-format", "#convert-ep", "#convert-spec"):
             self.query_one(field).disabled = not (editing and mcore)
         go = self.query_one("#convert-go", Button)
         go.display = stage != "done"
@@ -437,6 +457,7 @@ class ConvertScreen(ModalScreen[str | None]):
         start = time.perf_counter()
         try:
             report = verify_round_trip(self.src, via=settings.target, tp=settings.tp, pp=settings.pp,
+                                       ep=settings.ep, spec=settings.spec, hf_config=settings.hf_config,
                                        ckpt_format=settings.ckpt_format, skip_unknown=settings.skip_unknown)
         except CkptError as exc:
             self.post_message(ConvertFailed("verify", str(exc)))
