@@ -1,0 +1,740 @@
+"""DeepSpeed ZeRO checkpoints (FORMATS.md §7), shown as the one fp32 model ``zero_to_fp32`` rebuilds.
+
+A save dir holds ``latest`` (the tag) and ``<tag>/`` (``global_stepN/``) with
+``mp_rank_00_model_states.pt`` (ZeRO 1/2) or ``zero_pp_rank_{dp}_mp_rank_00_model_states.pt``
+(ZeRO-3, one per data-parallel rank), and ``[bf16_]zero_pp_rank_{dp}_mp_rank_00_optim_states.pt``.
+Either the tag dir or the save dir (through ``latest``) opens.
+
+The fp32 master weights live only as flat per-rank partitions in the optim files; the model-states
+file says which params they hold (``param_shapes``, one ordered ``name -> shape`` per param group).
+How DeepSpeed's ``zero_to_fp32`` cuts them up, which this reader follows:
+
+* **ZeRO 1/2**: per param group, the ranks' ``single_partition_of_fp32_groups[g]`` concatenated in
+  rank order are one flat vector; params follow each other in ``param_shapes[g]`` order (plus, since
+  DeepSpeed 0.18, ``param_alignment_paddings[g][i]`` elements after param ``i``); the tail is
+  alignment padding (both ends rounded up to ``2 * world_size`` must agree). A param may straddle a
+  rank boundary. Saved partitions are the padded ones minus ``group_paddings`` (non-zero on the
+  last rank only), so every rank but the last holds the same ``P`` elements.
+* **ZeRO-3**: every param is partitioned on its own: ``p = ceil(numel / W)`` elements per rank,
+  the last rank padded. Params follow each other in every rank's ``fp32_flat_groups``
+  (concatenated over groups); param ``i`` at running offset ``o`` has its elements
+  ``[r*p, min((r+1)*p, numel))`` at ``[o, o + ...)`` of rank ``r``'s flat groups.
+
+So every param is a handful of *flat element ranges* of its C-order shape, each a contiguous run
+of one rank file's storage. A flat range is cut into at most ``2 * ndim - 1`` boxes that are each
+contiguous in C order (a partial row, whole rows, a partial row, recursively), so every piece is an
+ordinary RAW ``Chunk`` at a byte offset in the rank file: no chunk-model change, lazy reads, and
+``byte_span`` works for a region inside one piece. Nothing is loaded at index time beyond the
+pickles (safe stub unpickler; torch is never imported).
+
+Names: the fp32 params under their module names (the model); the Adam moments reassembled the
+same way under ``optimizer.state.<key>.<param>`` (training state); the rest of the optimizer state
+(``step``, loss scaler, param groups, slice mappings) under ``optimizer.``. Buffers come from the
+model-states ``module`` (floating ones read as float32, as ``zero_to_fp32`` does); frozen params
+from ``frozen_param_fragments`` (stored dtype; ZeRO-3: rank fragments concatenated and trimmed).
+``shared_params`` aliases point at their target's chunks. The module's own bf16/fp16 param copies
+(ZeRO 1/2) are listed under ``lp_params.`` and tagged as optimizer state: they are derived from
+the fp32 masters after every step and would otherwise shadow the model. Without any optim file the
+module's weights *are* the model and are listed under their names (ZeRO-3's placeholders are empty:
+a warning says the weights are in the missing optim files).
+
+A missing rank file is an issue (``check``) and a warning; reading the elements it held is an error
+naming it. Tensor-parallel saves (``mp_rank_01``...) are not assembled: rank 00 only, with a warning.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ckptscope.core.dtypes import dtype_by_name
+from ckptscope.core.errors import CkptError
+from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
+from ckptscope.core.tensor import Chunk, TensorMeta
+from ckptscope.formats.base import CheckpointReader, Region, normalize_region
+from ckptscope.formats.pickles.safe import PickleStub, TensorRef, to_plain, type_name
+from ckptscope.formats.pickles.torch_file import (
+    StoragePlacement,
+    TorchZip,
+    flatten,
+    read_torch_zip,
+    tensor_meta,
+)
+from ckptscope.formats.registry import register_reader
+
+LATEST = "latest"
+MODEL_STATES = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
+OPTIM_STATES = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+_STEP = re.compile(r"global_step(\d+)$")
+LP_PREFIX = "lp_params."
+MOMENT_PREFIX = "optimizer.state."
+_FLAT_KEYS = {1: "single_partition_of_fp32_groups", 2: "single_partition_of_fp32_groups", 3: "fp32_flat_groups"}
+
+
+# --- flat element ranges as C-contiguous boxes ------------------------------------------------------
+
+
+Box = tuple[tuple[int, ...], tuple[int, ...], int]
+"""``(offsets, box shape, flat index of the box's first element)``."""
+
+
+def flat_range_boxes(shape: tuple[int, ...], start: int, stop: int) -> list[Box]:
+    """Cut the C-order elements ``[start, stop)`` of a tensor of ``shape`` into boxes, each contiguous
+    in C order: ``[(offsets, box shape, flat index of the box's first element)]`` in flat order.
+
+    At most ``2 * ndim - 1`` boxes: the partial leading row, the whole rows, the partial last row,
+    each partial row cut the same way one axis down.
+    """
+    if start >= stop:
+        return []
+    if not shape:
+        return [((), (), 0)]
+    if len(shape) == 1:
+        return [((start,), (stop - start,), start)]
+    inner = math.prod(shape[1:])
+    first, last = start // inner, (stop - 1) // inner
+
+    def row(index: int, lo: int, hi: int) -> list[Box]:
+        return [((index, *off), (1, *shp), index * inner + flat)
+                for off, shp, flat in flat_range_boxes(shape[1:], lo, hi)]
+
+    if first == last:
+        return row(first, start - first * inner, stop - first * inner)
+    out = []
+    if start % inner:
+        out += row(first, start % inner, inner)
+        first += 1
+    tail = []
+    if stop % inner:
+        tail = row(last, 0, stop % inner)
+        last -= 1
+    if first <= last:
+        out.append(((first,) + (0,) * (len(shape) - 1), (last - first + 1, *shape[1:]), first * inner))
+    return out + tail
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A run of a flat vector stored contiguously in one file (``file`` None: its file is missing)."""
+
+    length: int | None
+    """Elements; None for a missing last rank whose length is unknown (it runs to the end)."""
+    file: str | None
+    byte_offset: int = 0
+    missing: str = ""
+    """The missing file's name, for errors."""
+
+
+def _split(segments: list[Segment], start: int, stop: int) -> list[tuple[int, int, Segment, int]]:
+    """The parts of flat range ``[start, stop)`` of the concatenation of ``segments``:
+    ``(start, stop, segment, offset of start inside the segment)``."""
+    out = []
+    base = 0
+    for seg in segments:
+        end = math.inf if seg.length is None else base + seg.length
+        lo, hi = max(start, base), min(stop, end)
+        if lo < hi:
+            out.append((lo, int(hi), seg, lo - base))
+        if end >= stop:
+            break
+        base = int(end)
+    return out
+
+
+@dataclass(slots=True)
+class _Piece:
+    """Elements ``[start, stop)`` of a param, at ``offset`` elements into ``segment``."""
+
+    start: int
+    stop: int
+    segment: Segment
+    offset: int
+
+
+@dataclass(slots=True)
+class _Built:
+    tensors: dict[str, TensorMeta] = field(default_factory=dict)
+    holes: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], str]]] = field(default_factory=dict)
+
+
+# --- directory layout ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class DsLayout:
+    """The rank files of one tag dir."""
+
+    model: dict[int | None, str] = field(default_factory=dict)
+    """DP rank (None for ``mp_rank_00_model_states.pt``) -> file name, model-parallel rank 00 only."""
+    optim: dict[int, str] = field(default_factory=dict)
+    bf16: bool = False
+    other_mp: list[str] = field(default_factory=list)
+
+
+def ds_layout(tag_dir: Path) -> DsLayout | None:
+    """The DeepSpeed files of ``tag_dir``, or None when it has none. Never raises."""
+    try:
+        names = sorted(p.name for p in tag_dir.iterdir() if p.is_file())
+    except OSError:
+        return None
+    layout = DsLayout()
+    found = False
+    for name in names:
+        m = MODEL_STATES.match(name)
+        o = OPTIM_STATES.match(name)
+        if m:
+            found = True
+            if int(m.group(2)) != 0:
+                layout.other_mp.append(name)
+            else:
+                layout.model[int(m.group(1)) if m.group(1) is not None else None] = name
+        elif o:
+            found = True
+            if int(o.group(3)) != 0:
+                layout.other_mp.append(name)
+            else:
+                layout.optim[int(o.group(2))] = name
+                layout.bf16 = layout.bf16 or bool(o.group(1))
+    return layout if found else None
+
+
+def read_latest(root: Path) -> str | None:
+    """The tag named by ``root/latest`` when it is a dir beside it, else None. Never raises."""
+    try:
+        tag = (root / LATEST).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not tag or "/" in tag or tag in (".", ".."):
+        return None
+    try:
+        return tag if (root / tag).is_dir() else None
+    except OSError:
+        return None
+
+
+def _as_int(value: Any) -> int | None:
+    """``ZeroStageEnum.gradients`` (a stub built as ``ZeroStageEnum(2)``), or a plain int."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, PickleStub) and value.args and isinstance(value.args[0], int):
+        return value.args[0]
+    return None
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    if isinstance(value, (tuple, list)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return tuple(value)
+    if isinstance(value, PickleStub) and value.args and isinstance(value.args[0], (tuple, list)):
+        return _shape(value.args[0])
+    return None
+
+
+def _ordered(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {str(k): v for k, v in value.items()}
+    if isinstance(value, PickleStub):  # an OrderedDict subclass pickled as a stub
+        return {str(k): v for k, v in value.dict_items.items()}
+    return {}
+
+
+# --- the reader -------------------------------------------------------------------------------------
+
+
+@register_reader
+class DeepSpeedReader(CheckpointReader):
+    """A DeepSpeed ZeRO tag dir (``global_stepN/``), or its save dir through ``latest``."""
+
+    format_name = "deepspeed"
+    priority = 110
+
+    def __init__(self, path: Path, *, trust_pickle: bool = False) -> None:
+        super().__init__(path, trust_pickle=trust_pickle)
+        self._holes: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], str]]] = {}
+        self._upcast: dict[str, str] = {}
+        """Buffers read as float32 from another stored float dtype: name -> stored dtype."""
+
+    @classmethod
+    def supports(cls, path: Path) -> bool:
+        try:
+            if not path.is_dir():
+                return False
+            if ds_layout(path) is not None:
+                return True
+            tag = read_latest(path)
+            return tag is not None and ds_layout(path / tag) is not None
+        except OSError:
+            return False
+
+    # --- index ----------------------------------------------------------------------------------
+
+    def _build_index(self) -> CheckpointIndex:
+        prefix = ""
+        tag_dir = self.path
+        layout = ds_layout(self.path)
+        index = CheckpointIndex(path=str(self.path), format=self.format_name)
+        if layout is None:
+            tag = read_latest(self.path)
+            if tag is None:
+                raise CkptError("no DeepSpeed *_model_states.pt / *_optim_states.pt files and no usable 'latest'",
+                                self.path)
+            tag_dir, prefix = self.path / tag, f"{tag}/"
+            layout = ds_layout(tag_dir)
+            if layout is None:
+                raise CkptError(f"'latest' names {tag}/, which holds no DeepSpeed rank files", self.path)
+            index.files.append(FileInfo(LATEST, (self.path / LATEST).stat().st_size, "metadata"))
+        self._prefix = prefix
+        info: dict[str, Any] = {"tag": tag_dir.name}
+        index.metadata["deepspeed"] = info
+        step = _STEP.search(tag_dir.name)
+        if step:
+            index.metadata["iteration"] = int(step.group(1))
+        if layout.other_mp:
+            index.warnings.append(f"model-parallel ranks other than 00 ({len(layout.other_mp)} files) are not "
+                                  "assembled; showing mp_rank_00 only")
+
+        # model states: param shapes, buffers, frozen params, shared params
+        main_model = layout.model.get(None) or (layout.model.get(0) if 0 in layout.model else None)
+        if main_model is None and layout.model:
+            main_model = layout.model[min(k for k in layout.model if k is not None)]
+        if main_model is None:
+            raise CkptError("no *_model_states.pt: the param shapes needed to cut the flat partitions are in it",
+                            tag_dir)
+        parsed_models: dict[int | None, TorchZip] = {}
+        for dp, name in sorted(layout.model.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
+            parsed_models[dp] = read_torch_zip(tag_dir / name)
+            index.files.append(FileInfo(prefix + name, (tag_dir / name).stat().st_size, "data"))
+        states_key = None if None in parsed_models and main_model == layout.model.get(None) else \
+            next(k for k, v in layout.model.items() if v == main_model)
+        model_zip = parsed_models[states_key]
+        model_obj = model_zip.obj if isinstance(model_zip.obj, dict) else {}
+        if "param_shapes" not in model_obj and "module" not in model_obj:
+            raise CkptError(f"{main_model} is not a DeepSpeed model-states file (no 'module')", tag_dir)
+
+        # optimizer partitions
+        parsed_optim: dict[int, TorchZip] = {}
+        for dp, name in sorted(layout.optim.items()):
+            parsed_optim[dp] = read_torch_zip(tag_dir / name)
+            index.files.append(FileInfo(prefix + name, (tag_dir / name).stat().st_size, "optimizer"))
+        osds = {dp: (z.obj or {}).get("optimizer_state_dict") if isinstance(z.obj, dict) else None
+                for dp, z in parsed_optim.items()}
+        osds = {dp: o for dp, o in osds.items() if isinstance(o, dict)}
+        info["ds_version"] = model_obj.get("ds_version")
+        ds_config = model_obj.get("ds_config")
+        if ds_config is not None:
+            index.objects.append(ObjectEntry("ds_config", type_name(ds_config), to_plain(ds_config)))
+
+        if not osds:
+            stage = self._stage_from_config(ds_config)
+            info.update({"zero_stage": stage, "world_size": model_obj.get("dp_world_size")})
+            if layout.optim:
+                index.warnings.append("the *_optim_states.pt files hold no optimizer_state_dict")
+            self._index_module_only(index, model_obj, prefix + main_model, model_zip, stage)
+            return index
+
+        first_dp = min(osds)
+        first = osds[first_dp]
+        stage = _as_int(first.get("zero_stage"))
+        count = first.get("partition_count")
+        world = max(count) if isinstance(count, list) and count else count
+        if stage not in _FLAT_KEYS or not isinstance(world, int) or world < 1:
+            raise CkptError(f"{layout.optim[first_dp]}: unknown zero_stage {to_plain(first.get('zero_stage'))!r} or "
+                            f"partition_count {to_plain(count)!r}", tag_dir)
+        info.update({"zero_stage": stage, "world_size": world, "optim_files": "bf16_" if layout.bf16 else ""})
+        optim_name = ("bf16_" if layout.bf16 else "") + "zero_pp_rank_{}_mp_rank_00_optim_states.pt"
+        for dp in sorted(d for d in parsed_optim if d >= world):
+            index.warnings.append(f"{layout.optim[dp]}: rank {dp} is outside world size {world}; ignored")
+            osds.pop(dp, None)
+        missing = [r for r in range(world) if r not in osds]
+        for r in missing:
+            index.add_issue("missing-file", f"missing (ZeRO-{stage}, world size {world} from partition_count); "
+                            "the fp32 partitions it held cannot be read", file=prefix + optim_name.format(r))
+        if stage == 3:
+            for r in range(world):
+                if r not in layout.model:
+                    index.add_issue("missing-file", "missing (ZeRO-3 model states, one per rank); its frozen "
+                                    "param fragments cannot be read",
+                                    file=f"{prefix}zero_pp_rank_{r}_mp_rank_00_model_states.pt")
+
+        param_groups = [_ordered(g) for g in model_obj.get("param_shapes") or []]
+        shapes: list[dict[str, tuple[int, ...]]] = []
+        for group in param_groups:
+            shapes.append({name: s for name, value in group.items() if (s := _shape(value)) is not None})
+        built = _Built()
+        files = {dp: prefix + layout.optim[dp] for dp in osds}
+        if stage in (1, 2):
+            self._zero12(index, built, shapes, osds, parsed_optim, files, world, optim_name, prefix)
+        else:
+            self._zero3(index, built, shapes, osds, parsed_optim, files, world, optim_name, prefix)
+        self._model_extras(index, built, model_obj, model_zip, prefix + main_model, stage, world, parsed_models,
+                           layout, prefix, shapes)
+        self._finish(index, built, model_obj)
+        self._optimizer_objects(index, first, parsed_optim[first_dp], files[first_dp], stage)
+        return index
+
+    @staticmethod
+    def _stage_from_config(config: Any) -> int | None:
+        plain = to_plain(config)
+        if isinstance(plain, dict):
+            zero = plain.get("zero_optimization")
+            if isinstance(zero, dict) and isinstance(zero.get("stage"), int):
+                return zero["stage"]
+        return None
+
+    # --- the flat partitions -------------------------------------------------------------------------
+
+    @staticmethod
+    def _segment(ref: Any, zip_: TorchZip, file: str, length: int | None = None) -> Segment | None:
+        if not isinstance(ref, TensorRef) or ref.storage is None or not ref.is_contiguous or len(ref.shape) > 1:
+            return None
+        placement: StoragePlacement | None = zip_.storages.get(ref.storage.key)
+        if placement is None:
+            return None
+        n = ref.numel if length is None else length
+        if n > ref.numel or (ref.storage_offset + n) * ref.dtype.itemsize > placement.length:
+            return None
+        return Segment(n, file, placement.offset + ref.storage_offset * ref.dtype.itemsize)
+
+    @staticmethod
+    def _moment_refs(osd: dict, stage: int, group: int) -> dict[str, Any]:
+        """The base optimizer's per-group state (``exp_avg``...) of one rank, by key."""
+        base = osd.get("base_optimizer_state" if stage < 3 else "optimizer_state_dict")
+        if isinstance(base, list):  # elastic checkpoints: one lean dict per group
+            state = base[group] if group < len(base) else None
+        elif isinstance(base, dict) and isinstance(base.get("state"), dict):
+            state = base["state"].get(group, base["state"].get(str(group)))
+        else:
+            state = None
+        return state if isinstance(state, dict) else {}
+
+    def _flat_dtype(self, osds: dict[int, dict], key: str, group: int) -> str:
+        for osd in osds.values():
+            groups = osd.get(key)
+            if isinstance(groups, list) and group < len(groups) and isinstance(groups[group], TensorRef):
+                return groups[group].dtype.name
+        return "float32"
+
+    def _add_param(self, built: _Built, name: str, shape: tuple[int, ...], dtype: str, pieces: list[_Piece],
+                   attrs: tuple[tuple[str, str], ...] = ()) -> None:
+        itemsize = dtype_by_name(dtype).itemsize
+        chunks: list[Chunk] = []
+        holes = []
+        for piece in pieces:
+            for offsets, box, flat in flat_range_boxes(shape, piece.start, piece.stop):
+                seg = piece.segment
+                if seg.file is None:
+                    holes.append((offsets, box, seg.missing))
+                    continue
+                chunks.append(Chunk(offsets=offsets, shape=box, file=seg.file,
+                                    byte_offset=seg.byte_offset + (piece.offset + flat - piece.start) * itemsize,
+                                    byte_length=math.prod(box) * itemsize))
+        if holes:
+            built.holes[name] = holes
+            attrs += (("missing", ", ".join(sorted({h[2] for h in holes}))),)
+        built.tensors[name] = TensorMeta(name=name, dtype=dtype, shape=shape, chunks=tuple(chunks), attrs=attrs)
+
+    def _zero12(self, index: CheckpointIndex, built: _Built, shapes: list[dict[str, tuple[int, ...]]],
+                osds: dict[int, dict], zips: dict[int, TorchZip], files: dict[int, str], world: int,
+                optim_name: str, prefix: str) -> None:
+        key = "single_partition_of_fp32_groups"
+        first = osds[min(osds)]
+        paddings = first.get("param_alignment_paddings")
+        for g, group in enumerate(shapes):
+            # every rank but the last holds P elements: a present rank's lean length plus its padding
+            full = None
+            for dp, osd in osds.items():
+                refs, pads = osd.get(key), osd.get("group_paddings")
+                if isinstance(refs, list) and g < len(refs) and isinstance(refs[g], TensorRef):
+                    pad = pads[g] if isinstance(pads, list) and g < len(pads) and isinstance(pads[g], int) else 0
+                    full = refs[g].numel + pad
+                    break
+            if full is None:
+                index.warnings.append(f"param group {g}: no rank holds its fp32 partition")
+                continue
+            streams: dict[str, list[Segment]] = {}
+            moment_keys: list[str] | None = None
+            for r in range(world):
+                osd = osds.get(r)
+                missing_seg = Segment(None if r == world - 1 else full, None, missing=optim_name.format(r))
+                if osd is None:
+                    for name in ["fp32", *(moment_keys or [])]:
+                        streams.setdefault(name, []).append(missing_seg)
+                    continue
+                refs = osd.get(key)
+                ref = refs[g] if isinstance(refs, list) and g < len(refs) else None
+                seg = self._segment(ref, zips[r], files[r])
+                if seg is None:
+                    raise CkptError(f"{key}[{g}] of rank {r} is not a flat stored tensor", self.path)
+                streams.setdefault("fp32", []).append(seg)
+                moments = self._moment_refs(osd, 2, g)
+                keys = [k for k, v in moments.items() if isinstance(v, TensorRef) and len(v.shape) == 1
+                        and v.numel >= seg.length]
+                if moment_keys is None:
+                    moment_keys = keys
+                    for k in keys:  # earlier missing ranks
+                        streams[k] = [s for s in streams["fp32"][:-1]]
+                for k in moment_keys:
+                    mseg = self._segment(moments.get(k), zips[r], files[r], seg.length)
+                    streams.setdefault(k, []).append(mseg or Segment(seg.length, None, missing=f"{files[r]} ({k})"))
+            group_pads = paddings[g] if isinstance(paddings, list) and g < len(paddings) \
+                and isinstance(paddings[g], list) and len(paddings[g]) == len(group) else None
+            offset = 0
+            dtype = self._flat_dtype(osds, key, g)
+            for i, (name, shape) in enumerate(group.items()):
+                numel = math.prod(shape)
+                for stream, segments in streams.items():
+                    pieces = [_Piece(a - offset, b - offset, seg, off)
+                              for a, b, seg, off in _split(segments, offset, offset + numel)]
+                    if stream == "fp32":
+                        self._add_param(built, name, shape, dtype, pieces, (("zero", f"ZeRO-1/2 group {g}"),))
+                    else:
+                        self._add_param(built, f"{MOMENT_PREFIX}{stream}.{name}", shape, "float32", pieces,
+                                        (("group", "optimizer"),))
+                offset += numel + (group_pads[i] if group_pads else 0)
+            if not any(s.length is None for s in streams["fp32"]):
+                available = sum(s.length or 0 for s in streams["fp32"])
+                align = 2 * world
+                if math.ceil(offset / align) != math.ceil(available / align):
+                    index.warnings.append(f"param group {g}: the params take {offset} elements but the ranks hold "
+                                          f"{available} (padding to {align} does not explain it); values may be "
+                                          "misplaced")
+
+    def _zero3(self, index: CheckpointIndex, built: _Built, shapes: list[dict[str, tuple[int, ...]]],
+               osds: dict[int, dict], zips: dict[int, TorchZip], files: dict[int, str], world: int,
+               optim_name: str, prefix: str) -> None:
+        key = "fp32_flat_groups"
+        first = osds[min(osds)]
+        lengths = [ref.numel if isinstance(ref, TensorRef) else 0 for ref in (first.get(key) or [])]
+        moment_keys = [k for k, v in self._moment_refs(first, 3, 0).items()
+                       if isinstance(v, TensorRef) and len(v.shape) == 1 and lengths and v.numel == lengths[0]]
+        per_rank: dict[str, list[list[Segment]]] = {s: [] for s in ["fp32", *moment_keys]}
+        for r in range(world):
+            osd = osds.get(r)
+            for stream in per_rank:
+                segs: list[Segment] = []
+                for g, length in enumerate(lengths):
+                    if osd is None:
+                        segs.append(Segment(length, None, missing=optim_name.format(r)))
+                        continue
+                    if stream == "fp32":
+                        refs = osd.get(key)
+                        ref = refs[g] if isinstance(refs, list) and g < len(refs) else None
+                    else:
+                        ref = self._moment_refs(osd, 3, g).get(stream)
+                    seg = self._segment(ref, zips[r], files[r], length)
+                    if seg is None:
+                        if stream == "fp32":
+                            raise CkptError(f"{key}[{g}] of rank {r} is not a flat stored tensor of {length} "
+                                            "elements", self.path)
+                        seg = Segment(length, None, missing=f"{files[r]} ({stream})")
+                    segs.append(seg)
+                per_rank[stream].append(segs)
+        dtype = self._flat_dtype(osds, key, 0)
+        offset = 0
+        for group in shapes:
+            for name, shape in group.items():
+                numel = math.prod(shape)
+                part = math.ceil(numel / world)
+                for stream, ranks in per_rank.items():
+                    pieces = []
+                    for r, segs in enumerate(ranks):
+                        lo, hi = r * part, min((r + 1) * part, numel)
+                        if lo >= hi:
+                            continue
+                        for a, b, seg, off in _split(segs, offset, offset + hi - lo):
+                            pieces.append(_Piece(lo + a - offset, lo + b - offset, seg, off))
+                    if stream == "fp32":
+                        self._add_param(built, name, shape, dtype, pieces, (("zero", f"ZeRO-3, {part} per rank"),))
+                    else:
+                        self._add_param(built, f"{MOMENT_PREFIX}{stream}.{name}", shape, "float32", pieces,
+                                        (("group", "optimizer"),))
+                offset += part
+        if offset != sum(lengths):
+            index.warnings.append(f"ZeRO-3: the params take {offset} elements per rank but the flat groups hold "
+                                  f"{sum(lengths)}; values may be misplaced")
+
+    # --- what the model-states files add -----------------------------------------------------------
+
+    def _model_extras(self, index: CheckpointIndex, built: _Built, obj: dict, zip_: TorchZip, file: str,
+                      stage: int, world: int, parsed_models: dict[int | None, TorchZip], layout: DsLayout,
+                      prefix: str, shapes: list[dict[str, tuple[int, ...]]]) -> None:
+        module = _ordered(obj.get("module"))
+        buffer_names = set(obj.get("buffer_names") or [])
+        trained = {name for group in shapes for name in group}
+        shared = _ordered(obj.get("shared_params"))
+        for name in obj.get("buffer_names") or []:
+            ref = module.get(name)
+            if not isinstance(ref, TensorRef) or ref.storage is None:
+                continue
+            meta = tensor_meta(name, ref, file, zip_.storages.get(ref.storage.key), big_endian=zip_.big_endian,
+                               path=self.path)
+            if meta.dtype_info.is_float and meta.dtype != "float32":
+                self._upcast[name] = meta.dtype
+                meta = replace(meta, dtype="float32", attrs=meta.attrs + (("stored_as", ref.dtype.name),))
+            built.tensors[name] = replace(meta, attrs=meta.attrs + (("buffer", "module buffer"),))
+        frozen = {k: s for k, v in _ordered(obj.get("frozen_param_shapes")).items() if (s := _shape(v)) is not None}
+        if stage in (1, 2):
+            fragments = _ordered(obj.get("frozen_param_fragments"))
+            for name in frozen:
+                ref = fragments.get(name)
+                if isinstance(ref, TensorRef) and ref.storage is not None:
+                    meta = tensor_meta(name, ref, file, zip_.storages.get(ref.storage.key),
+                                       big_endian=zip_.big_endian, path=self.path)
+                    built.tensors[name] = replace(meta, attrs=meta.attrs + (("frozen", "frozen_param_fragments"),))
+            # params frozen but not recorded (bf16 ZeRO-1 keeps none): the module's own copy
+            for name, ref in module.items():
+                if name in trained or name in buffer_names or name in shared or name in built.tensors \
+                        or not isinstance(ref, TensorRef):
+                    continue
+                if ref.storage is None or ref.numel == 0:
+                    continue
+                meta = tensor_meta(name, ref, file, zip_.storages.get(ref.storage.key), big_endian=zip_.big_endian,
+                                   path=self.path)
+                built.tensors[name] = replace(meta, attrs=meta.attrs + (
+                    ("frozen", "not in the fp32 partitions; the module's own copy"),))
+            # the low-precision module weights: derived from the fp32 masters, listed apart
+            for name, ref in module.items():
+                if name in trained and isinstance(ref, TensorRef) and ref.storage is not None and ref.numel:
+                    meta = tensor_meta(LP_PREFIX + name, ref, file, zip_.storages.get(ref.storage.key),
+                                       big_endian=zip_.big_endian, path=self.path)
+                    built.tensors[LP_PREFIX + name] = replace(meta, attrs=meta.attrs + (
+                        ("group", "optimizer"), ("lp_copy_of", name)))
+        elif frozen:
+            for name, shape in frozen.items():
+                numel = math.prod(shape)
+                part = math.ceil(numel / world)
+                pieces, dtype = [], None
+                for r in range(world):
+                    lo, hi = r * part, min((r + 1) * part, numel)
+                    if lo >= hi:
+                        continue
+                    rank_zip = parsed_models.get(r)
+                    rank_file = layout.model.get(r)
+                    seg = None
+                    if rank_zip is not None and rank_file is not None and isinstance(rank_zip.obj, dict):
+                        ref = _ordered(rank_zip.obj.get("frozen_param_fragments")).get(name)
+                        seg = self._segment(ref, rank_zip, prefix + rank_file, hi - lo)
+                        if isinstance(ref, TensorRef):
+                            dtype = ref.dtype.name
+                    if seg is None:
+                        seg = Segment(hi - lo, None, missing=f"zero_pp_rank_{r}_mp_rank_00_model_states.pt")
+                    pieces.append(_Piece(lo, hi, seg, 0))
+                self._add_param(built, name, shape, dtype or "float32", pieces,
+                                (("frozen", "frozen_param_fragments of every rank"),))
+        for alias, target in shared.items():
+            meta = built.tensors.get(str(target))
+            if meta is not None and alias not in built.tensors:
+                built.tensors[alias] = replace(meta, name=alias,
+                                               attrs=meta.attrs + (("shares_storage_with", str(target)),))
+                if str(target) in built.holes:
+                    built.holes[alias] = built.holes[str(target)]
+                if str(target) in self._upcast:
+                    self._upcast[alias] = self._upcast[str(target)]
+        skip = {"module", "frozen_param_fragments", "ds_config"}
+        rest = {k: v for k, v in obj.items() if k not in skip}
+        self._add_tree(index, built, rest, "", file, zip_)
+
+    def _index_module_only(self, index: CheckpointIndex, obj: dict, file: str, zip_: TorchZip,
+                           stage: int | None) -> None:
+        """No optimizer partitions: the module's weights are the model (ZeRO 0/1/2, or a model-only save)."""
+        built = _Built()
+        module = _ordered(obj.get("module"))
+        empty = 0
+        for name, ref in module.items():
+            if not isinstance(ref, TensorRef) or ref.storage is None:
+                continue
+            if ref.numel == 0:
+                empty += 1
+                continue
+            built.tensors[name] = tensor_meta(name, ref, file, zip_.storages.get(ref.storage.key),
+                                              big_endian=zip_.big_endian, path=self.path)
+        if empty:
+            index.warnings.append(f"{empty} module params are empty placeholders (ZeRO-3 keeps the weights in the "
+                                  "*_optim_states.pt partitions, which are missing)")
+            index.add_issue("missing-file", "no *_optim_states.pt: the ZeRO-3 weights cannot be rebuilt",
+                            file=None, warning=None)
+        rest = {k: v for k, v in obj.items() if k not in ("module", "ds_config")}
+        self._add_tree(index, built, rest, "", file, zip_)
+        self._finish(index, built, obj)
+
+    def _add_tree(self, index: CheckpointIndex, built: _Built, tree: dict, prefix: str, file: str,
+                  zip_: TorchZip) -> None:
+        for name, leaf in flatten(tree, prefix):
+            if isinstance(leaf, TensorRef):
+                if leaf.storage is None or name in built.tensors:
+                    continue
+                built.tensors[name] = tensor_meta(name, leaf, file, zip_.storages.get(leaf.storage.key),
+                                                  big_endian=zip_.big_endian, path=self.path)
+            else:
+                index.objects.append(ObjectEntry(name or "<root>", type_name(leaf), to_plain(leaf)))
+
+    def _optimizer_objects(self, index: CheckpointIndex, osd: dict, zip_: TorchZip, file: str, stage: int) -> None:
+        """Rank 0's optimizer state other than the flat partitions and moments: under ``optimizer.``."""
+        drop = {"single_partition_of_fp32_groups", "fp32_flat_groups"}
+        tree: dict[str, Any] = {}
+        for key, value in osd.items():
+            if key in drop:
+                continue
+            if key in ("base_optimizer_state", "optimizer_state_dict"):
+                value = self._strip_moments(value)
+            tree[str(key)] = value
+        built = _Built()
+        self._add_tree(index, built, tree, "optimizer", file, zip_)
+        for name, meta in built.tensors.items():
+            index.tensors[name] = replace(meta, attrs=meta.attrs + (("rank", "0"),))
+
+    @staticmethod
+    def _strip_moments(value: Any) -> Any:
+        def lean(state: Any) -> Any:
+            if not isinstance(state, dict):
+                return state
+            return {k: v for k, v in state.items() if not (isinstance(v, TensorRef) and len(v.shape) == 1)}
+
+        if isinstance(value, list):
+            return [lean(s) for s in value]
+        if isinstance(value, dict) and isinstance(value.get("state"), dict):
+            return {**value, "state": {k: lean(s) for k, s in value["state"].items()}}
+        return value
+
+    def _finish(self, index: CheckpointIndex, built: _Built, obj: dict) -> None:
+        for name, meta in built.tensors.items():
+            index.tensors.setdefault(name, meta)
+        self._holes.update(built.holes)
+        if built.holes:
+            index.warnings.append(f"{len(built.holes)} tensors lack the elements of missing rank files; reading "
+                                  "those regions fails")
+        steps = obj.get("global_steps")
+        if isinstance(steps, int) and not isinstance(steps, bool):
+            index.metadata.setdefault("iteration", steps)
+            index.metadata.setdefault("global_steps", steps)
+
+    # --- reading -------------------------------------------------------------------------------------
+
+    def read(self, name: str, region: Region | None = None) -> Any:
+        """As ``CheckpointReader.read``; elements a missing rank file held are an error naming it."""
+        meta = self.meta(name)
+        holes = self._holes.get(name)
+        if holes:
+            bounds = normalize_region(meta.shape, region)
+            for offsets, shape, file in holes:
+                if all(max(lo, o) < min(hi, o + s) for (lo, hi), o, s in zip(bounds, offsets, shape)):
+                    raise CkptError(f"{name}: the elements at {list(offsets)} (shape {list(shape)}) are in {file}, "
+                                    "which is missing", self.path)
+        return super().read(name, region)
+
+    def byte_span(self, name: str, region: Region | None = None) -> tuple[Path, int, int] | None:
+        if name in self._upcast:
+            return None
+        return super().byte_span(name, region)
+
+    def _read_chunk(self, meta: TensorMeta, chunk: Chunk, local: tuple[tuple[int, int], ...]) -> Any:
+        stored = self._upcast.get(meta.name)
+        if stored is None:
+            return super()._read_chunk(meta, chunk, local)
+        import numpy as np
+
+        return super()._read_chunk(replace(meta, dtype=stored), chunk, local).astype(np.float32)

@@ -1,0 +1,157 @@
+#!/usr/bin/env python
+"""Write tiny DeepSpeed ZeRO-1/2/3 checkpoints with DeepSpeed itself, plus its own fp32 oracle.
+
+    python sample_ckpts/make_deepspeed_samples.py OUT_DIR
+
+Needs ``deepspeed`` (CPU is enough: ``DS_BUILD_OPS=0 pip install deepspeed``; nothing is compiled,
+the client optimizer is torch's AdamW). Not shipped: tests write these into temporary dirs.
+
+For each stage ``S`` in 1, 2, 3, two gloo CPU ranks run ``deepspeed.initialize`` on a tiny
+transformers Llama (bf16, ZeRO stage ``S``), take two optimizer steps and call
+``engine.save_checkpoint(OUT/zero{S})``, which writes (FORMATS.md §7.1)::
+
+    OUT/zero{S}/latest                       # "global_step2"
+    OUT/zero{S}/zero_to_fp32.py
+    OUT/zero{S}/global_step2/mp_rank_00_model_states.pt                   # stage 1/2
+    OUT/zero{S}/global_step2/zero_pp_rank_{0,1}_mp_rank_00_model_states.pt  # stage 3
+    OUT/zero{S}/global_step2/(bf16_)zero_pp_rank_{0,1}_mp_rank_00_optim_states.pt
+
+The model's sizes are odd (hidden 9, 3 heads of 4, 1 KV head, MLP 13, vocab 37), so flat
+partitions need padding: stage 1/2 align each group to ``2 * world_size`` and split it in equal
+partitions (``layers.1``'s ``v_proj`` and ``embed_tokens`` straddle the rank boundary); stage 3
+pads every param to a multiple of the world size. Two param groups, as trainers make them
+(matrices with weight decay; embeddings and norms without). ``model.layers.0.input_layernorm.weight``
+is frozen (``frozen_param_shapes`` / ``frozen_param_fragments``; bf16 ZeRO-1 records neither, so
+DeepSpeed's oracle lacks it).
+
+Oracle: after the save, rank 0 runs DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint`` on the
+save dir and ``torch.save``s the result (plain contiguous tensors) to ``OUT/zero{S}.fp32_oracle.pt``;
+``OUT/hf_config/config.json`` is the Llama config (for ``ckptscope merge --hf-config``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # spawned ranks import this module by name
+
+from make_dist_samples import _init_gloo, _spawn
+
+STAGES = (1, 2, 3)
+TAG = "global_step2"
+DS_LLAMA = {"hidden_size": 9, "intermediate_size": 13, "num_hidden_layers": 2, "num_attention_heads": 3,
+            "num_key_value_heads": 1, "head_dim": 4, "vocab_size": 37, "max_position_embeddings": 32,
+            "tie_word_embeddings": False}
+FROZEN = "model.layers.0.input_layernorm.weight"
+
+
+def oracle_path(save_dir: Path) -> Path:
+    """DeepSpeed's own consolidated fp32 state dict for ``save_dir`` (kept outside it)."""
+    return save_dir.parent / f"{save_dir.name}.fp32_oracle.pt"
+
+
+def ds_config(stage: int) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": stage},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10_000,
+        "wall_clock_breakdown": False,
+    }
+
+
+def _tiny_llama():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(7)
+    model = LlamaForCausalLM(LlamaConfig(**DS_LLAMA)).float()
+    model.get_parameter(FROZEN).requires_grad_(False)
+    return model
+
+
+def _param_groups(model) -> list[dict]:
+    """Two groups, as trainers make them: decayed matrices, then embeddings and norms without decay."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (no_decay if param.ndim == 1 or "embed" in name else decay).append(param)
+    return [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _train_and_save(stage: int, rank: int, out: Path) -> Path:
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    model = _tiny_llama()
+    optimizer = torch.optim.AdamW(_param_groups(model), lr=1e-2)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(stage),
+                                      dist_init_required=False)
+    gen = torch.Generator().manual_seed(100 + rank)
+    for _ in range(2):
+        ids = torch.randint(0, DS_LLAMA["vocab_size"], (1, 8), generator=gen)
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+    save_dir = out / f"zero{stage}"
+    engine.save_checkpoint(str(save_dir), tag=TAG)
+    dist.barrier()
+    return save_dir
+
+
+def _write_oracle(save_dir: Path) -> None:
+    import torch
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    state = get_fp32_state_dict_from_zero_checkpoint(str(save_dir))
+    torch.save({k: v.detach().contiguous().clone() for k, v in state.items()}, oracle_path(save_dir))
+
+
+def _run_rank(rank: int, world_size: int, out: str, init_file: str, *, stages: tuple[int, ...]) -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+                       "LOCAL_WORLD_SIZE": str(world_size), "DS_ACCELERATOR": "cpu"})
+    _init_gloo(rank, world_size, init_file)
+    import torch.distributed as dist
+
+    for stage in stages:
+        save_dir = _train_and_save(stage, rank, Path(out))
+        if rank == 0:
+            _write_oracle(save_dir)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def write_deepspeed_samples(out: Path, stages: tuple[int, ...] = STAGES) -> dict[int, Path]:
+    """Write ``out/zero{S}`` for every stage (2 gloo ranks, one spawn) and ``out/hf_config/``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    _spawn(functools.partial(_run_rank, stages=tuple(stages)), out, world_size=2)
+    from transformers import LlamaConfig
+
+    LlamaConfig(**DS_LLAMA).save_pretrained(out / "hf_config")
+    return {stage: out / f"zero{stage}" for stage in stages}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        print(__doc__.strip().splitlines()[2].strip())
+        return 2
+    written = write_deepspeed_samples(Path(argv[0]))
+    print(json.dumps({stage: str(path) for stage, path in written.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,357 @@
+"""DeepSpeed ZeRO 1/2/3 save dirs, opened as the one fp32 model ``zero_to_fp32`` rebuilds.
+
+Fixtures come from sample_ckpts/make_deepspeed_samples.py: real ``deepspeed.initialize`` +
+``save_checkpoint`` on 2 gloo CPU ranks (bf16, odd param sizes so partitions need padding and a
+param straddles the ZeRO-1/2 rank boundary). Ground truth is DeepSpeed's own
+``get_fp32_state_dict_from_zero_checkpoint`` (written by the generator); for the Adam moments,
+DeepSpeed's own ``zero_to_fp32`` merge functions fed the moments instead of the fp32 groups.
+Needs ``deepspeed`` (CPU build, ``DS_BUILD_OPS=0``); skipped without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from dist_reference import SAMPLES, assert_no_torch_on_metadata_path
+
+from ckptscope.core.errors import CkptError
+from ckptscope.formats.deepspeed.reader import DeepSpeedReader, flat_range_boxes
+from ckptscope.formats.registry import detect_format
+from ckptscope.ops.opening import open_checkpoint
+
+TAG = "global_step2"
+STAGES = (1, 2, 3)
+
+
+# --- the flat-range decomposition (pure, no DeepSpeed needed) --------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(), (7,), (5, 3), (4, 3, 5), (2, 1, 3, 4), (3, 0, 2)])
+def test_flat_range_boxes_tile_the_range_with_contiguous_boxes(shape):
+    numel = math.prod(shape)
+    rng = np.random.default_rng(0)
+    ranges = {(0, numel), (0, 0)}
+    if numel:
+        ranges |= {tuple(sorted(int(i) for i in rng.integers(0, numel + 1, 2))) for _ in range(60)}
+    flat = np.arange(numel).reshape(shape)
+    for start, stop in ranges:
+        boxes = flat_range_boxes(shape, int(start), int(stop))
+        assert len(boxes) <= max(1, 2 * len(shape) - 1)
+        covered = []
+        for offsets, box, first in boxes:
+            part = flat[tuple(slice(o, o + s) for o, s in zip(offsets, box))]
+            values = part.reshape(-1)
+            assert values.size == math.prod(box) > 0
+            assert values[0] == first
+            assert np.array_equal(values, np.arange(first, first + values.size))  # contiguous in C order
+            covered.extend(values.tolist())
+        assert covered == list(range(start, stop))
+
+
+# --- real DeepSpeed saves -------------------------------------------------------------------------
+
+
+def ds_generators():
+    if str(SAMPLES) not in sys.path:
+        sys.path.insert(0, str(SAMPLES))
+    return importlib.import_module("make_deepspeed_samples")
+
+
+@pytest.fixture(scope="module")
+def saves(tmp_path_factory) -> dict[int, Path]:
+    pytest.importorskip("deepspeed")
+    pytest.importorskip("transformers")
+    return ds_generators().write_deepspeed_samples(tmp_path_factory.mktemp("deepspeed"))
+
+
+def oracle(save_dir: Path) -> dict[str, np.ndarray]:
+    import torch
+
+    state = torch.load(ds_generators().oracle_path(save_dir), weights_only=True)
+    return {k: as_numpy(v) for k, v in state.items()}
+
+
+def as_numpy(tensor) -> np.ndarray:
+    import torch
+
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+def assert_bitwise(reader, want: dict[str, np.ndarray]) -> None:
+    for name, value in want.items():
+        got = reader.read(name)
+        assert got.dtype == value.dtype and got.shape == value.shape, name
+        assert got.tobytes() == value.tobytes(), name
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_detected_and_inspect_json_lists_every_fp32_param(saves, stage):
+    save_dir = saves[stage]
+    assert detect_format(save_dir / TAG) is DeepSpeedReader
+    assert detect_format(save_dir) is DeepSpeedReader  # the save dir, through `latest`
+    want = oracle(save_dir)
+    result = run_cli("inspect", str(save_dir / TAG), "--json")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    assert report["format"] == "deepspeed"
+    assert report["metadata"]["deepspeed"]["zero_stage"] == stage
+    assert report["metadata"]["deepspeed"]["world_size"] == 2
+    assert report["metadata"]["warnings"] == []
+    tensors = {t["name"]: t for t in report["tensors"]}
+    for name, value in want.items():
+        assert tensors[name]["shape"] == list(value.shape), name
+        assert tensors[name]["dtype"] == str(value.dtype), name
+        assert tensors[name]["role"] == "model", name
+    trainable = [n for n, v in want.items() if v.dtype == np.float32]
+    assert len(trainable) == 20
+    for name in trainable:  # the moments are optimizer state
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert tensors[f"optimizer.state.{key}.{name}"]["role"] == "optimizer"
+            assert tensors[f"optimizer.state.{key}.{name}"]["shape"] == list(want[name].shape)
+    roles = report["metadata"]["roles"]
+    assert roles["unknown"] == [] and roles["naming"] == "hf"
+    assert roles["model"]["tensors"] == 21  # 20 trained + the frozen layernorm
+    if stage < 3:  # the module's bf16 copies: training state, not a second model
+        assert tensors["lp_params.lm_head.weight"]["dtype"] == "bfloat16"
+        assert tensors["lp_params.lm_head.weight"]["role"] == "optimizer"
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_values_equal_deepspeeds_zero_to_fp32_bitwise(saves, stage):
+    want = oracle(saves[stage])
+    for path in (saves[stage] / TAG, saves[stage]):
+        with open_checkpoint(path) as reader:
+            assert_bitwise(reader, want)
+            frozen = reader.read("model.layers.0.input_layernorm.weight")
+            assert frozen.dtype.name == "bfloat16"  # frozen params keep their stored dtype, as zero_to_fp32
+            if stage == 1:  # bf16 ZeRO-1 records no frozen params: zero_to_fp32 drops it, we keep the module's
+                assert "model.layers.0.input_layernorm.weight" not in want
+
+
+def test_a_param_straddles_the_zero2_rank_boundary_and_stage3_pads(saves):
+    with open_checkpoint(saves[2] / TAG) as reader:
+        for name in ("model.layers.1.self_attn.v_proj.weight", "model.embed_tokens.weight"):  # one per group
+            assert len({c.file for c in reader.meta(name).chunks}) == 2, name
+    with open_checkpoint(saves[3] / TAG) as reader:
+        meta = reader.meta("model.embed_tokens.weight")  # 333 elements: 167 + 166 (one padding element)
+        by_file: dict[str, int] = {}
+        for c in meta.chunks:
+            by_file[c.file] = by_file.get(c.file, 0) + math.prod(c.shape)
+        assert sorted(by_file.values()) == [166, 167]
+
+
+def _deepspeed_moments(save_dir: Path, stage: int, key: str) -> dict[str, np.ndarray]:
+    """DeepSpeed's own zero_to_fp32 merge, fed each rank's ``key`` moment instead of its fp32 groups."""
+    import torch
+    from deepspeed.utils import zero_to_fp32 as z
+
+    tag_dir = save_dir / TAG
+    models = z.parse_model_states(z.get_model_state_files(str(tag_dir)))
+    groups = []
+    for file in z.get_optim_files(str(tag_dir)):
+        osd = torch.load(file, weights_only=False)["optimizer_state_dict"]
+        if stage < 3:
+            fp32 = osd["single_partition_of_fp32_groups"]
+            state = osd["base_optimizer_state"]["state"]
+            groups.append([state[g][key][: fp32[g].numel()] for g in range(len(fp32))])
+        else:
+            state = osd["optimizer_state_dict"]["state"]
+            groups.append([state[g][key] for g in range(len(osd["fp32_flat_groups"]))])
+    out: dict = {}
+    if stage < 3:
+        paddings = torch.load(z.get_optim_files(str(tag_dir))[0], weights_only=False)["optimizer_state_dict"].get(
+            "param_alignment_paddings")
+        z._zero2_merge_trainable_params(out, len(groups), groups, models, paddings)
+    else:
+        z._zero3_merge_trainable_params(out, len(groups), groups, models)
+    return {k: v.contiguous().numpy() for k, v in out.items()}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_adam_moments_equal_deepspeeds_own_merge(saves, stage):
+    with open_checkpoint(saves[stage] / TAG) as reader:
+        for key in ("exp_avg", "exp_avg_sq"):
+            want = _deepspeed_moments(saves[stage], stage, key)
+            assert len(want) == 20
+            assert_bitwise(reader, {f"optimizer.state.{key}.{k}": v for k, v in want.items()})
+
+
+def test_byte_span_of_a_param_inside_one_rank(saves):
+    with open_checkpoint(saves[2] / TAG) as reader:
+        name = "model.layers.0.self_attn.q_proj.weight"  # first in group 0: wholly in rank 0's partition
+        span = reader.byte_span(name)
+        assert span is not None
+        path, offset, length = span
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            assert handle.read(length) == reader.read(name).tobytes()
+
+
+def test_indexing_and_reading_import_no_torch(saves):
+    for stage in STAGES:
+        assert_no_torch_on_metadata_path(saves[stage] / TAG, read="model.embed_tokens.weight")
+
+
+def test_missing_rank_file_is_reported_not_a_traceback(saves, tmp_path):
+    broken = tmp_path / "zero2"
+    shutil.copytree(saves[2], broken)
+    gone = "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    (broken / TAG / gone).unlink()
+
+    check = run_cli("check", str(broken / TAG))
+    assert check.code != 0
+    assert gone in check.out + check.err
+    assert "Traceback" not in check.err
+
+    inspect = run_cli("inspect", str(broken / TAG))
+    assert inspect.code == 0, inspect.err
+    assert gone in inspect.out + inspect.err
+    assert "Traceback" not in inspect.err
+
+    want = oracle(saves[2])
+    with open_checkpoint(broken / TAG) as reader:
+        assert reader.index().issues and reader.index().issues[0].kind == "missing-file"
+        first = "model.layers.0.self_attn.q_proj.weight"
+        assert_bitwise(reader, {first: want[first]})  # rank 0 only
+        with pytest.raises(CkptError, match=gone):
+            reader.read("lm_head.weight")  # the last param: rank 1 only
+        # the straddling param: rank 0's rows read, rank 1's refuse
+        q = "model.layers.1.self_attn.v_proj.weight"
+        assert reader.read(q, (slice(0, 1),)).tobytes() == want[q][:1].tobytes()
+        with pytest.raises(CkptError, match=gone):
+            reader.read(q)
+
+
+@pytest.mark.parametrize("stage", (2, 3))
+def test_merge_to_hf_loads_with_from_pretrained(saves, stage, tmp_path):
+    import torch
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "hf"
+    result = run_cli("merge", str(saves[stage]), str(out), "--hf-config", str(saves[stage].parent / "hf_config"))
+    assert result.code == 0, result.err
+    want = oracle(saves[stage])
+    stored = load_file(str(out / "model.safetensors"))
+    assert set(stored) == set(want)
+    for name, value in want.items():
+        got = stored[name]
+        assert got.dtype == value.dtype and got.tobytes() == value.tobytes(), name
+    model, info = AutoModelForCausalLM.from_pretrained(str(out), output_loading_info=True, dtype=torch.float32)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    for name, param in model.state_dict().items():
+        assert np.array_equal(param.numpy(), want[name].astype(np.float32)), name
+
+
+def test_model_states_only_is_the_model(saves, tmp_path):
+    """Without optim files a ZeRO-1/2 tag dir shows the module's bf16 weights as the model."""
+    only = tmp_path / TAG
+    only.mkdir()
+    shutil.copy(saves[2] / TAG / "mp_rank_00_model_states.pt", only)
+    with open_checkpoint(only) as reader:
+        index = reader.index()
+        assert index.tensors["lm_head.weight"].dtype == "bfloat16"
+        assert not any(n.startswith(("lp_params.", "optimizer.state.")) for n in index.tensors)
+    result = subprocess.run([sys.executable, "-m", "ckptscope", "inspect", str(only)], capture_output=True, text=True)
+    assert result.returncode == 0 and "Traceback" not in result.stderr
+
+
+# --- without DeepSpeed: the layout as DeepSpeed's source writes it, torch.save only ----------------
+#
+# Runs where deepspeed is not installed (CI). Stage 1/2 (``stage_1_and_2.py`` ``state_dict``): one
+# flat fp32 vector per group, padded to a multiple of 2 * world size, cut in equal partitions, the
+# last one saved without its padding (``group_paddings``); stage 3 (``stage3.py``): every param
+# padded to a multiple of the world size, rank r's ``fp32_flat_groups`` = its slice of each param.
+# The oracle is the fp32 params themselves, not anything the reader computes.
+
+SYNTH_SHAPES = {"embed.weight": (7, 5), "block.w": (3, 4, 5), "block.b": (11,), "head.weight": (5, 7)}
+
+
+def write_synthetic(out: Path, stage: int, world: int) -> dict[str, np.ndarray]:
+    import torch
+    from collections import OrderedDict
+
+    gen = torch.Generator().manual_seed(stage * 10 + world)
+    params = {k: torch.randn(s, generator=gen) for k, s in SYNTH_SHAPES.items()}
+    buffer = torch.arange(6, dtype=torch.bfloat16)
+    tag = out / "global_step5"
+    tag.mkdir(parents=True)
+    (out / "latest").write_text("global_step5")
+    module = OrderedDict((k, v.to(torch.bfloat16)) for k, v in params.items())
+    module["running"] = buffer
+    module["tied.weight"] = module["head.weight"]
+    model_states = {"module": module, "buffer_names": ["running"], "optimizer": None,
+                    "param_shapes": [OrderedDict((k, torch.Size(s)) for k, s in SYNTH_SHAPES.items())],
+                    "frozen_param_shapes": None, "frozen_param_fragments": None,
+                    "shared_params": {"tied.weight": "head.weight"}, "global_steps": 5, "dp_world_size": world,
+                    "ds_config": {"zero_optimization": {"stage": stage}}, "ds_version": "synthetic"}
+    flats = []
+    if stage < 3:
+        flat = torch.cat([p.reshape(-1) for p in params.values()])
+        padded = math.ceil(flat.numel() / (2 * world)) * 2 * world
+        flat = torch.cat([flat, torch.zeros(padded - flat.numel())])
+        part = padded // world
+        pad = padded - sum(p.numel() for p in params.values())
+        for r in range(world):
+            lean = part - (pad if r == world - 1 else 0)
+            flats.append(flat[r * part:r * part + lean].clone())
+    else:
+        for r in range(world):
+            pieces = []
+            for p in params.values():
+                n = p.numel()
+                size = math.ceil(n / world)
+                padded = torch.cat([p.reshape(-1), torch.zeros(size * world - n)])
+                pieces.append(padded[r * size:(r + 1) * size])
+            flats.append(torch.cat(pieces))
+    for r in range(world):
+        name = f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"
+        if stage == 3 or r == 0:
+            torch.save(model_states if stage < 3 else {**model_states, "module": OrderedDict(
+                (k, torch.empty(0, dtype=torch.bfloat16) if k in params else v) for k, v in module.items())},
+                tag / name)
+        moments = {"step": torch.tensor(5.0), "exp_avg": flats[r] * 2, "exp_avg_sq": flats[r] * 3}
+        if stage < 3:
+            osd = {"zero_stage": stage, "partition_count": [world], "single_partition_of_fp32_groups": [flats[r]],
+                   "group_paddings": [pad if r == world - 1 else 0],
+                   "base_optimizer_state": {"state": {0: moments}, "param_groups": [{"lr": 0.1, "params": [0]}]}}
+        else:
+            osd = {"zero_stage": 3, "partition_count": world, "fp32_flat_groups": [flats[r]],
+                   "optimizer_state_dict": {"state": {0: moments}, "param_groups": [{"lr": 0.1, "params": [0]}]}}
+        torch.save({"optimizer_state_dict": osd, "ds_version": "synthetic"},
+                   tag / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt")
+    want = {k: v.numpy() for k, v in params.items()}
+    want["tied.weight"] = want["head.weight"]
+    want["running"] = buffer.float().numpy()  # zero_to_fp32 reads floating buffers as float32
+    return want
+
+
+@pytest.mark.parametrize("stage,world", [(2, 2), (2, 3), (1, 4), (3, 2), (3, 3)])
+def test_synthetic_layout_without_deepspeed(tmp_path, stage, world):
+    pytest.importorskip("torch")
+    want = write_synthetic(tmp_path / "save", stage, world)
+    with open_checkpoint(tmp_path / "save") as reader:
+        index = reader.index()
+        assert index.format == "deepspeed" and not index.warnings
+        assert index.metadata["deepspeed"]["zero_stage"] == stage
+        assert_bitwise(reader, want)
+        for key, factor in (("exp_avg", 2), ("exp_avg_sq", 3)):
+            assert_bitwise(reader, {f"optimizer.state.{key}.{k}": (want[k] * np.float32(factor))
+                                    for k in SYNTH_SHAPES})
+        # a region across partitions reads the same as slicing the whole
+        box = (slice(1, 3), slice(2, 4), slice(1, 5))
+        assert reader.read("block.w", box).tobytes() == want["block.w"][1:3, 2:4, 1:5].tobytes()
+        assert reader.byte_span("running") is None  # stored as bf16, read as float32
