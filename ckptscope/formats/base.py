@@ -60,6 +60,9 @@ class CheckpointReader(ABC):
         self._index: CheckpointIndex | None = None
         self._maps: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._holes: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], str]]] = {}
+        """Per tensor, the (offsets, shape, file) boxes a missing rank file held (multi-file formats
+        fill it while indexing): the rest stays readable, a read that touches one is an error."""
 
     # --- what a format implements ----------------------------------------------------------
 
@@ -109,6 +112,10 @@ class CheckpointReader(ABC):
             return self._read_view(name, region)
         meta = self.meta(name)
         bounds = normalize_region(meta.shape, region)
+        for offsets, shape, file in self._holes.get(name, ()):
+            if all(max(lo, o) < min(hi, o + n) for (lo, hi), o, n in zip(bounds, offsets, shape)):
+                raise CkptError(f"{name}: the elements at {list(offsets)} (shape {list(shape)}) are in {file}, "
+                                "which is missing", self.path)
         dtype = meta.dtype_info.numpy()
         out_shape = tuple(stop - start for start, stop in bounds)
         if len(meta.chunks) == 1 and meta.chunks[0].shape == meta.shape:

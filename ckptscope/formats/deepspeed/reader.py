@@ -54,7 +54,7 @@ from ckptscope.core.dtypes import dtype_by_name
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
 from ckptscope.core.tensor import Chunk, TensorMeta
-from ckptscope.formats.base import CheckpointReader, Region, normalize_region
+from ckptscope.formats.base import CheckpointReader, Region
 from ckptscope.formats.pickles.safe import PickleStub, TensorRef, to_plain, type_name
 from ckptscope.formats.pickles.torch_file import (
     StoragePlacement,
@@ -254,7 +254,6 @@ class DeepSpeedReader(CheckpointReader):
 
     def __init__(self, path: Path, *, trust_pickle: bool = False) -> None:
         super().__init__(path, trust_pickle=trust_pickle)
-        self._holes: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], str]]] = {}
         self._upcast: dict[str, str] = {}
         """Buffers read as float32 from another stored float dtype: name -> stored dtype."""
 
@@ -714,17 +713,6 @@ class DeepSpeedReader(CheckpointReader):
 
     # --- reading -------------------------------------------------------------------------------------
 
-    def read(self, name: str, region: Region | None = None) -> Any:
-        """As ``CheckpointReader.read``; elements a missing rank file held are an error naming it."""
-        meta = self.meta(name)
-        holes = self._holes.get(name)
-        if holes:
-            bounds = normalize_region(meta.shape, region)
-            for offsets, shape, file in holes:
-                if all(max(lo, o) < min(hi, o + s) for (lo, hi), o, s in zip(bounds, offsets, shape)):
-                    raise CkptError(f"{name}: the elements at {list(offsets)} (shape {list(shape)}) are in {file}, "
-                                    "which is missing", self.path)
-        return super().read(name, region)
 
     def byte_span(self, name: str, region: Region | None = None) -> tuple[Path, int, int] | None:
         if name in self._upcast:

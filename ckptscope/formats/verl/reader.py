@@ -29,7 +29,7 @@ from typing import Any
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
 from ckptscope.core.tensor import Chunk, TensorMeta
-from ckptscope.formats.base import CheckpointReader, Region, normalize_region
+from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.megatron.dist_reader import MegatronDistReader
 from ckptscope.formats.pickles.dtensor import EXTRA_GLOBALS, Decoded, walk_state
 from ckptscope.formats.pickles.safe import to_plain, type_name
@@ -221,7 +221,6 @@ class VerlFsdpReader(CheckpointReader):
 
     def __init__(self, path: Path, *, trust_pickle: bool = False) -> None:
         super().__init__(path, trust_pickle=trust_pickle)
-        self._holes: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], str]]] = {}
 
     @classmethod
     def supports(cls, path: Path) -> bool:
@@ -345,17 +344,6 @@ class VerlFsdpReader(CheckpointReader):
         if (self.path / HF_SUBDIR).is_dir():
             add_hf_subdir(index, self.path / HF_SUBDIR, HF_SUBDIR)
 
-    def read(self, name: str, region: Region | None = None) -> Any:
-        """As ``CheckpointReader.read``, but a region that a missing rank file held is an error."""
-        meta = self.meta(name)
-        holes = self._holes.get(name)
-        if holes:
-            bounds = normalize_region(meta.shape, region)
-            for offsets, shape, file in holes:
-                if all(max(lo, o) < min(hi, o + s) for (lo, hi), o, s in zip(bounds, offsets, shape)):
-                    raise CkptError(f"{name}: the elements at {list(offsets)} (shape {list(shape)}) are in {file}, "
-                                    "which is missing", self.path)
-        return super().read(name, region)
 
 
 @register_reader
