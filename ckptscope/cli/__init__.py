@@ -159,6 +159,7 @@ def _register_commands() -> None:
     from ckptscope.cli.check_cmd import check
     from ckptscope.cli.convert_cmd import convert, merge, verify
     from ckptscope.cli.diff_cmd import diff
+    from ckptscope.cli.lora_cmd import lora
     from ckptscope.cli.rename_cmd import rename
 
     cli.add_command(rename)
@@ -167,6 +168,7 @@ def _register_commands() -> None:
     cli.add_command(convert)
     cli.add_command(merge)
     cli.add_command(verify)
+    cli.add_command(lora)
 
 
 _register_commands()

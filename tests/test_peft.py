@@ -1,0 +1,299 @@
+"""PEFT LoRA adapters through the real CLI: inspect, ``lora stats``, ``lora merge``.
+
+Fixtures come from sample_ckpts/make_peft_samples.py (transformers ``save_pretrained`` for the base,
+``PeftModel.save_pretrained`` for the adapters); the merge is checked bit for bit against PEFT's own
+``merge_and_unload()``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, load_sample_module, run_cli
+
+pytest.importorskip("peft")
+
+
+@pytest.fixture(scope="module")
+def peft_samples(tmp_path_factory) -> dict[str, Path]:
+    module = load_sample_module("make_peft_samples")
+    out = tmp_path_factory.mktemp("peft")
+    return {name: writer(out) for name, writer in module.WRITERS.items()}
+
+
+def _inspect(path: Path) -> dict:
+    result = run_cli("inspect", "--json", str(path))
+    assert result.code == 0, result.err
+    return json.loads(result.out)
+
+
+def _adapter_arrays(path: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return load_file(str(path / "adapter_model.safetensors"))
+
+
+def test_inspect_shows_pairs_with_rank_and_alpha(peft_samples):
+    doc = _inspect(peft_samples["peft_lora"])
+    assert doc["format"] == "peft"
+    names = {t["name"] for t in doc["tensors"]}
+    assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in names
+    lora = doc["metadata"]["lora"]
+    assert lora["num_pairs"] == 6 and lora["r"] == 4 and lora["lora_alpha"] == 8
+    for pair in lora["pairs"]:
+        assert pair["r"] == 4 and pair["lora_alpha"] == 8 and pair["scaling"] == 2.0
+        assert pair["A"].endswith(".lora_A.weight") and pair["B"].endswith(".lora_B.weight")
+    assert set(lora["modules"]) == {"q_proj", "v_proj", "down_proj"}
+    assert lora["modules"]["q_proj"]["line"] == "q_proj: 2 layers, r=4, alpha=8, scale=2"
+    assert lora["unsupported_merge"] == []
+    assert {"name": "adapter_config", "type": "json"} in doc["objects"]
+
+    human = run_cli("inspect", str(peft_samples["peft_lora"]))
+    assert human.code == 0, human.err
+    assert "q_proj: 2 layers, r=4, alpha=8" in human.out
+
+
+def test_inspect_rslora_and_rank_pattern(peft_samples):
+    lora = _inspect(peft_samples["peft_lora_rslora"])["metadata"]["lora"]
+    assert lora["use_rslora"] is True
+    by_module = {p["module"]: p for p in lora["pairs"]}
+    special = by_module["model.layers.1.self_attn.v_proj"]
+    assert (special["r"], special["lora_alpha"]) == (2, 6)
+    assert special["scaling"] == pytest.approx(6 / 2 ** 0.5)
+    assert by_module["model.layers.0.self_attn.v_proj"]["scaling"] == pytest.approx(8 / 4 ** 0.5)
+    assert lora["modules"]["v_proj"]["r"] == [2, 4]
+
+
+def test_inspect_fan_in_fan_out_and_biases(peft_samples):
+    lora = _inspect(peft_samples["peft_gpt2_lora"])["metadata"]["lora"]
+    assert lora["fan_in_fan_out"] is True and lora["bias"] == "lora_only" and lora["lora_bias"] is True
+    assert len(lora["saved_biases"]) == 4 and all(".base_layer.bias" in n for n in lora["saved_biases"])
+    assert all(p["lora_bias"].endswith(".lora_B.bias") for p in lora["pairs"])
+    assert lora["unsupported_merge"] == [] and lora["other_tensors"] == []
+
+
+def test_stats_rank_matches_numpy(peft_samples, tmp_path):
+    # A rank-deficient copy: one B column repeats another, so B @ A has rank r - 1.
+    adapter = tmp_path / "lowrank"
+    shutil.copytree(peft_samples["peft_lora"], adapter)
+    arrays = _adapter_arrays(adapter)
+    low = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
+    arrays[low][:, 1] = arrays[low][:, 0]
+    from safetensors.numpy import save_file
+
+    save_file(arrays, str(adapter / "adapter_model.safetensors"), metadata={"format": "pt"})
+    for path in (peft_samples["peft_lora"], peft_samples["peft_lora_rslora"], adapter):
+        result = run_cli("lora", "stats", "--json", str(path))
+        assert result.code == 0, result.err
+        doc = json.loads(result.out)
+        arrays = _adapter_arrays(path)
+        assert len(doc["pairs"]) == 6
+        for pair in doc["pairs"]:
+            prefix = "base_model.model." + pair["module"]
+            product = arrays[prefix + ".lora_B.weight"].astype(np.float64) @ arrays[prefix + ".lora_A.weight"].astype(np.float64)
+            assert pair["rank"] == np.linalg.matrix_rank(product), pair["module"]
+            expected = np.linalg.svd(product, compute_uv=False)[: pair["r"]]
+            np.testing.assert_allclose(pair["singular_values"], expected, rtol=1e-12)
+        if path == adapter:
+            ranks = {p["module"]: p["rank"] for p in doc["pairs"]}
+            assert ranks["model.layers.0.self_attn.q_proj"] == 3
+    human = run_cli("lora", "stats", str(adapter))
+    assert human.code == 0 and "rank 3/4" in human.out
+
+
+def _peft_merged_state(base: Path, adapter: Path) -> dict:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    return {k: v.detach().contiguous() for k, v in merged.state_dict().items()}
+
+
+@pytest.mark.parametrize(("adapter", "base_name", "n_changed"), [
+    ("peft_lora", "peft_llama_base", 6),  # q_proj, v_proj, down_proj in 2 layers: B was set non-zero
+    ("peft_lora_rslora", "peft_llama_base", 6),
+    ("peft_gpt2_lora", "peft_gpt2_base", 8),  # fan_in_fan_out Conv1D weights and their biases (lora_only + lora_bias)
+])
+def test_merge_equals_peft_merge_and_unload_bitwise(peft_samples, tmp_path, adapter, base_name, n_changed):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "merged"
+    base_dir = peft_samples[base_name]
+    result = run_cli("lora", "merge", str(peft_samples[adapter]), str(base_dir), str(out))
+    assert result.code == 0, result.err
+    ours = load_file(str(out / "model.safetensors"))
+    reference = _peft_merged_state(base_dir, peft_samples[adapter])
+    if "lm_head.weight" not in ours:  # GPT-2 ties it to wte: not stored, as in the base
+        del reference["lm_head.weight"]
+    assert set(ours) == set(reference)
+    base = load_file(str(base_dir / "model.safetensors"))
+    changed = 0
+    for name, tensor in reference.items():
+        assert ours[name].dtype == tensor.dtype == torch.float32, name
+        assert torch.equal(ours[name].view(torch.int32), tensor.view(torch.int32)), name
+        changed += not torch.equal(base[name], ours[name])
+    assert changed == n_changed
+
+    model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert not info.get("mismatched_keys"), info
+
+
+def test_merge_float32_keeps_fp32(peft_samples, tmp_path):
+    out = tmp_path / "merged32"
+    result = run_cli("lora", "merge", "--dtype", "float32", "--json", str(peft_samples["peft_lora"]),
+                     str(peft_samples["peft_llama_base"]), str(out))
+    assert result.code == 0, result.err
+    plan = json.loads(result.out)
+    assert len(plan["merged"]) == 6 and plan["dtype"] == "float32"
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
+    assert (out / "generation_config.json").is_file()
+
+
+def _refused(result, out: Path, parent_before: set[str]) -> None:
+    assert result.code == 2, (result.out, result.err)
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckptscope: error:"), result.err
+    assert "Traceback" not in result.err
+    assert not out.exists()
+    assert set(p.name for p in out.parent.iterdir()) == parent_before  # no temp dir left behind
+
+
+def test_merge_refusals_write_nothing(peft_samples, tmp_path):
+    base = str(peft_samples["peft_llama_base"])
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / "out"
+
+    result = run_cli("lora", "merge", str(peft_samples["peft_lora_dora"]), base, str(out))
+    _refused(result, out, set())
+    assert "DoRA" in result.err
+
+    to_save = tmp_path / "to_save"
+    shutil.copytree(peft_samples["peft_lora"], to_save)
+    config = json.loads((to_save / "adapter_config.json").read_text())
+    config["modules_to_save"] = ["lm_head"]
+    (to_save / "adapter_config.json").write_text(json.dumps(config))
+    result = run_cli("lora", "merge", str(to_save), base, str(out))
+    _refused(result, out, set())
+    assert "modules_to_save" in result.err
+
+    embed = tmp_path / "embed"
+    shutil.copytree(peft_samples["peft_lora"], embed)
+    from safetensors.numpy import save_file
+
+    arrays = _adapter_arrays(embed)
+    arrays["base_model.model.model.embed_tokens.lora_embedding_A"] = np.zeros((4, 128), np.float32)
+    arrays["base_model.model.model.embed_tokens.lora_embedding_B"] = np.zeros((32, 4), np.float32)
+    save_file(arrays, str(embed / "adapter_model.safetensors"), metadata={"format": "pt"})
+    result = run_cli("lora", "merge", str(embed), base, str(out))
+    _refused(result, out, set())
+    assert "embedding LoRA" in result.err
+
+    result = run_cli("lora", "merge", base, base, str(out))  # the base is no adapter
+    _refused(result, out, set())
+
+    result = run_cli("lora", "merge", str(peft_samples["peft_lora"]), str(peft_samples["peft_lora_rslora"]), str(out))
+    _refused(result, out, set())  # an adapter is no base model
+
+    out.mkdir()
+    result = run_cli("lora", "merge", str(peft_samples["peft_lora"]), base, str(out))
+    assert result.code == 2 and "destination exists" in result.err and not any(out.iterdir())
+
+
+def test_adapter_model_bin_is_read(peft_samples, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    adapter = tmp_path / "bin_adapter"
+    adapter.mkdir()
+    shutil.copy(peft_samples["peft_lora"] / "adapter_config.json", adapter)
+    torch.save(load_file(str(peft_samples["peft_lora"] / "adapter_model.safetensors")), adapter / "adapter_model.bin")
+    doc = _inspect(adapter)
+    assert doc["format"] == "peft" and doc["metadata"]["weights"] == "adapter_model.bin"
+    assert doc["metadata"]["lora"]["num_pairs"] == 6
+    a = json.loads(run_cli("lora", "stats", "--json", str(adapter)).out)
+    b = json.loads(run_cli("lora", "stats", "--json", str(peft_samples["peft_lora"])).out)
+    assert [p["singular_values"] for p in a["pairs"]] == [p["singular_values"] for p in b["pairs"]]
+
+
+def test_indexing_and_stats_never_import_torch(peft_samples):
+    code = (
+        "import sys\n"
+        "from ckptscope.cli import main\n"
+        "for args in (['inspect', '--json', sys.argv[1]], ['lora', 'stats', '--json', sys.argv[1]]):\n"
+        "    try:\n"
+        "        main(args)\n"
+        "    except SystemExit as e:\n"
+        "        assert not e.code, e.code\n"
+        "bad = [m for m in ('torch', 'textual', 'peft', 'transformers') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(peft_samples["peft_lora"])], check=True, cwd=REPO,
+                   capture_output=True)
+
+
+def test_large_pairs_use_the_qr_core_with_the_same_values(peft_samples):
+    from ckptscope.ops.lora import lora_stats
+
+    _, full = lora_stats(peft_samples["peft_lora"])
+    _, core = lora_stats(peft_samples["peft_lora"], full_svd_max_elems=0)
+    assert {p.method for p in full} == {"svd"} and {p.method for p in core} == {"qr"}
+    for a, b in zip(full, core):
+        assert a.rank == b.rank
+        np.testing.assert_allclose(a.singular_values, b.singular_values, rtol=1e-12)
+
+
+def test_without_torch_stats_work_and_merge_refuses(peft_samples, tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _NotInstalled:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'torch':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, _NotInstalled())\n")
+    import os
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REPO)]))
+    assert run_cli("inspect", "--json", str(peft_samples["peft_lora"]), env=env).code == 0
+    assert run_cli("lora", "stats", str(peft_samples["peft_lora"]), env=env).code == 0
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / "out"
+    result = run_cli("lora", "merge", str(peft_samples["peft_lora"]), str(peft_samples["peft_llama_base"]), str(out),
+                     env=env)
+    _refused(result, out, set())
+    assert "torch" in result.err
+
+
+def test_merge_into_a_bfloat16_base_equals_peft(peft_samples, tmp_path):
+    """PEFT upcasts the adapter to float32 and adds its update to the bf16 weight in float32."""
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    base = tmp_path / "base_bf16"
+    AutoModelForCausalLM.from_pretrained(peft_samples["peft_llama_base"], dtype=torch.bfloat16).save_pretrained(base)
+    out = tmp_path / "merged_bf16"
+    result = run_cli("lora", "merge", str(peft_samples["peft_lora"]), str(base), str(out))
+    assert result.code == 0, result.err
+    ours = load_file(str(out / "model.safetensors"))
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
+    reference = PeftModel.from_pretrained(model, peft_samples["peft_lora"]).merge_and_unload().state_dict()
+    for name, tensor in ours.items():
+        assert tensor.dtype == torch.bfloat16, name
+        assert torch.equal(tensor.view(torch.int16), reference[name].contiguous().view(torch.int16)), name
