@@ -66,15 +66,17 @@ _FAMILIES = (
                          r"embedding\.position_embeddings\.|output_layer\.|mtp\.")),
     ("hf", re.compile(r"model\.(layers\.\d+\.[A-Za-z_]+\.|embed_tokens\.|norm\.|rotary_emb\.|language_model\.)|"
                       r"lm_head\.")),
+    ("gguf", re.compile(r"token_embd\.|output(_norm)?\.weight\Z|blk\.\d+\.[a-z_]+\.")),  # llama.cpp's names
     ("torchtitan", re.compile(r"tok_embeddings\.|output\.weight\Z|norm\.weight\Z|"
                               r"layers\.\d+\.(attention|feed_forward|attention_norm|ffn_norm|moe)\.")),
 )
 
 
 def naming_family(names: Iterable[str]) -> str:
-    """``"mcore"`` (Megatron-Core GPTModel names), ``"hf"`` (transformers names), ``"torchtitan"``
-    (torchtitan's Llama-style names) or ``"other"``: whichever most names follow."""
-    counts = dict.fromkeys(("mcore", "hf", "torchtitan"), 0)
+    """``"mcore"`` (Megatron-Core GPTModel names), ``"hf"`` (transformers names), ``"gguf"``
+    (llama.cpp's), ``"torchtitan"`` (torchtitan's Llama-style names) or ``"other"``: whichever most
+    names follow."""
+    counts = dict.fromkeys(("mcore", "hf", "gguf", "torchtitan"), 0)
     for name in names:
         for family, pattern in _FAMILIES:
             if pattern.match(name):

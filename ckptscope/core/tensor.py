@@ -26,6 +26,10 @@ class Encoding(str, Enum):
     """The byte range is itself a ``torch.save`` zip holding one tensor (DCP ``.distcp`` items)."""
     LOADED = "loaded"
     """Only reachable through a trusted ``torch.load`` (``--trust-pickle``); no byte range."""
+    GGUF_QUANT = "gguf-quant"
+    """ggml block-quantised data (GGUF ``Q8_0``, ``Q4_K`` ...): ``byte_length`` bytes of fixed-size
+    blocks, rows in C order over ``shape``, each row a whole number of blocks. The tensor's dtype is
+    what reading gives (float32, dequantised by the GGUF reader); its ``ggml_type`` attr names the type."""
 
 
 @dataclass(frozen=True, slots=True)

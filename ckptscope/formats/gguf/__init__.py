@@ -1,0 +1,1 @@
+"""GGUF (llama.cpp / ggml) single-file models: header, KV metadata, tensor infos, block-quantised data."""

@@ -1,0 +1,312 @@
+"""GGUF (llama.cpp): samples written by gguf-py's own writer, read by ckptscope's lazy reader and
+compared with gguf-py's reader and dequantiser (bit for bit)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, load_sample_module, run_cli
+
+gguf = pytest.importorskip("gguf", reason="gguf (gguf-py) is a dev dependency: pip install -e '.[dev]'")
+
+from ckptscope.core.errors import CkptError  # noqa: E402
+from ckptscope.ops.opening import open_checkpoint  # noqa: E402
+
+DTYPE_OF = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I8": "int8",
+            "I16": "int16", "I32": "int32", "I64": "int64"}
+"""Plain ggml types -> ckptscope dtype; quantised types read as float32."""
+
+
+@pytest.fixture(scope="module")
+def gguf_samples(tmp_path_factory) -> dict[str, Path]:
+    make = load_sample_module("make_gguf_samples")
+    out = tmp_path_factory.mktemp("gguf")
+    return {name: writer(out) for name, writer in make.WRITERS.items()}
+
+
+@pytest.fixture(scope="module")
+def tiny(gguf_samples) -> Path:
+    return gguf_samples["tiny_llama.gguf"]
+
+
+def _expected_dtype(qtype) -> str:
+    return DTYPE_OF.get(qtype.name, "float32")
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(a).astype(np.float32)).view(np.uint32)
+
+
+# --- listing ------------------------------------------------------------------------------------
+
+
+def test_inspect_json_lists_every_tensor_like_gguf_py(tiny):
+    result = run_cli("inspect", str(tiny), "--json")
+    assert result.code == 0, result.err
+    doc = json.loads(result.out)
+    assert doc["format"] == "gguf"
+    ref = gguf.GGUFReader(tiny)
+    listed = {t["name"]: t for t in doc["tensors"]}
+    assert list(listed) == [t.name for t in ref.tensors]
+    types = doc["metadata"]["gguf"]["ggml_types"]
+    for t in ref.tensors:
+        entry = listed[t.name]
+        assert entry["shape"] == list(reversed(t.shape.tolist())), t.name  # numpy order
+        assert entry["dtype"] == _expected_dtype(t.tensor_type), t.name
+        assert types[t.name] == t.tensor_type.name
+    seen = {types[n] for n in types}
+    assert {"F32", "F16", "BF16", "Q8_0", "Q4_K", "Q6_K"} <= seen
+    assert doc["metadata"]["gguf"]["version"] == 3 and doc["metadata"]["gguf"]["alignment"] == 32
+    assert doc["metadata"]["gguf"]["kv"]["llama.block_count"] == 2
+    assert doc["metadata"]["model_type"] == "llama"
+
+
+def test_tensor_attrs_show_dims_and_block_layout(tiny):
+    index = open_checkpoint(tiny).index()
+    ref = {t.name: t for t in gguf.GGUFReader(tiny).tensors}
+    for name, meta in index.tensors.items():
+        assert meta.attr("ggml_type") == ref[name].tensor_type.name
+        assert meta.attr("ggml_block")
+        assert meta.attr("gguf_dims").startswith(str(ref[name].shape.tolist()))
+        chunk = meta.chunks[0]
+        assert chunk.byte_offset == ref[name].data_offset
+        assert chunk.byte_length == ref[name].n_bytes
+    q4k = index.tensors["blk.0.attn_q.weight"]
+    assert q4k.attr("ggml_block").startswith("256-element super-blocks of 144 bytes (4.5 bits/element)")
+    assert q4k.shape == (256, 256) and q4k.attr("stored_bytes") == str(256 * 144)
+    assert index.tensors["blk.0.attn_k.weight"].shape == (128, 256)  # GGUF dims [256, 128]
+    assert index.tensors["blk.0.ffn_down.weight"].shape == (256, 512)
+    assert index.tensors["blk.0.attn_output.weight"].attr("ggml_block").startswith("32-element blocks of 34 bytes")
+    assert index.tensors["output.weight"].attr("ggml_block").startswith("256-element super-blocks of 210 bytes")
+    assert index.tensors["output_norm.weight"].attr("ggml_block") == "plain float32, 4 bytes per element"
+
+
+def test_kv_metadata_objects_and_vocab_summary(tiny):
+    index = open_checkpoint(tiny).index()
+    objects = {o.name: o for o in index.objects}
+    assert objects["general.architecture"].value == "llama"
+    assert objects["llama.attention.head_count_kv"].value == 2
+    assert objects["llama.context_length"].type == "gguf u32"
+    tokens = objects["tokenizer.ggml.tokens"]
+    assert tokens.type == "gguf array of 256 string"
+    assert tokens.value["count"] == 256 and tokens.value["head"][:3] == ["<unk>", "<s>", "</s>"]
+    assert len(tokens.value["head"]) < 16  # summarised, not dumped
+    assert objects["tokenizer.ggml.scores"].value["count"] == 256
+    # every KV gguf-py sees is an object (gguf-py adds its GGUF.* header fields)
+    ref_keys = [k for k in gguf.GGUFReader(tiny).fields if not k.startswith("GGUF.")]
+    assert [o.name for o in index.objects] == ref_keys
+
+
+def test_ggml_type_table_matches_gguf_py():
+    from ckptscope.formats.gguf.types import BY_ID
+
+    for qtype, (block, size) in gguf.GGML_QUANT_SIZES.items():
+        ours = BY_ID[int(qtype)]
+        assert (ours.name, ours.block_size, ours.type_size) == (qtype.name, block, size)
+
+
+def test_check_exits_0(gguf_samples):
+    for path in gguf_samples.values():
+        result = run_cli("check", str(path))
+        assert result.code == 0, result.out + result.err
+        assert "ok:" in result.out
+
+
+def test_gguf_magic_wins_over_the_name(tiny, tmp_path):
+    """Detection row 1: the magic, whatever the file is called (even *.safetensors)."""
+    odd = tmp_path / "model.safetensors"
+    shutil.copy(tiny, odd)
+    assert open_checkpoint(odd).index().format == "gguf"
+    assert open_checkpoint(tiny).index().format == "gguf"
+
+
+# --- values -------------------------------------------------------------------------------------
+
+
+def test_values_equal_gguf_dequantize_bitwise(tiny):
+    reader = open_checkpoint(tiny)
+    seen = set()
+    for t in gguf.GGUFReader(tiny).tensors:
+        ref = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type))
+        ours = reader.read(t.name)
+        assert ours.shape == tuple(reversed(t.shape.tolist())), t.name
+        assert str(ours.dtype) == _expected_dtype(t.tensor_type), t.name
+        assert np.array_equal(_bits(ours), _bits(ref.reshape(ours.shape))), t.name
+        seen.add(t.tensor_type.name)
+    assert seen == {"F32", "F16", "BF16", "Q8_0", "Q4_K", "Q6_K"}
+
+
+def test_dequantisers_on_random_blocks_bitwise():
+    """Every bit pattern matters (NaN/inf/subnormal scales, all 6-bit codes): random bytes."""
+    from ckptscope.formats.gguf.dequant import BLOCK_DEQUANT
+
+    rng = np.random.default_rng(0)
+    for name, (block, size, fn) in BLOCK_DEQUANT.items():
+        raw = rng.integers(0, 256, size=(64, size), dtype=np.uint8)
+        with np.errstate(all="ignore"):  # random f16 scales include inf and NaN
+            ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[name]).reshape(64, block)
+            ours = fn(raw)
+        assert np.array_equal(_bits(ours), _bits(ref)), name
+
+
+def test_region_reads_touch_only_the_rows_asked_for(tiny):
+    reader = open_checkpoint(tiny)
+    for name in ("blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.0.ffn_up.weight", "blk.1.attn_k.weight"):
+        full = reader.read(name)
+        part = reader.read(name, (slice(3, 17), slice(5, 200)))
+        assert np.array_equal(_bits(part), _bits(full[3:17, 5:200])), name
+        assert np.array_equal(_bits(reader.read(name, (slice(7, 8),))), _bits(full[7:8])), name
+
+
+def test_unreadable_type_is_listed_and_refuses_values(gguf_samples):
+    path = gguf_samples["other_quants.gguf"]
+    result = run_cli("inspect", str(path), "--json")
+    assert result.code == 0, result.err
+    doc = json.loads(result.out)
+    assert doc["metadata"]["gguf"]["ggml_types"]["blk.0.attn_q.weight"] == "Q4_0"
+    assert doc["metadata"]["gguf"]["tensor_types"]["Q4_0"]["block"].startswith("32-element blocks of 18 bytes")
+    reader = open_checkpoint(path)
+    assert reader.read("blk.0.attn_norm.weight").shape == (64,)
+    with pytest.raises(CkptError, match="Q4_0"):
+        reader.read("blk.0.attn_q.weight")
+    result = run_cli("diff", str(path), str(path))  # diff reads values
+    assert result.code == 2
+    assert len(result.err.strip().splitlines()) == 1
+    assert "Q4_0" in result.err or "Q5_1" in result.err, result.err
+
+
+# --- damage -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keep", [3, 10, 100, 3000, -100])
+def test_truncated_file_is_one_line_exit_2(tiny, tmp_path, keep):
+    data = tiny.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:keep] if keep > 0 else data[:keep])
+    for command in ("inspect", "check"):
+        result = run_cli(command, str(cut))
+        assert result.code == 2, (command, result)
+        lines = result.err.strip().splitlines()
+        assert len(lines) == 1 and str(cut) in lines[0], lines
+        assert "truncated" in lines[0] or "not a GGUF" in lines[0], lines
+
+
+def test_bad_version_and_garbage(tmp_path):
+    v1 = tmp_path / "v1.gguf"
+    v1.write_bytes(b"GGUF" + struct.pack("<IQQ", 1, 0, 0))
+    result = run_cli("inspect", str(v1))
+    assert result.code == 2 and "version 1" in result.err and len(result.err.strip().splitlines()) == 1
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"\x00" * 64)
+    result = run_cli("inspect", str(junk))
+    assert result.code == 2 and "not a GGUF file" in result.err and len(result.err.strip().splitlines()) == 1
+
+
+def test_empty_gguf_without_tensors(tmp_path):
+    path = tmp_path / "empty.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    index = open_checkpoint(path).index()
+    assert len(index) == 0 and index.objects[0].value == "llama"
+
+
+def test_big_endian_file(tmp_path):
+    path = tmp_path / "be.gguf"
+    writer = gguf.GGUFWriter(path, "llama", endianess=gguf.GGUFEndian.BIG)
+    values = np.arange(24, dtype=np.float32).reshape(4, 6)
+    writer.add_tensor("w", values)
+    writer.add_tensor("h", values.astype(np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader = open_checkpoint(path)
+    index = reader.index()
+    assert index.metadata["gguf"]["big_endian"] and index.tensors["w"].shape == (4, 6)
+    assert np.array_equal(reader.read("w"), values)
+    assert np.array_equal(reader.read("h"), values.astype(np.float16))
+
+
+# --- laziness -----------------------------------------------------------------------------------
+
+
+def test_indexing_imports_no_torch(tiny):
+    code = (
+        "import sys, json\n"
+        "from ckptscope.ops.opening import open_checkpoint\n"
+        f"ix = open_checkpoint({str(tiny)!r}).index()\n"
+        "print(json.dumps({'n': len(ix.tensors), 'torch': 'torch' in sys.modules,\n"
+        "                  'gguf': 'gguf' in sys.modules, 'numpy': 'numpy' in sys.modules}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
+    assert json.loads(out) == {"n": 21, "torch": False, "gguf": False, "numpy": False}
+
+
+def test_cli_inspect_imports_no_torch(tiny):
+    code = (
+        "import sys\n"
+        "from ckptscope.cli import main\n"
+        "try:\n"
+        f"    main(['inspect', '--json', {str(tiny)!r}])\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "bad = [m for m in ('torch', 'gguf') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, capture_output=True)
+
+
+# --- towards diff against the HF model: names and the Q/K permutation ---------------------------
+
+
+def test_hf_names_and_qk_permutation_round_trip(tmp_path, make_samples):
+    """A transformers Llama written to GGUF the way convert_hf_to_gguf.py writes it (llama.cpp
+    names, Q/K permuted), read back by ckptscope: names map back and unpermuting gives HF's
+    weights exactly (F32) or within the quantisation error (Q8_0)."""
+    from ckptscope.formats.gguf.hf_names import gguf_to_hf_name, hf_to_gguf_name, permute_qk, qk_heads, unpermute_qk
+
+    cfg = make_samples.TINY_LLAMA
+    n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    state = {k: v.float().numpy() for k, v in make_samples.tiny_llama(dtype="float32").state_dict().items()}
+    for qtype in ("F32", "Q8_0"):
+        path = tmp_path / f"hf_{qtype}.gguf"
+        writer = gguf.GGUFWriter(path, "llama")
+        for hf_name, values in state.items():
+            name = hf_to_gguf_name(hf_name)
+            assert name is not None and gguf_to_hf_name(name) == hf_name, hf_name
+            heads = qk_heads(name, n_head, n_kv)
+            data = permute_qk(values, heads) if heads else values
+            if qtype == "F32" or data.ndim == 1:
+                writer.add_tensor(name, np.ascontiguousarray(data))
+            else:
+                writer.add_tensor(name, gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0),
+                                  raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        reader = open_checkpoint(path)
+        assert {gguf_to_hf_name(n) for n in reader.index().tensors} == set(state)
+        for name in reader.index().tensors:
+            hf = state[gguf_to_hf_name(name)]
+            heads = qk_heads(name, n_head, n_kv)
+            values = reader.read(name)
+            back = unpermute_qk(values, heads) if heads else values
+            if heads:
+                assert not np.array_equal(values, hf) or qtype != "F32", name  # it really was permuted
+            if qtype == "F32" or hf.ndim == 1:
+                assert np.array_equal(back, hf), name
+            else:
+                err = np.abs(back - hf).max() / np.abs(hf).max()
+                assert err < 0.01, (name, err)
