@@ -57,6 +57,16 @@ async def type_into(pilot, field_id: str, value: str) -> None:
     await replan(pilot)
 
 
+async def open_convert_form(pilot) -> ConvertScreen:
+    """Wait for the browser, press C as a user does, and wait for the first plan."""
+    await settle(pilot)
+    await pilot.press("C")
+    await replan(pilot)
+    form = pilot.app.screen
+    assert isinstance(form, ConvertScreen)
+    return form
+
+
 def plan_rows(screen: ConvertScreen) -> dict[str, list[str]]:
     table = screen.query_one("#convert-plan", DataTable)
     return {str(row[0]): [str(cell) for cell in row] for row in (table.get_row_at(i) for i in range(table.row_count))}
@@ -151,11 +161,7 @@ async def test_verify_hf_through_megatron_tp2(tmp_path):
     shutil.copytree(SAMPLES / "hf_llama_gqa", src)
     app = make_app(src, keymap={})
     async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
-        await pilot.press("C")
-        await replan(pilot)
-        form = app.screen
-        assert isinstance(form, ConvertScreen)
+        form = await open_convert_form(pilot)
         assert form.query_one("#convert-target", Select).value == "mcore"  # HF names: the other family
         await type_into(pilot, "#convert-tp", "2")
         assert form.plan is not None and (form.plan.tp, form.plan.pp) == (2, 1)
@@ -278,11 +284,7 @@ async def test_skip_unknown_box_turns_a_refusal_into_a_plan(tmp_path):
               metadata={"format": "pt"})
     app = make_app(src, keymap={})
     async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
-        await pilot.press("C")
-        await replan(pilot)
-        form = app.screen
-        assert isinstance(form, ConvertScreen)
+        form = await open_convert_form(pilot)
         status = text_of(form.query_one("#convert-status", Static))
         assert "ema.model.norm.weight" in status and form.plan is None
         form.query_one("#convert-skip-unknown", Checkbox).value = True
@@ -299,11 +301,7 @@ async def test_hf_config_field_reaches_the_plan(tmp_path):
     shutil.copy(SAMPLES / "megatron_style.pt", src)
     app = make_app(src, keymap={})
     async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
-        await pilot.press("C")
-        await replan(pilot)
-        form = app.screen
-        assert isinstance(form, ConvertScreen)
+        form = await open_convert_form(pilot)
         form.query_one("#convert-skip-unknown", Checkbox).value = True
         await choose(pilot, "#convert-target", "hf")
         status = text_of(form.query_one("#convert-status", Static))
