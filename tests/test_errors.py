@@ -174,3 +174,11 @@ def test_open_checks_the_path_before_the_full_screen_ui(args, message):
     result = run_cli(*args)
     assert result.code == 2 and result.err.count("\n") == 1 and message in result.err
     assert "interactive terminal" not in result.err and result.out == ""
+
+
+def test_open_of_two_paths_checks_both_before_the_diff_screen(tmp_path):
+    """`ckptscope open A B` (and `ckptscope A B`) is the diff screen: both paths are checked first."""
+    missing = run_cli("sample_ckpts/hf_llama_single", "./no/such/b")
+    assert missing.code == 2 and "no/such/b: no such file or directory" in missing.err
+    no_tty = run_cli("open", "sample_ckpts/hf_llama_single", "sample_ckpts/hf_llama_sharded")
+    assert no_tty.code == 2 and "interactive terminal" in no_tty.err and "diff --json" in no_tty.err

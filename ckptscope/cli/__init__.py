@@ -51,27 +51,47 @@ def cli() -> None:
 
 @cli.command("open")
 @click.argument("path", type=click.Path(path_type=str))
+@click.argument("other", required=False, type=click.Path(path_type=str))
 @click.option("--trust-pickle", is_flag=True,
               help="Load pickles with real torch.load(weights_only=False). Runs code from the file: only for files you trust.")
 @click.option("--light", is_flag=True, help="Start with the light theme (ctrl+t toggles).")
 @iteration_option()
-def open_(path: str, trust_pickle: bool, light: bool, iteration: int | str | None) -> None:
-    """Browse a checkpoint in the terminal: tensor tree, shard layout, stats, values, objects."""
+def open_(path: str, other: str | None, trust_pickle: bool, light: bool, iteration: int | str | None) -> None:
+    """Browse a checkpoint in the terminal: tensor tree, shard layout, stats, values, objects.
+
+    `ckptscope open A B` opens the diff screen of A and B (as `ckptscope diff A B` in a terminal)."""
+    from ckptscope.ops.opening import check_openable
+
+    theme = "ckptscope-light" if light else None
+    if other is not None:
+        from ckptscope.cli.diff_cmd import resolve_sides
+
+        a, b = resolve_sides(path, other, iteration, None)
+        for side in (a, b):
+            check_openable(side)
+        _need_terminal()
+        from ckptscope.ops.diff.engine import DiffOptions
+        from ckptscope.tui import run_diff_tui
+
+        sys.exit(run_diff_tui(a, b, options=DiffOptions(), trust_pickle=trust_pickle, theme=theme))
     root = None
     if iteration is not None:  # straight to that iteration; without it the TUI offers its picker
         from ckptscope.cli.roots_view import resolve
 
         root, path = path, resolve(path, iteration).path
-    from ckptscope.ops.opening import check_openable
-
     check_openable(path)  # a wrong path is one line on stderr, before the full-screen UI starts
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise CkptError("`ckptscope open` needs an interactive terminal; use `ckptscope inspect` in scripts")
+    _need_terminal()
     from ckptscope.tui import run_tui  # lazy: only this command imports textual
 
-    code = run_tui(path, trust_pickle=trust_pickle, theme="ckptscope-light" if light else None, iterations_root=root)
+    code = run_tui(path, trust_pickle=trust_pickle, theme=theme, iterations_root=root)
     if code:
         sys.exit(code)
+
+
+def _need_terminal() -> None:
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise CkptError("`ckptscope open` needs an interactive terminal; use `ckptscope inspect` or "
+                        "`ckptscope diff --json` in scripts")
 
 
 @cli.command()
