@@ -457,3 +457,30 @@ async def test_long_object_keys_keep_the_value_on_screen_and_show_whole(in_repo,
         await settle(pilot)
         detail = text_of(screen.query_one("#object-detail", Static))
         assert f"args.{long_key}" in detail and long_value in detail.replace("\n", "")
+
+
+@sync
+async def test_vim_keys_move_in_the_tree_and_the_tables(in_repo):
+    """j/k move, G jumps to the last row and g back to the first, in the tree and in a table."""
+    app = make_app(Path("sample_ckpts/hf_llama_sharded"), keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        tree = app.screen.query_one(TensorTree)
+        tree.focus()
+        tree.move_cursor_to_line(0)
+        await pilot.press("j", "j")
+        assert tree.cursor_line == 2
+        await pilot.press("k")
+        assert tree.cursor_line == 1
+        await pilot.press("G")
+        assert tree.cursor_line == tree.last_line
+        await pilot.press("g")
+        assert tree.cursor_line == 0
+        await pilot.press("o")
+        await settle(pilot)
+        table = app.screen.query_one("#objects-table", DataTable)
+        table.focus()
+        await pilot.press("j", "j", "k")
+        assert table.cursor_row == 1
+        await pilot.press("G")
+        assert table.cursor_row == table.row_count - 1

@@ -7,13 +7,17 @@ colour, so the drawing and the table read together.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from rich.text import Text
+from textual.binding import BindingType
 from textual.widgets import DataTable
 
 from ckptscope.core.tensor import Encoding, TensorMeta
 from ckptscope.core.units import human_bytes, shape_str
 from ckptscope.ops.layout import file_colors
 from ckptscope.tui.colors import file_fill
+from ckptscope.tui.widgets.vim_keys import table_keys
 
 MAX_ROWS = 2000
 """Rows shown at most; a DCP tensor over thousands of ranks still opens instantly."""
@@ -21,6 +25,8 @@ MAX_ROWS = 2000
 
 class ChunkTable(DataTable[object]):
     """Chunks of one tensor. Call ``show(meta)``."""
+
+    BINDINGS: ClassVar[list[BindingType]] = table_keys("chunks")
 
     DEFAULT_CSS = """
     ChunkTable { height: auto; max-height: 16; }

@@ -8,16 +8,18 @@ made similar names impossible to tell apart. The detail pane always shows the wh
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.measure import Measurement
 from rich.text import Text
 from textual import events
+from textual.binding import BindingType
 from textual.widgets import DataTable
 
 from ckptscope.core.units import middle_ellipsis
 from ckptscope.tui.diff_rows import COLUMNS, row_cells
+from ckptscope.tui.widgets.vim_keys import table_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.ops.diff.engine import PairResult
@@ -48,6 +50,8 @@ class NameCell:
 
 class DiffTable(DataTable[object]):
     """Rows are added as results stream in; the screen decides what is shown and in which order."""
+
+    BINDINGS: ClassVar[list[BindingType]] = table_keys("difftable")
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, id=id)

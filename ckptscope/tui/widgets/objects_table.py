@@ -9,13 +9,15 @@ keys: ``args.hidden_size``, ``optimizer.param_groups.0.lr``.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from rich.text import Text
+from textual.binding import BindingType
 from textual.widgets import DataTable, Static
 
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.units import middle_ellipsis
+from ckptscope.tui.widgets.vim_keys import table_keys
 
 MAX_ROWS = 5000
 MAX_VALUE = 120
@@ -76,6 +78,8 @@ def object_rows(index: CheckpointIndex) -> list[tuple[str, str, str]]:
 class ObjectsTable(DataTable[object]):
     """Key / type / value of every object and metadata entry; long keys and values are shortened in
     their cells and shown whole by ``ObjectDetail`` for the row under the cursor."""
+
+    BINDINGS: ClassVar[list[BindingType]] = table_keys("objects")
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)

@@ -22,6 +22,7 @@ from ckptscope.core.tensor import TensorMeta
 from ckptscope.core.units import human_bytes, human_count, shape_str
 from ckptscope.ops.tree import TreeNode
 from ckptscope.tui.colors import DTYPE_ICON, dtype_color
+from ckptscope.tui.widgets.vim_keys import VimTree, tree_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.tui.renaming import PendingView
@@ -142,7 +143,7 @@ def node_label(entry: Entry, pending: PendingView | None = None, copies: list[st
     return text
 
 
-class TensorTree(Tree[Entry]):
+class TensorTree(VimTree, Tree[Entry]):
     """Lazy module tree. Posts ``TensorTree.TensorHighlighted`` when the cursor lands on a tensor."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -150,6 +151,7 @@ class TensorTree(Tree[Entry]):
                 tooltip="Expand the node under the cursor"),
         Binding("left,h", "collapse_node", "collapse", show=False, id="tree.collapse",
                 tooltip="Collapse the node, or go to its parent"),
+        *tree_keys("tree"),
     ]
 
     class TensorHighlighted(Message):
