@@ -8,6 +8,7 @@ written last taken away."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -391,3 +392,16 @@ def test_iteration_on_a_plain_checkpoint_is_an_error_everywhere(args, cli):
     result = cli(*args)
     assert result.code == 2 and "not a save directory" in result.err and result.err.count("\n") == 1
     assert "Traceback" not in result.err
+
+
+def test_iterations_say_when_each_save_was_written(tmp_path, samples, cli):
+    """inspect --json on a root gives each iteration's newest file time; the picker shows it."""
+    root = tmp_path / "run"
+    shutil.copytree(samples["hf_llama_single"], root / "iter_0000010")
+    shutil.copytree(samples["hf_llama_single"], root / "iter_0000020")
+    (root / "latest_checkpointed_iteration.txt").write_text("20")
+    for step, when in ((10, 1_700_000_000), (20, 1_700_000_600)):
+        for path in (root / f"iter_{step:07d}").iterdir():
+            os.utime(path, (when, when))
+    doc = json.loads(cli("inspect", str(root), "--json").out)
+    assert {i["iteration"]: i["saved"] for i in doc["iterations"]} == {10: 1_700_000_000, 20: 1_700_000_600}

@@ -92,7 +92,8 @@ def iterations_json(resolved: Resolved) -> list[dict[str, Any]]:
     """The ``iterations`` field of ``inspect --json`` on a save root, newest first. ``iteration`` is
     a number, or ``"release"`` / ``"final"``."""
     return [
-        {"iteration": i.iteration, "path": i.path, "size": i.size, "complete": i.complete, "latest": i.latest,
+        {"iteration": i.iteration, "path": i.path, "size": i.size, "saved": i.saved, "complete": i.complete,
+         "latest": i.latest,
          "kind": i.kind, "roles": list(i.roles), "opened": i is resolved.chosen}
         for i in resolved.iterations or []
     ]
@@ -108,7 +109,7 @@ def print_iterations(resolved: Resolved, console: Console | None = None) -> None
     from rich.table import Table
     from rich.text import Text
 
-    from ckptscope.core.units import human_bytes
+    from ckptscope.core.units import human_bytes, human_time
 
     console = console or Console(highlight=False)
     found = resolved.iterations or []
@@ -119,13 +120,13 @@ def print_iterations(resolved: Resolved, console: Console | None = None) -> None
     table = Table(title=f"save directory {resolved.root}: {len(found)} iteration{plural} ({complete} complete)",
                   title_justify="left", show_edge=False, pad_edge=False)
     for column, justify in (("iteration", "right"), ("", "left"), ("status", "left"), ("size", "right"),
-                            ("path", "left")):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+                            ("saved", "left"), ("path", "left")):
+        table.add_column(column, justify=justify, no_wrap=column in ("saved", ""))  # type: ignore[arg-type]
     for info in found:
         marks = ", ".join(m for m, on in (("opened", info is resolved.chosen), ("latest", info.latest)) if on)
         status = Text("complete", style="green") if info.complete else Text("incomplete", style="bold red")
         where = os.path.relpath(info.path, resolved.root) if resolved.root else info.path
         table.add_row(iteration_cell(info), Text(marks, style="magenta"), status, human_bytes(info.size),
-                      "./" if where == "." else where)
+                      human_time(info.saved), "./" if where == "." else where)
     console.print(table)
     console.print()

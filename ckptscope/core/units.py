@@ -41,3 +41,12 @@ def middle_ellipsis(text: str, width: int, head: float = 0.5) -> str:
     room = width - 1
     start = max(0, min(room, round(room * head)))
     return text[:start] + "…" + (text[len(text) - (room - start):] if room > start else "")
+
+
+def human_time(epoch: float | None) -> str:
+    """``2026-11-25 10:42`` in local time (when a save was written), or ``-`` when unknown."""
+    if epoch is None:
+        return "-"
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(epoch))

@@ -72,6 +72,8 @@ class IterationInfo:
     """``megatron``, ``verl``, ``torchtitan`` or ``hf-trainer``: which trainer's layout the root has."""
     roles: tuple[str, ...] = ()
     """verl: the role dirs saved at this step (``actor``, ``critic``); ``path`` is the first."""
+    saved: float | None = None
+    """When the save was last written: the newest modification time of its files (epoch seconds)."""
 
     @property
     def label(self) -> str:
@@ -100,15 +102,22 @@ def _order(info: IterationInfo) -> tuple[int, int]:
     return (0, 0)
 
 
-def _dir_size(path: Path) -> int:
-    total = 0
+def _dir_stats(path: Path) -> tuple[int, float | None]:
+    """Bytes of every file below ``path`` and the newest modification time among them."""
+    total, newest = 0, None
     for root, _dirs, files in os.walk(path):
         for name in files:
             try:
-                total += os.lstat(os.path.join(root, name)).st_size
+                st = os.lstat(os.path.join(root, name))
             except OSError:
-                pass
-    return total
+                continue
+            total += st.st_size
+            newest = st.st_mtime if newest is None else max(newest, st.st_mtime)
+    return total, newest
+
+
+def _dir_size(path: Path) -> int:
+    return _dir_stats(path)[0]
 
 
 def _top_size(path: Path) -> int:
@@ -217,7 +226,8 @@ def discover_iterations(path: str | Path) -> list[IterationInfo] | None:
             target, kind, iteration = entry, "hf-trainer", int(m.group(1))
         if target is None or iteration is None:
             continue
-        found.append(IterationInfo(path=str(target), iteration=iteration, size=_dir_size(target),
+        size, saved = _dir_stats(target)
+        found.append(IterationInfo(path=str(target), iteration=iteration, size=size, saved=saved,
                                    complete=_is_complete(target, kind), latest=has_tracker and iteration == latest,
                                    kind=kind, roles=roles))
     if not found and not has_tracker:

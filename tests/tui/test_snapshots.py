@@ -6,7 +6,9 @@ the same on every machine; cursors do not blink (conftest)."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 
 import pytest
 from tui_helpers import settle
@@ -58,8 +60,17 @@ def test_iteration_picker(snap_compare, samples, tmp_path, monkeypatch):
     shutil.copytree(samples["hf_llama_single"], root / "iter_0000100")
     (root / "iter_0000200").mkdir()
     (root / "latest_checkpointed_iteration.txt").write_text("100")
+    saved = 1_790_000_000  # the picker shows when each save was written: a fixed time for the snapshot
+    for path in root.rglob("*"):
+        os.utime(path, (saved, saved))
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
     monkeypatch.chdir(tmp_path)
-    assert snap_compare(make_app("save", keymap={}), terminal_size=(110, 20), run_before=driver())
+    try:
+        assert snap_compare(make_app("save", keymap={}), terminal_size=(120, 20), run_before=driver())
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 def test_shard_map_multi_chunk(snap_compare):

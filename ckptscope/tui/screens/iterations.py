@@ -12,7 +12,7 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from ckptscope.core.units import human_bytes, plural
+from ckptscope.core.units import human_bytes, human_time, plural
 from ckptscope.ops.roots import IterationInfo
 
 
@@ -49,13 +49,14 @@ class IterationPickerScreen(Screen[str | None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("iteration", "", "status", "size", "path")
+        table.add_columns("iteration", "", "status", "size", "saved", "path")
         for info in self.iterations:
             status = Text("✓ complete", style="green") if info.complete else Text("✗ incomplete", style="bold red")
             label = f"{info.number:,}" if info.number is not None else info.label
             table.add_row(Text(label, style="bold", justify="right"),
                           Text("latest", style="magenta") if info.latest else "",
-                          status, Text(human_bytes(info.size), justify="right"), info.path, key=info.path)
+                          status, Text(human_bytes(info.size), justify="right"), human_time(info.saved), info.path,
+                          key=info.path)
         table.focus()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
