@@ -274,7 +274,7 @@ def test_hf_names_and_qk_permutation_round_trip(tmp_path, make_samples):
     """A transformers Llama written to GGUF the way convert_hf_to_gguf.py writes it (llama.cpp
     names, Q/K permuted), read back by ckptscope: names map back and unpermuting gives HF's
     weights exactly (F32) or within the quantisation error (Q8_0)."""
-    from ckptscope.formats.gguf.hf_names import gguf_to_hf_name, hf_to_gguf_name, permute_qk, qk_heads, unpermute_qk
+    from ckptscope.mappings.gguf_names import gguf_to_hf_name, hf_to_gguf_name, permute_qk, qk_heads, unpermute_qk
 
     cfg = make_samples.TINY_LLAMA
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -310,3 +310,55 @@ def test_hf_names_and_qk_permutation_round_trip(tmp_path, make_samples):
             else:
                 err = np.abs(back - hf).max() / np.abs(hf).max()
                 assert err < 0.01, (name, err)
+
+
+def _llama_gguf(path: Path, state: dict, qtype: str, n_head: int, n_kv: int) -> Path:
+    """An HF Llama state dict written the way convert_hf_to_gguf.py writes it (names, Q/K permuted,
+    head counts in the metadata), F32 or Q8_0."""
+    from ckptscope.mappings.gguf_names import hf_to_gguf_name, permute_qk, qk_heads
+
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_kv)
+    for hf_name, values in state.items():
+        name = hf_to_gguf_name(hf_name)
+        heads = qk_heads(name, n_head, n_kv)
+        data = np.ascontiguousarray(permute_qk(values, heads) if heads else values)
+        if qtype == "F32" or data.ndim == 1:
+            writer.add_tensor(name, data)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0),
+                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_diff_hf_dir_against_its_gguf_across_naming(tmp_path, make_samples):
+    """`ckptscope diff HF_DIR model.gguf`: llama.cpp names paired with HF's and the q/k rope
+    permutation undone, so an F32 export is identical; a Q8_0 export differs by its quantisation
+    error only (small rel_l2), reported per HF tensor with a note that says so."""
+    cfg = make_samples.TINY_LLAMA
+    model = make_samples.tiny_llama(dtype="float32")
+    hf_dir = tmp_path / "hf"
+    model.save_pretrained(hf_dir)
+    state = {k: v.float().numpy() for k, v in model.state_dict().items()}
+    exact = _llama_gguf(tmp_path / "f32.gguf", state, "F32", cfg["num_attention_heads"], cfg["num_key_value_heads"])
+    result = run_cli("diff", str(hf_dir), str(exact), "--json")
+    assert result.code == 0, result.out[-2000:] + result.err
+    doc = json.loads(result.out)
+    assert doc["mapping"] == "gguf->hf" and doc["summary"]["equal"] == len(state)
+    assert any("un-permuted" in note for note in doc["notes"])
+    quantised = _llama_gguf(tmp_path / "q8.gguf", state, "Q8_0", cfg["num_attention_heads"],
+                            cfg["num_key_value_heads"])
+    result = run_cli("diff", str(hf_dir), str(quantised), "--json")
+    assert result.code == 1
+    doc = json.loads(result.out)
+    by_name = {t["name"]: t for t in doc["tensors"]}
+    q = by_name["model.layers.0.self_attn.q_proj.weight"]
+    assert q["status"] == "different" and 0 < q["rel_l2"] < 0.01
+    assert by_name["model.norm.weight"]["status"] == "equal"  # 1-D tensors stay F32
+    assert any("quantisation error" in note for note in doc["notes"])
+    assert not any(t["status"] in ("only_a", "only_b") for t in doc["tensors"])

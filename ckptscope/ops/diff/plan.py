@@ -18,6 +18,7 @@ from ckptscope.core.names import select
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
 from ckptscope.mappings.config import ModelConfig
+from ckptscope.mappings.gguf import gguf_as_hf
 from ckptscope.mappings.links import Piece, Recipe, box_text, full_box
 from ckptscope.mappings.resolve import (
     MappedView,
@@ -182,6 +183,24 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
                 recipes_b, ignored_b, mapped_b = _with_unmapped(view, tb), view.ignored, True
                 notes += _view_notes("B", view)
             used = "mcore->hf"
+        elif {fam_a, fam_b} == {"hf", "gguf"}:
+            for label, fam, index, tensors in (("A", fam_a, index_a, ta), ("B", fam_b, index_b, tb)):
+                if fam != "gguf":
+                    continue
+                recipes, unmapped = gguf_as_hf(tensors, index.metadata)
+                recipes.update(identity_recipes({n: tensors[n] for n in unmapped}))
+                if label == "A":
+                    recipes_a, mapped_a = recipes, True
+                else:
+                    recipes_b, mapped_b = recipes, True
+                notes.append(f"{label}: llama.cpp names mapped to HF, q/k rows un-permuted "
+                             f"(convert_hf_to_gguf.py's rope permutation)")
+                quantised = sorted({meta.attr("ggml_type") for meta in tensors.values()
+                                    if meta.attr("ggml_type") not in (None, "F32", "F16", "BF16")})
+                if quantised:
+                    notes.append(f"{label}: quantised tensors ({', '.join(quantised)}) are compared as their "
+                                 f"dequantised values: their differences are the quantisation error")
+            used = "gguf->hf"
         elif fam_a != fam_b and "other" not in (fam_a, fam_b):
             notes.append(f"A has {fam_a} names and B {fam_b} names, and ckptscope has no mapping between "
                          f"them: tensors are paired by name only")

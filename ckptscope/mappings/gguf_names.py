@@ -1,9 +1,9 @@
 """llama.cpp tensor names <-> Hugging Face Llama names, and undoing convert_hf_to_gguf.py's Q/K
 permutation: the building blocks for comparing a GGUF file with the HF model it came from.
 
-Not wired into ``ckptscope diff`` yet (that needs a GGUF schema in ``ckptscope.mappings``); the
-functions here are what such a schema would call. ``tests/test_gguf.py`` checks them on a GGUF
-written from a real transformers Llama the way llama.cpp's converter writes it.
+``mappings.gguf`` uses them to present a GGUF under HF names for ``ckptscope diff``;
+``tests/test_gguf.py`` checks them on a GGUF written from a real transformers Llama the way
+llama.cpp's converter writes it.
 
 convert_hf_to_gguf.py (``LlamaModel.modify_tensors``) rewrites q_proj with
 ``permute(w, n_head, n_head)`` and k_proj with ``permute(w, n_head, n_head_kv)``::
