@@ -26,22 +26,22 @@ def _progress(total_tensors: int, total_bytes: int, quiet: bool):
     from rich.progress import (
         BarColumn,
         DownloadColumn,
-        MofNCompleteColumn,
         Progress,
         TextColumn,
         TimeElapsedColumn,
+        TimeRemainingColumn,
         TransferSpeedColumn,
     )
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                        TextColumn("tensors"), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                         console=Console(stderr=True), transient=True)
-    task = progress.add_task("writing", total=total_bytes)
+    task = progress.add_task(f"writing 0/{total_tensors} tensors", total=total_bytes)
     count = {"n": 0}
 
     def step(name: str, nbytes: int) -> None:
         count["n"] += 1 if name else 0
-        progress.update(task, advance=nbytes, description=f"writing {count['n']}/{total_tensors}")
+        progress.update(task, advance=nbytes, description=f"writing {count['n']}/{total_tensors} tensors")
 
     return progress, step
 

@@ -132,10 +132,18 @@ def diff(a: str, b: str, as_json: bool, plain: bool, mapping: str, atol: float, 
     if as_json or not sys.stderr.isatty():
         report = diff_checkpoints(plan, options)
     else:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         with Progress(TextColumn("diff"), BarColumn(), MofNCompleteColumn(), TextColumn("tensors"),
-                      TimeElapsedColumn(), transient=True, console=_stderr_console()) as progress:
+                      TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), transient=True,
+                      console=_stderr_console()) as progress:
             task = progress.add_task("diff", total=len(plan.pairs))
             report = diff_checkpoints(plan, options,
                                       on_progress=lambda done, total: progress.update(task, completed=done))
