@@ -133,7 +133,8 @@ def inspect(path: str, as_json: bool, include: tuple[str, ...], exclude: tuple[s
 
     from ckptscope.cli.render import print_inspect
 
-    console = Console(highlight=False)
+    # piped output keeps whole rows (paths, statuses) on one line: a wide fixed width, as diff does
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     if target.iterations is not None:
         print_iterations(target, console)
         where = os.path.relpath(target.path, target.root) if target.root else target.path
