@@ -270,48 +270,6 @@ def test_cli_inspect_imports_no_torch(tiny):
 # --- towards diff against the HF model: names and the Q/K permutation ---------------------------
 
 
-def test_hf_names_and_qk_permutation_round_trip(tmp_path, make_samples):
-    """A transformers Llama written to GGUF the way convert_hf_to_gguf.py writes it (llama.cpp
-    names, Q/K permuted), read back by ckptscope: names map back and unpermuting gives HF's
-    weights exactly (F32) or within the quantisation error (Q8_0)."""
-    from ckptscope.mappings.gguf_names import gguf_to_hf_name, hf_to_gguf_name, permute_qk, qk_heads, unpermute_qk
-
-    cfg = make_samples.TINY_LLAMA
-    n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    state = {k: v.float().numpy() for k, v in make_samples.tiny_llama(dtype="float32").state_dict().items()}
-    for qtype in ("F32", "Q8_0"):
-        path = tmp_path / f"hf_{qtype}.gguf"
-        writer = gguf.GGUFWriter(path, "llama")
-        for hf_name, values in state.items():
-            name = hf_to_gguf_name(hf_name)
-            assert name is not None and gguf_to_hf_name(name) == hf_name, hf_name
-            heads = qk_heads(name, n_head, n_kv)
-            data = permute_qk(values, heads) if heads else values
-            if qtype == "F32" or data.ndim == 1:
-                writer.add_tensor(name, np.ascontiguousarray(data))
-            else:
-                writer.add_tensor(name, gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0),
-                                  raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        reader = open_checkpoint(path)
-        assert {gguf_to_hf_name(n) for n in reader.index().tensors} == set(state)
-        for name in reader.index().tensors:
-            hf = state[gguf_to_hf_name(name)]
-            heads = qk_heads(name, n_head, n_kv)
-            values = reader.read(name)
-            back = unpermute_qk(values, heads) if heads else values
-            if heads:
-                assert not np.array_equal(values, hf) or qtype != "F32", name  # it really was permuted
-            if qtype == "F32" or hf.ndim == 1:
-                assert np.array_equal(back, hf), name
-            else:
-                err = np.abs(back - hf).max() / np.abs(hf).max()
-                assert err < 0.01, (name, err)
-
-
 def _llama_gguf(path: Path, state: dict, qtype: str, n_head: int, n_kv: int) -> Path:
     """An HF Llama state dict written the way convert_hf_to_gguf.py writes it (names, Q/K permuted,
     head counts in the metadata), F32 or Q8_0."""
@@ -334,6 +292,36 @@ def _llama_gguf(path: Path, state: dict, qtype: str, n_head: int, n_kv: int) -> 
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def test_hf_names_and_qk_permutation_round_trip(tmp_path, make_samples):
+    """A transformers Llama written to GGUF the way convert_hf_to_gguf.py writes it (llama.cpp
+    names, Q/K permuted), read back by ckptscope: names map back and unpermuting gives HF's
+    weights exactly (F32) or within the quantisation error (Q8_0)."""
+    from ckptscope.mappings.gguf_names import gguf_to_hf_name, hf_to_gguf_name, qk_heads, unpermute_qk
+
+    cfg = make_samples.TINY_LLAMA
+    n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    state = {k: v.float().numpy() for k, v in make_samples.tiny_llama(dtype="float32").state_dict().items()}
+    for hf_name in state:
+        name = hf_to_gguf_name(hf_name)
+        assert name is not None and gguf_to_hf_name(name) == hf_name, hf_name
+    for qtype in ("F32", "Q8_0"):
+        path = _llama_gguf(tmp_path / f"hf_{qtype}.gguf", state, qtype, n_head, n_kv)
+        reader = open_checkpoint(path)
+        assert {gguf_to_hf_name(n) for n in reader.index().tensors} == set(state)
+        for name in reader.index().tensors:
+            hf = state[gguf_to_hf_name(name)]
+            heads = qk_heads(name, n_head, n_kv)
+            values = reader.read(name)
+            back = unpermute_qk(values, heads) if heads else values
+            if heads:
+                assert not np.array_equal(values, hf) or qtype != "F32", name  # it really was permuted
+            if qtype == "F32" or hf.ndim == 1:
+                assert np.array_equal(back, hf), name
+            else:
+                err = np.abs(back - hf).max() / np.abs(hf).max()
+                assert err < 0.01, (name, err)
 
 
 def test_diff_hf_dir_against_its_gguf_across_naming(tmp_path, make_samples):
