@@ -541,20 +541,24 @@ class DiffEngine:
 
 
 def _content_digest(side: DiffSide, recipe: Recipe) -> bytes:
-    """BLAKE2 of the tensor's bytes in C order, read piece by piece in bounded blocks."""
+    """BLAKE2 of the tensor's bytes in C order: a whole stored tensor in bounded blocks, a fused or
+    permuted one assembled once (at most the largest tensor in memory)."""
     import hashlib
 
     import numpy as np
 
     hasher = hashlib.blake2b(digest_size=32)
-    pieces = sorted(recipe.pieces, key=lambda p: p.dst_box)
+    pieces = recipe.pieces
     if len(pieces) == 1 and pieces[0].dst_box == tuple((0, n) for n in recipe.shape):
         for box in _split(pieces[0].dst_box, BLOCK_BYTES // max(1, _itemsize(recipe.dtype))):
             hasher.update(np.ascontiguousarray(read_piece(side, pieces[0], box)).tobytes())
         return hasher.digest()
-    whole = np.empty(recipe.shape, dtype=read_piece(side, pieces[0], pieces[0].dst_box).dtype)
+    whole = None  # several pieces (a fused or permuted tensor): assembled once, in the recipe's order
     for piece in pieces:
-        whole[tuple(slice(lo, hi) for lo, hi in piece.dst_box)] = read_piece(side, piece, piece.dst_box)
+        values = read_piece(side, piece, piece.dst_box)
+        if whole is None:
+            whole = np.empty(recipe.shape, dtype=values.dtype)
+        whole[tuple(slice(lo, hi) for lo, hi in piece.dst_box)] = values
     hasher.update(whole.tobytes())
     return hasher.digest()
 
