@@ -109,15 +109,14 @@ def print_iterations(resolved: Resolved, console: Console | None = None) -> None
     from rich.table import Table
     from rich.text import Text
 
-    from ckptscope.core.units import human_bytes, human_time
+    from ckptscope.core.units import human_bytes, human_time, plural
 
     console = console or Console(highlight=False)
     found = resolved.iterations or []
     complete = sum(1 for i in found if i.complete)
-    plural = "s" if len(found) != 1 else ""
     if resolved.layout:
         console.print(Text.assemble(("layout", "bold"), "  ", resolved.layout))
-    table = Table(title=f"save directory {resolved.root}: {len(found)} iteration{plural} ({complete} complete)",
+    table = Table(title=f"save directory {resolved.root}: {plural(len(found), 'iteration')} ({complete} complete)",
                   title_justify="left", show_edge=False, pad_edge=False)
     for column, justify in (("iteration", "right"), ("", "left"), ("status", "left"), ("size", "right"),
                             ("saved", "left"), ("path", "left")):

@@ -34,7 +34,7 @@ def summary_renderable(index: CheckpointIndex) -> Table:
         (f"{len(index):,}", "bold"), " tensors · ",
         (human_count(roles[MODEL]["params"]), "bold"), " model params · ",
         (human_bytes(index.total_bytes), "bold"), " · ",
-        f"{len(index.files)} file{'s' if len(index.files) != 1 else ''} ({human_bytes(total_files)})",
+        f"{plural(len(index.files), 'file')} ({human_bytes(total_files)})",
     )
     total = index.total_bytes or 1
     for dtype, nbytes in index.bytes_per_dtype().items():
