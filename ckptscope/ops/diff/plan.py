@@ -184,22 +184,10 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
                 notes += _view_notes("B", view)
             used = "mcore->hf"
         elif {fam_a, fam_b} == {"hf", "gguf"}:
-            for label, fam, index, tensors in (("A", fam_a, index_a, ta), ("B", fam_b, index_b, tb)):
-                if fam != "gguf":
-                    continue
-                recipes, unmapped = gguf_as_hf(tensors, index.metadata)
-                recipes.update(identity_recipes({n: tensors[n] for n in unmapped}))
-                if label == "A":
-                    recipes_a, mapped_a = recipes, True
-                else:
-                    recipes_b, mapped_b = recipes, True
-                notes.append(f"{label}: llama.cpp names mapped to HF, q/k rows un-permuted "
-                             f"(convert_hf_to_gguf.py's rope permutation)")
-                quantised = sorted({meta.attr("ggml_type") for meta in tensors.values()
-                                    if meta.attr("ggml_type") not in (None, "F32", "F16", "BF16")})
-                if quantised:
-                    notes.append(f"{label}: quantised tensors ({', '.join(quantised)}) are compared as their "
-                                 f"dequantised values: their differences are the quantisation error")
+            if fam_a == "gguf":
+                recipes_a, mapped_a = _gguf_recipes("A", index_a, ta, notes), True
+            if fam_b == "gguf":
+                recipes_b, mapped_b = _gguf_recipes("B", index_b, tb, notes), True
             used = "gguf->hf"
         elif fam_a != fam_b and "other" not in (fam_a, fam_b):
             notes.append(f"A has {fam_a} names and B {fam_b} names, and ckptscope has no mapping between "
@@ -246,6 +234,20 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
                 padding.append({"side": label, "name": name, "source": source,
                                 "rows": [box[0][0], box[0][1]], "box": box})
     return DiffPlan(side_a, side_b, pairs, used, notes, padding)
+
+
+def _gguf_recipes(label: str, index: CheckpointIndex, tensors: dict, notes: list[str]) -> dict[str, Recipe]:
+    """A GGUF side under HF names (``mappings.gguf``), tensors without an HF name under their own."""
+    recipes, unmapped = gguf_as_hf(tensors, index.metadata)
+    recipes.update(identity_recipes({n: tensors[n] for n in unmapped}))
+    notes.append(f"{label}: llama.cpp names mapped to HF, q/k rows un-permuted (convert_hf_to_gguf.py's rope "
+                 f"permutation)")
+    quantised = sorted({meta.attr("ggml_type") for meta in tensors.values()
+                        if meta.attr("ggml_type") not in (None, "F32", "F16", "BF16")})
+    if quantised:
+        notes.append(f"{label}: quantised tensors ({', '.join(quantised)}) are compared as their dequantised "
+                     f"values: their differences are the quantisation error")
+    return recipes
 
 
 def _with_unmapped(view: MappedView, tensors: dict) -> dict[str, Recipe]:
