@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,6 +50,22 @@ class Issue:
     """Relative to the checkpoint root, when one file is concerned."""
     tensors: tuple[str, ...] = ()
     """Stored tensor names concerned, when known."""
+
+
+def bytes_by_dtype(metas: Iterable[TensorMeta]) -> dict[str, int]:
+    """Bytes per dtype, largest first. One pass, elements summed per dtype before converting to
+    bytes (this runs on every open; 20k ``nbytes`` property calls showed in profiles); sub-byte
+    dtypes round up per tensor, as they are stored."""
+    metas = list(metas)
+    elements: Counter[str] = Counter()
+    for t in metas:
+        elements[t.dtype] += t.numel
+    packed: Counter[str] = Counter()
+    for name in elements:
+        if dtype_by_name(name).bits % 8:
+            packed[name] = sum(t.nbytes for t in metas if t.dtype == name)
+    counts = Counter({d: packed[d] if d in packed else dtype_by_name(d).nbytes(n) for d, n in elements.items()})
+    return dict(counts.most_common())
 
 
 @dataclass(slots=True)
@@ -100,17 +116,8 @@ class CheckpointIndex:
         return sum(self.bytes_per_dtype().values())
 
     def bytes_per_dtype(self) -> dict[str, int]:
-        """Bytes per dtype, largest first. One pass, elements summed per dtype before converting
-        to bytes (this runs on every open; 20k ``nbytes`` property calls showed in profiles)."""
-        elements: Counter[str] = Counter()
-        packed: Counter[str] = Counter()  # sub-byte dtypes round up per tensor
-        for t in self.tensors.values():
-            elements[t.dtype] += t.numel
-        for name in elements:
-            if dtype_by_name(name).bits % 8:
-                packed[name] = sum(t.nbytes for t in self.tensors.values() if t.dtype == name)
-        counts = Counter({d: packed[d] if d in packed else dtype_by_name(d).nbytes(n) for d, n in elements.items()})
-        return dict(counts.most_common())
+        """Bytes per dtype, largest first (see ``bytes_by_dtype``)."""
+        return bytes_by_dtype(self.tensors.values())
 
     def view_meta(self, name: str) -> TensorMeta:
         """The ``TensorMeta`` of a per-layer view: the stored tensor without its leading axis.

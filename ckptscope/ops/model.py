@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ckptscope.core.dtypes import dtype_by_name
-from ckptscope.core.index import CheckpointIndex
+from ckptscope.core.index import CheckpointIndex, bytes_by_dtype
 from ckptscope.core.roles import MODEL, TRAINING_KINDS, UNKNOWN, Split, split_entries, strip_infix_wrappers
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.mappings.links import Piece, Recipe
@@ -93,19 +92,10 @@ class ModelEntries:
 
 
 def _totals(metas) -> dict[str, int]:
-    """Count, elements and bytes; elements are summed per dtype first (one dtype lookup per dtype,
-    not per tensor: this runs over every tensor on each inspect)."""
-    count = 0
-    per_dtype: dict[str, int] = {}
-    packed = 0  # sub-byte dtypes round up per tensor
-    for meta in metas:
-        count += 1
-        numel = meta.numel
-        per_dtype[meta.dtype] = per_dtype.get(meta.dtype, 0) + numel
-        if dtype_by_name(meta.dtype).bits % 8:
-            packed += meta.nbytes
-    nbytes = packed + sum(dtype_by_name(d).nbytes(n) for d, n in per_dtype.items() if not dtype_by_name(d).bits % 8)
-    return {"tensors": count, "params": sum(per_dtype.values()), "bytes": nbytes}
+    """Count, elements and bytes of some tensors."""
+    metas = list(metas)
+    return {"tensors": len(metas), "params": sum(m.numel for m in metas),
+            "bytes": sum(bytes_by_dtype(metas).values())}
 
 
 def _groups(index: CheckpointIndex) -> dict[str, str]:
