@@ -12,6 +12,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from ckptscope.core.roles import training_kind
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.core.units import human_bytes, human_count, shape_str
 from ckptscope.ops.tree import TreeNode
@@ -58,7 +59,10 @@ def module_facts(entry: Entry) -> Table:
         grid.add_row("range", Text(f"{node.repeat} identical layers: {', '.join(node.members[:3])}"
                                    f"{', …' if len(node.members) > 3 else ''}", style="magenta"))
     grid.add_row("tensors", f"{node.num_tensors:,}")
-    grid.add_row("params", f"{node.num_params:,}  ({human_count(node.num_params)})")
+    kind = training_kind(node.path) if node.path else None
+    grid.add_row("params" if kind is None else "elements", f"{node.num_params:,}  ({human_count(node.num_params)})")
+    if kind is not None:
+        grid.add_row("role", Text(f"training state: {kind} (not model parameters)", style="yellow"))
     grid.add_row("bytes", f"{node.nbytes:,}  ({human_bytes(node.nbytes)})")
     dtypes: dict[str, int] = {}
 

@@ -132,13 +132,11 @@ def node_label(entry: Entry, pending: PendingView | None = None, copies: list[st
         text.append(entry.label, style="bold")
     if note is not None:
         text.append_text(note)
-    kind = training_kind(node.path) if node.path and entry.label == node.path else None
-    if kind is not None:  # a top-level training-state module: its elements are no model parameters
+    kind = training_kind(node.path) if node.path else None
+    if kind is not None and entry.label == node.path:  # a top-level training-state module
         text.append(f"  training state: {kind}", style="yellow")
-        text.append(f"  {human_count(node.num_params)} elements", style="dim")
-        text.append(f"  {human_bytes(node.nbytes)}", style="dim italic")
-        return text
-    text.append(f"  {human_count(node.num_params)} params", style="dim")
+    # optimizer moments, rng ... are elements, not model parameters, at every depth
+    text.append(f"  {human_count(node.num_params)} {'params' if kind is None else 'elements'}", style="dim")
     text.append(f"  {human_bytes(node.nbytes)}", style="dim italic")
     return text
 
