@@ -11,7 +11,8 @@ from safetensors.torch import load_file, save_file
 
 from ckptscope.core.errors import CkptError
 from ckptscope.formats import open_checkpoint
-from ckptscope.ops.stats import iter_regions, peek_corner, tensor_stats
+from ckptscope.ops.stats import iter_regions, tensor_stats
+from ckptscope.ops.values import parse_selection, read_page
 
 
 def reference(t: torch.Tensor) -> dict[str, float]:
@@ -112,19 +113,25 @@ def test_iter_regions_tile_exactly(shape, block):
     assert (seen == 1).all()
 
 
-def test_peek_corner_matches_torch(samples):
+def test_value_pages_match_torch(samples):
+    """The Values tab's pages (ops.values.read_page) on a pickle, a strided view, a 3-D bf16 tensor
+    and a scalar, against torch / safetensors loading the same files."""
     tensors = torch.load(samples["megatron_style.pt"], weights_only=False)
+
+    def page(reader, name, text, rows, cols):
+        return read_page(reader, name, parse_selection(text, reader.meta(name).shape), rows=rows, cols=cols)
+
     with open_checkpoint(samples["megatron_style.pt"]) as reader:
-        peek = peek_corner(reader, "model.lm_head.weight", rows=5, cols=4)
-        np.testing.assert_array_equal(peek.values, tensors["model"]["lm_head.weight"][:5, :4].numpy())
-        view = peek_corner(reader, "extra.transposed_view", rows=2, cols=2)  # a strided view
+        corner = page(reader, "model.lm_head.weight", "", 5, 4)
+        np.testing.assert_array_equal(corner.values, tensors["model"]["lm_head.weight"][:5, :4].numpy())
+        view = page(reader, "extra.transposed_view", "", 2, 2)  # a strided view
         np.testing.assert_array_equal(view.values, tensors["extra.transposed_view"][:2, :2].numpy())
     with open_checkpoint(samples["dtypes.safetensors"]) as reader:
-        cube = peek_corner(reader, "bfloat16.cube", rows=2, cols=3)
+        cube = page(reader, "bfloat16.cube", "", 2, 3)
         ref = load_file(samples["dtypes.safetensors"])["bfloat16.cube"]
-        assert cube.region == ((0, 1), (0, 2), (0, 3))
+        assert cube.title().startswith("bfloat16.cube[0, 0:2, 0:3]")
         np.testing.assert_array_equal(cube.values.astype(np.float32), ref[0, :2, :3].float().numpy())
-        assert float(peek_corner(reader, "scalar.step").values) == 1234.5
+        assert float(page(reader, "scalar.step", "", 1, 1).values[0, 0]) == 1234.5
 
 
 def test_packed_dtype_is_a_clear_error(tmp_path):

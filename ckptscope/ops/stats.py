@@ -1,4 +1,4 @@
-"""Value statistics and a corner peek for one tensor, streamed region by region.
+"""Value statistics of one tensor, streamed region by region.
 
 A 70B checkpoint has tensors of several GiB, so statistics never load a whole tensor: the
 tensor is cut into boxes of at most ``block_elems`` elements along its leading axes and read
@@ -183,32 +183,3 @@ def tensor_stats(reader: CheckpointReader, name: str, *, should_stop: Callable[[
         zeros=zeros, nan=nan, pos_inf=pos_inf, neg_inf=neg_inf,
         hist_counts=tuple(counts), hist_lo=hist_lo, hist_hi=hist_hi, note=note,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class ValuePeek:
-    """The top-left corner of a tensor: the first ``rows`` x ``cols`` of its last two axes."""
-
-    name: str
-    dtype: str
-    region: tuple[tuple[int, int], ...]
-    """Global ``(start, stop)`` per axis of the values shown."""
-    values: Any
-    """A numpy array of at most 2 dimensions (leading axes fixed at index 0)."""
-
-
-def peek_corner(reader: CheckpointReader, name: str, rows: int = 8, cols: int = 8) -> ValuePeek:
-    """Read only the corner ``[0, ..., 0, :rows, :cols]`` of tensor ``name``."""
-    meta = reader.meta(name)
-    shape = meta.shape
-    if not shape:
-        bounds: tuple[tuple[int, int], ...] = ()
-    elif len(shape) == 1:
-        bounds = ((0, min(cols, shape[0])),)
-    else:
-        lead = tuple((0, min(1, s)) for s in shape[:-2])
-        bounds = lead + ((0, min(rows, shape[-2])), (0, min(cols, shape[-1])))
-    array = reader.read(name, tuple(slice(a, b) for a, b in bounds))
-    if len(shape) > 2:
-        array = array.reshape(array.shape[-2:]) if all(b - a == 1 for a, b in bounds[:-2]) else array
-    return ValuePeek(name=name, dtype=meta.dtype, region=bounds, values=array)

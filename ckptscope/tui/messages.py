@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.ops.rename.files import RenamePlan
     from ckptscope.ops.rename.plan import NameReport
     from ckptscope.ops.roots import IterationInfo
-    from ckptscope.ops.stats import TensorStats, ValuePeek
+    from ckptscope.ops.stats import TensorStats
+    from ckptscope.ops.values import ValuePage
     from ckptscope.ops.tree import TreeNode
     from ckptscope.tui.renaming import PendingView, Preview
 
@@ -62,11 +63,11 @@ class StatsComputed(Message):
 
 
 @dataclass
-class ValuesPeeked(Message):
-    """The top-left corner of one tensor has been read."""
+class ValuesPaged(Message):
+    """One page of a tensor's values has been read (or failed: ``page`` None and ``error`` set)."""
 
     name: str
-    peek: ValuePeek | None
+    page: ValuePage | None
     error: str = ""
 
 

@@ -102,3 +102,19 @@ def test_shard_map_multi_chunk(snap_compare):
             self.query_one("#b", ShardMap).meta = plain
 
     assert snap_compare(MapApp(), terminal_size=(110, 50))
+
+
+@pytest.mark.parametrize("size", [pytest.param((80, 24), id="80x24"), pytest.param((200, 50), id="200x50")])
+@pytest.mark.parametrize(
+    ("name", "path", "keys"),
+    [pytest.param(*case, id=case[0]) for case in [
+        ("main", "sample_ckpts/megatron_torch_dist/iter_0000010", ("down",)),
+        ("values", "sample_ckpts/megatron_torch_dist/iter_0000010", ("down", "down", "down", "v", "l")),
+        ("convert", "sample_ckpts/megatron_torch_dist/iter_0000010", ("C",)),
+        ("diff", "sample_ckpts/hf_llama_gqa", ("D",)),
+        ("help", "sample_ckpts/dtypes.safetensors", ("question_mark",)),
+    ]],
+)
+def test_sizes(name, path, keys, size, snap_compare, in_repo):
+    """The layout adapts from an 80x24 terminal to a wide one: nothing cut that a user needs."""
+    assert snap_compare(make_app(path, keymap={}), terminal_size=size, run_before=driver(*keys))

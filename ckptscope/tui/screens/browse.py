@@ -29,7 +29,7 @@ from ckptscope.tui.messages import (
     IterationsDiscovered,
     OpenFailed,
     StatsComputed,
-    ValuesPeeked,
+    ValuesPaged,
 )
 from ckptscope.tui.screens.rename_actions import RENAME_BINDINGS, RenameActions
 from ckptscope.tui.widgets.files_table import FilesTable
@@ -40,12 +40,13 @@ from ckptscope.tui.widgets.stats_view import StatsView
 from ckptscope.tui.widgets.summary_header import SummaryHeader
 from ckptscope.tui.widgets.tensor_detail import TensorDetail
 from ckptscope.tui.widgets.tensor_tree import Entry, TensorTree
-from ckptscope.tui.widgets.values_view import ValuesView
+from ckptscope.tui.widgets.values_view import ValuesPager
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.core.index import CheckpointIndex
     from ckptscope.ops.opening import Reader
-    from ckptscope.ops.stats import TensorStats, ValuePeek
+    from ckptscope.ops.stats import TensorStats
+    from ckptscope.ops.values import Selection
     from ckptscope.ops.tree import TreeNode
 
 FILTER_DELAY = 0.12
@@ -67,8 +68,8 @@ class DetailTabs(Vertical):
                 yield TensorDetail(id="detail")
             with TabPane("Stats", id="stats"), VerticalScroll():
                 yield StatsView(id="stats-view")
-            with TabPane("Values", id="values"), VerticalScroll():
-                yield ValuesView(id="values-view")
+            with TabPane("Values", id="values"):
+                yield ValuesPager(id="values-view")
             with TabPane("Objects", id="objects"):
                 yield ObjectsTable(id="objects-table")
                 yield ObjectDetail(id="object-detail")
@@ -88,7 +89,8 @@ class BrowseScreen(RenameActions, Screen[None]):
                 tooltip="Jump to the previous filter match"),
         Binding("s", "stats", "stats", id="browse.stats",
                 tooltip="Compute min/max/mean/std/NaN/Inf and a histogram of the tensor (cached)"),
-        Binding("v", "values", "values", id="browse.values", tooltip="Show the top-left corner of the tensor"),
+        Binding("v", "values", "values", id="browse.values",
+                tooltip="Page through the tensor's values (slice box, exact stored bits)"),
         Binding("t", "show_tab('tensor')", "tensor", id="browse.tensor",
                 tooltip="Tensor details and shard layout"),
         Binding("o", "show_tab('objects')", "objects", id="browse.objects",
@@ -131,7 +133,6 @@ class BrowseScreen(RenameActions, Screen[None]):
         self.current: TensorMeta | None = None
         self.load_seconds: float | None = None
         self._stats: LRUCache[str, TensorStats] = LRUCache(CACHE_SIZE)
-        self._peeks: LRUCache[str, ValuePeek] = LRUCache(CACHE_SIZE)
         self._leaves: list[list[TreeNode]] = []
         self._match = -1
         self._filter_timer: Timer | None = None
@@ -172,7 +173,7 @@ class BrowseScreen(RenameActions, Screen[None]):
             return
         index = self.index
         self.query_one(StatsView).show_hint(None)
-        self.query_one(ValuesView).show_hint(None)
+        self.query_one(ValuesPager).show_hint(None)
         if index is None:
             return
         self.query_one(ObjectsTable).show(index)
@@ -202,7 +203,6 @@ class BrowseScreen(RenameActions, Screen[None]):
         self.path, self.reader, self.index, self.module_tree, self.current = path, None, None, None, None
         self._highlighted = None
         self._stats.clear()
-        self._peeks.clear()
         self.query_one(SummaryHeader).show(None, path=path)
         self.query_one(TensorTree).loading = True
         self._open(path, False)
@@ -277,7 +277,7 @@ class BrowseScreen(RenameActions, Screen[None]):
         elif self.current is not None and event.worker.group == "stats":
             self.query_one(StatsView).show_error(self.current.name, reason)
         elif self.current is not None and event.worker.group == "peek":
-            self.query_one(ValuesView).show_error(self.current.name, reason)
+            self.query_one(ValuesPager).show_error(self.current.name, reason)
         else:
             self.notify(reason, severity="error")
 
@@ -304,11 +304,11 @@ class BrowseScreen(RenameActions, Screen[None]):
             stats_view.show_stats(self._stats[name])
         else:
             stats_view.show_hint(name)
-        values_view = self.query_one(ValuesView)
-        if name is not None and name in self._peeks:
-            values_view.show_peek(self._peeks[name])
+        pager = self.query_one(ValuesPager)
+        if name is not None and meta is not None and self.query_one(TabbedContent).active == "values":
+            pager.start(name, meta.shape)  # the open Values tab follows the cursor
         else:
-            values_view.show_hint(name)
+            pager.show_hint(name)
 
     # --- stats and values --------------------------------------------------------------------
 
@@ -360,34 +360,35 @@ class BrowseScreen(RenameActions, Screen[None]):
         if meta is None or self.reader is None:
             self.notify("Put the cursor on a tensor first.", severity="warning")
             return
-        if meta.name in self._peeks:
-            self.query_one(ValuesView).show_peek(self._peeks[meta.name])
-            return
-        self._peek_values(meta.name)
+        pager = self.query_one(ValuesPager)
+        pager.start(meta.name, meta.shape)
+        pager.query_one("#values-table").focus()  # paging keys act at once; esc goes back to the tree
+
+    @on(ValuesPager.PageWanted)
+    def _page_wanted(self, event: ValuesPager.PageWanted) -> None:
+        self._read_page(event.name, event.selection, event.row, event.col, event.rows, event.cols)
 
     @work(thread=True, exclusive=True, group="peek", exit_on_error=False, description="reading values")
-    def _peek_values(self, name: str) -> None:
-        from ckptscope.ops.stats import peek_corner
+    def _read_page(self, name: str, selection: Selection, row: int, col: int, rows: int, cols: int) -> None:
+        from ckptscope.ops.values import read_page
 
         assert self.reader is not None
         try:
-            peek = peek_corner(self.reader, name, rows=12, cols=8)
+            page = read_page(self.reader, name, selection, row=row, col=col, rows=rows, cols=cols)
         except CkptError as exc:
-            self.post_message(ValuesPeeked(name, None, str(exc)))
+            self.post_message(ValuesPaged(name, None, str(exc)))
             return
-        self.post_message(ValuesPeeked(name, peek))
+        self.post_message(ValuesPaged(name, page))
 
-    @on(ValuesPeeked)
-    def _values_peeked(self, message: ValuesPeeked) -> None:
-        if message.peek is not None:
-            self._peeks[message.name] = message.peek
-        if not self._panes_ready or self.current is None or self.current.name != message.name:
+    @on(ValuesPaged)
+    def _values_paged(self, message: ValuesPaged) -> None:
+        if not self._panes_ready:
             return
-        view = self.query_one(ValuesView)
-        if message.peek is None:
-            view.show_error(message.name, message.error)
+        pager = self.query_one(ValuesPager)
+        if message.page is None:
+            pager.show_error(message.name, message.error)
         else:
-            view.show_peek(message.peek)
+            pager.show_page(message.page)
 
     # --- filter ------------------------------------------------------------------------------
 

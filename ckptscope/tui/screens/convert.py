@@ -62,6 +62,11 @@ HINTS = {"editing": "the plan follows the fields · enter in a field moves to Co
          "done": "written · the verify uses the same target, tp, pp and format"}
 
 
+NARROW = 110
+SHORT = 36
+"""Screens narrower or shorter than this get the compact wrapping form (app.tcss ``.-narrow``)."""
+
+
 class ConvertScreen(ModalScreen[str | None]):
     """Dismisses with the written checkpoint to browse ("open result"), or None."""
 
@@ -155,7 +160,19 @@ class ConvertScreen(ModalScreen[str | None]):
                 yield Button("Cancel", id="convert-cancel")
         yield Footer()
 
+    def on_resize(self) -> None:
+        self._fit()
+
+    def _fit(self) -> None:
+        """Narrow or short terminals get one-line fields in wrapping rows (80x24 shows the whole
+        form and a few plan rows); wide ones the bordered fields side by side."""
+        narrow = self.size.width < NARROW or self.size.height < SHORT
+        self.set_class(narrow, "-narrow")
+        for widget in self.query("Input, Select, Checkbox, Button"):
+            widget.compact = narrow  # type: ignore[attr-defined]
+
     def on_mount(self) -> None:
+        self._fit()
         table = self.query_one("#convert-plan", DataTable)
         table.add_columns("destination tensor", "shape", "dtype", "transforms", "sources")
         self.query_one("#convert-open").display = False

@@ -1,71 +1,233 @@
-"""The top-left corner of a tensor as a table of numbers (``v``)."""
+"""The Values tab: a value pager over any slice of a tensor.
+
+A slice box takes NumPy syntax (``[3, :, 100:140]``); the table shows one page of it with a cell
+cursor; the line under the table shows the cell under the cursor exactly: its global index, its
+stored bits (``0x3f80`` for a bf16 1.0) and the float they encode. Keys page through rows and
+columns, step the fixed axis (the layer of a stacked tensor, an expert) and toggle the table
+between floats and stored bits. The widget only shows pages; the screen reads them in a worker
+when the pager posts ``PageWanted``.
+"""
 
 from __future__ import annotations
 
-from rich import box
-from rich.table import Table
+from typing import ClassVar
+
 from rich.text import Text
-from textual.widgets import Static
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import DataTable, Input, Static
 
-from ckptscope.ops.stats import ValuePeek
+from ckptscope.core.errors import CkptError
+from ckptscope.ops.values import Selection, ValuePage, exact_float, parse_selection, stored_bits
+from ckptscope.tui.widgets.vim_keys import table_keys
+
+CELL = 10
+"""Characters per value column (``-1.234e-05``)."""
+PAGE_ROWS = 64
+"""Rows read per page: a few screens of scrolling inside the table before the next read."""
 
 
-def _cell(value: object) -> str:
+def cell_text(value: object, bits: bool = False) -> str:
+    """A value as the table shows it: 4 significant digits, or its stored bits in hex."""
+    if bits:
+        hexed = stored_bits(value)
+        if hexed is not None:
+            return hexed
     try:
         number = float(value)  # bf16 / fp8 scalars from ml_dtypes convert too
     except (TypeError, ValueError):
         return str(value)
-    if isinstance(value, (bool,)) or type(value).__name__ == "bool_":
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
         return str(bool(value))
     if number.is_integer() and abs(number) < 1e15 and "int" in type(value).__name__:
         return f"{int(number)}"
     return f"{number:.4g}"
 
 
-CELL = 10
-"""Characters per value column (``-1.234e-05``)."""
+class ValuesTable(DataTable):
+    """The page of values, with vim keys and the pager's paging keys."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        *table_keys("values"),
+        Binding("h", "cursor_left", "left", show=False, id="values.left", tooltip="Previous column"),
+        Binding("l", "cursor_right", "right", show=False, id="values.right", tooltip="Next column"),
+        Binding("ctrl+f,pagedown", "page_rows(1)", "next rows", id="values.next_rows",
+                tooltip="The next page of rows of the slice"),
+        Binding("ctrl+b,pageup", "page_rows(-1)", "prev rows", id="values.prev_rows",
+                tooltip="The previous page of rows of the slice"),
+        Binding("greater_than_sign", "page_cols(1)", "next cols", id="values.next_cols",
+                tooltip="The next page of columns of the slice"),
+        Binding("less_than_sign", "page_cols(-1)", "prev cols", show=False, id="values.prev_cols",
+                tooltip="The previous page of columns of the slice"),
+        Binding("right_square_bracket", "step(1)", "next layer", id="values.next_layer",
+                tooltip="Step the fixed axis (layer, expert) of the slice forward"),
+        Binding("left_square_bracket", "step(-1)", "prev layer", show=False, id="values.prev_layer",
+                tooltip="Step the fixed axis (layer, expert) of the slice back"),
+        Binding("x", "toggle_bits", "bits/float", id="values.bits",
+                tooltip="Show stored bits (hex) or floats in the table"),
+        Binding("colon", "edit_slice", "slice", id="values.slice", tooltip="Type a slice in NumPy syntax"),
+    ]
+
+    def action_page_rows(self, step: int) -> None:
+        self.post_message(ValuesPager.Move(rows=step))
+
+    def action_page_cols(self, step: int) -> None:
+        self.post_message(ValuesPager.Move(cols=step))
+
+    def action_step(self, step: int) -> None:
+        self.post_message(ValuesPager.Move(layer=step))
+
+    def action_toggle_bits(self) -> None:
+        self.post_message(ValuesPager.Move(bits=True))
+
+    def action_edit_slice(self) -> None:
+        self.post_message(ValuesPager.Move(edit=True))
 
 
-def peek_table(peek: ValuePeek, max_cols: int = 8) -> Table:
-    values = peek.values
-    bounds = list(peek.region)
-    if bounds and values.ndim >= 1:
-        a, b = bounds[-1]
-        bounds[-1] = (a, min(b, a + max(1, max_cols)))
-    region = ", ".join(f"{a}:{b}" if b - a != 1 else f"{a}" for a, b in bounds)
-    table = Table(title=Text(f"{peek.name}[{region}]", style="bold"), title_justify="left",
-                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="dim", padding=(0, 0))
-    if values.ndim == 0:
-        table.add_column("value", justify="right")
-        table.add_row(_cell(values[()]))
-        return table
-    rows = values.reshape(1, -1) if values.ndim == 1 else values.reshape(values.shape[-2], values.shape[-1]) \
-        if values.ndim == 2 else values.reshape(-1, values.shape[-1])
-    col_start = peek.region[-1][0] if peek.region else 0
-    row_start = peek.region[-2][0] if len(peek.region) >= 2 else 0
-    rows = rows[:, :max(1, max_cols)]
-    table.add_column("", style="dim", justify="right", min_width=3, no_wrap=True)
-    for j in range(rows.shape[1]):
-        table.add_column(str(col_start + j), justify="right", no_wrap=True, min_width=CELL)
-    for i in range(rows.shape[0]):
-        table.add_row(str(row_start + i) if values.ndim >= 2 else "", *(_cell(v) for v in rows[i]))
-    return table
+class ValuesPager(Vertical):
+    """Slice box, page table and exact cell line for one tensor."""
 
+    class PageWanted(Message):
+        """The screen should read this page (``ops.values.read_page``) and call ``show_page``."""
 
-class ValuesView(Static):
-    """Shows a hint, an error or a ``ValuePeek``."""
+        def __init__(self, name: str, selection: Selection, row: int, col: int, rows: int, cols: int) -> None:
+            self.name, self.selection, self.row, self.col = name, selection, row, col
+            self.rows, self.cols = rows, cols
+            super().__init__()
+
+    class Move(Message):
+        """A paging key was pressed in the table."""
+
+        def __init__(self, rows: int = 0, cols: int = 0, layer: int = 0, bits: bool = False,
+                     edit: bool = False) -> None:
+            self.rows, self.cols, self.layer, self.bits, self.edit = rows, cols, layer, bits, edit
+            super().__init__()
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.tensor: str | None = None
+        self.shape: tuple[int, ...] = ()
+        self.selection: Selection | None = None
+        self.page: ValuePage | None = None
+        self.bits = False
+        self._row = self._col = 0
+
+    def compose(self) -> ComposeResult:
+        yield Input(placeholder="slice, e.g. [3, :, 100:140]  (enter reads it)", id="values-slice")
+        yield Static(id="values-title")
+        yield ValuesTable(id="values-table", cursor_type="cell", zebra_stripes=True)
+        yield Static(id="values-cell")
+
+    # --- what the screen calls ------------------------------------------------------------------
 
     def show_hint(self, name: str | None) -> None:
-        msg = "Select a tensor, then press v to see its first values." if name is None else \
-            f"Press v to read the top-left corner of {name}."
-        self.update(Text(msg, style="dim"))
+        msg = "Select a tensor, then press v to page through its values." if name is None else \
+            f"Press v to read the values of {name}."
+        self._message(Text(msg, style="dim"))
 
     def show_error(self, name: str, error: str) -> None:
-        self.update(Text.assemble((name, "bold"), "\n", (error, "red")))
+        self._message(Text.assemble((name, "bold"), "  ", (error, "red")))
 
-    def show_peek(self, peek: ValuePeek) -> None:
-        if peek.values.size == 0:
-            self.update(Text(f"{peek.name} is empty.", style="dim"))
+    def start(self, name: str, shape: tuple[int, ...]) -> None:
+        """Page through ``name`` from its first page (keeps the slice typed for the same tensor)."""
+        if name != self.tensor:
+            self.tensor, self.shape = name, tuple(shape)
+            self.selection = parse_selection("", self.shape)
+            self._row = self._col = 0
+            self.query_one("#values-slice", Input).value = self.selection.text()
+        self._want()
+
+    def show_page(self, page: ValuePage, keep_cursor: bool = False) -> None:
+        if page.name != self.tensor:
             return
+        self.page = page
+        cursor = self.query_one(ValuesTable).cursor_coordinate
+        self.query_one("#values-title", Static).update(Text(page.title(), style="bold"))
+        table = self.query_one(ValuesTable)
+        table.clear(columns=True)
+        values = page.values
+        table.add_column("", key="row")
+        for j in range(values.shape[1]):
+            label = str(page.col_start + j) if page.col_axis is not None else "value"
+            table.add_column(label, width=CELL)
+        for i in range(values.shape[0]):
+            label = str(page.row_start + i) if page.row_axis is not None else ""
+            table.add_row(Text(label, style="dim"), *(Text(cell_text(v, self.bits), justify="right")
+                                                       for v in values[i]))
+        if len(table.columns) > 1:
+            row, column = (cursor.row, cursor.column) if keep_cursor else (0, 1)
+            table.move_cursor(row=row, column=max(1, column))
+            self._show_cell(table.cursor_coordinate.row, table.cursor_coordinate.column - 1)
+
+    # --- inside -------------------------------------------------------------------------------
+
+    def _message(self, text: Text) -> None:
+        self.page = None
+        self.query_one("#values-title", Static).update(text)
+        self.query_one(ValuesTable).clear(columns=True)
+        self.query_one("#values-cell", Static).update("")
+
+    def _page_cols(self) -> int:
         width = self.size.width or 80
-        self.update(peek_table(peek, max_cols=max(1, (width - 5) // (CELL + 1))))
+        return max(1, min(32, (width - 8) // (CELL + 1)))
+
+    def _want(self) -> None:
+        if self.tensor is None or self.selection is None:
+            return
+        self.post_message(self.PageWanted(self.tensor, self.selection, self._row, self._col, PAGE_ROWS,
+                                          self._page_cols()))
+
+    @on(Input.Submitted, "#values-slice")
+    def _slice_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        if self.tensor is None:
+            return
+        try:
+            self.selection = parse_selection(event.value, self.shape)
+        except CkptError as exc:
+            self.query_one("#values-cell", Static).update(Text(str(exc), style="red"))
+            return
+        event.input.value = self.selection.text()
+        self._row = self._col = 0
+        self.query_one(ValuesTable).focus()
+        self._want()
+
+    @on(Move)
+    def _moved(self, event: Move) -> None:
+        event.stop()
+        if event.edit:
+            self.query_one("#values-slice", Input).focus()
+            return
+        if self.page is None or self.selection is None:
+            return
+        if event.bits:
+            self.bits = not self.bits
+            self.show_page(self.page, keep_cursor=True)
+            return
+        if event.layer:
+            self.selection = self.selection.stepped(event.layer)
+            self.query_one("#values-slice", Input).value = self.selection.text()
+        page_rows, page_cols = self.page.values.shape
+        self._row = max(0, min(self._row + event.rows * page_rows, self.page.rows_total - 1))
+        self._col = max(0, min(self._col + event.cols * page_cols, self.page.cols_total - 1))
+        self._want()
+
+    @on(DataTable.CellHighlighted, "#values-table")
+    def _cell_highlighted(self, event: DataTable.CellHighlighted) -> None:
+        self._show_cell(event.coordinate.row, event.coordinate.column - 1)
+
+    def _show_cell(self, row: int, col: int) -> None:
+        page = self.page
+        if page is None or col < 0 or row >= page.values.shape[0] or col >= page.values.shape[1]:
+            return
+        value = page.values[row, col]
+        index = ", ".join(map(str, page.index_of(row, col)))
+        line = Text.assemble((f"[{index}]", "bold"), "  ", (page.dtype, "dim"))
+        hexed = stored_bits(value)
+        if hexed is not None:
+            line.append(f"  stored {hexed}")
+        line.append(f"  = {exact_float(value)}")
+        self.query_one("#values-cell", Static).update(line)
