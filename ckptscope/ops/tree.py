@@ -18,7 +18,7 @@ class TreeNode:
     with tens of thousands of tensors only pays for the levels a user actually looks at."""
 
     __slots__ = ("label", "path", "tensor", "members", "num_params", "nbytes", "num_tensors", "_trie",
-                 "_collapse", "_children")
+                 "_collapse", "_children", "_siblings")
 
     def __init__(self, label: str, path: str, children: list["TreeNode"] | None = None,
                  tensor: TensorMeta | None = None, members: tuple[str, ...] = (), num_params: int = 0,
@@ -38,6 +38,8 @@ class TreeNode:
         self._trie: _Trie | None = None
         self._collapse = True
         self._children = children
+        self._siblings: dict[str, _Trie] | None = None
+        """For range nodes: the parent's children by key, to build one member on demand."""
 
     @property
     def children(self) -> list["TreeNode"]:
@@ -52,6 +54,19 @@ class TreeNode:
     @property
     def repeat(self) -> int:
         return max(1, len(self.members))
+
+    @property
+    def member_keys(self) -> list[str]:
+        """The layer numbers a range stands for (``["0", ..., "31"]``); empty for other nodes."""
+        return [m.rpartition(".")[2] for m in self.members] if self.is_range else []
+
+    def member(self, key: str) -> "TreeNode":
+        """Member ``key`` of a range as its own node (every layer inside, nothing collapsed away),
+        so a user can open layer 7 of ``layers.[0-31]``. Raises KeyError for a key not in the range."""
+        if key not in self.member_keys or self._siblings is None:
+            raise KeyError(key)
+        prefix = self.path.rpartition(".")[0]
+        return _node(self._siblings[key], key, _join(prefix, key), self._collapse)
 
     def folded_children(self) -> list[tuple[str, "TreeNode"]]:
         """Children for display, with single-child chains folded into one dotted label.
@@ -161,8 +176,10 @@ def _numeric_children(trie: _Trie, keys: list[str], path: str, collapse: bool) -
         if len(run) == 1:
             out.append(_node(first, run[0], _join(path, run[0]), collapse))
         else:
-            out.append(_node(first, f"[{run[0]}-{run[-1]}]", _join(path, run[0]), collapse,
-                             members=tuple(_join(path, k) for k in run)))
+            node = _node(first, f"[{run[0]}-{run[-1]}]", _join(path, run[0]), collapse,
+                         members=tuple(_join(path, k) for k in run))
+            node._siblings = trie.children
+            out.append(node)
     return out
 
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.ops.rename.files import RenamePlan
     from ckptscope.ops.rename.plan import NameReport
     from ckptscope.ops.roots import IterationInfo
+    from ckptscope.ops.layers import LayerPair
     from ckptscope.ops.stats import TensorStats
     from ckptscope.ops.values import ValuePage
     from ckptscope.ops.tree import TreeNode
@@ -68,6 +69,17 @@ class ValuesPaged(Message):
 
     name: str
     page: ValuePage | None
+    error: str = ""
+
+
+@dataclass
+class LayersCompared(Message):
+    """Two members of a collapsed range were compared tensor by tensor (``error`` set on failure)."""
+
+    label: str
+    a: str
+    b: str
+    pairs: list[LayerPair]
     error: str = ""
 
 

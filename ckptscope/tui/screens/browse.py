@@ -27,6 +27,7 @@ from ckptscope.tui.messages import (
     FilterApplied,
     IndexLoaded,
     IterationsDiscovered,
+    LayersCompared,
     OpenFailed,
     StatsComputed,
     ValuesPaged,
@@ -106,6 +107,8 @@ class BrowseScreen(RenameActions, Screen[None]):
                 tooltip="Shard map: next block of the leading axes"),
         Binding("i", "iterations", "iterations", show=False, id="browse.iterations",
                 tooltip="Pick another iteration of this save directory"),
+        Binding("p", "pick_layer", "pick layer", id="browse.pick_layer",
+                tooltip="In a collapsed range: open one layer, or compare two layers"),
         Binding("y", "copy_name", "copy name", show=False, id="browse.copy_name",
                 tooltip="Copy the tensor name to the clipboard"),
         # Room for the ops screens; each op's issue adds its screen behind these ids.
@@ -291,6 +294,7 @@ class BrowseScreen(RenameActions, Screen[None]):
     @on(TensorTree.TensorHighlighted)
     def _tensor_highlighted(self, message: TensorTree.TensorHighlighted) -> None:
         self._highlighted = message.entry
+        self.refresh_bindings()  # "p pick layer" shows only inside a range
         self.current = message.entry.tensor
         if self._panes_ready:
             self._show_entry(message.entry)
@@ -515,6 +519,56 @@ class BrowseScreen(RenameActions, Screen[None]):
             return
         self.discover = True
         self._open(self.iterations_root, True)
+
+    # --- layers inside a range ---------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "pick_layer":  # in the footer only where it applies
+            return self._panes_ready and self.query_one(TensorTree).range_at_cursor() is not None
+        return True
+
+    def action_pick_layer(self) -> None:
+        from ckptscope.tui.screens.layers import LayerPickScreen
+
+        tree = self.query_one(TensorTree)
+        range_node = tree.range_at_cursor()
+        if range_node is None or range_node.data is None:
+            self.notify("Put the cursor on a collapsed range such as layers.[0-31] first.", severity="warning")
+            return
+        node = range_node.data.node
+
+        def picked(keys: tuple[str, ...] | None) -> None:
+            if not keys:
+                return
+            if len(keys) == 1:
+                tree.open_member(range_node, keys[0])
+            else:
+                self._compare_layers(node, keys[0], keys[1])
+
+        self.app.push_screen(LayerPickScreen(range_node.data.range_path or node.label, node.member_keys), picked)
+
+    @work(thread=True, exclusive=True, group="layers", exit_on_error=False, description="comparing layers")
+    def _compare_layers(self, node: TreeNode, a: str, b: str) -> None:
+        from ckptscope.ops.layers import compare_members
+
+        worker = get_current_worker()
+        assert self.reader is not None
+        try:
+            pairs = compare_members(self.reader, node, a, b, should_stop=lambda: worker.is_cancelled)
+        except CkptError as exc:
+            self.post_message(LayersCompared(node.label, a, b, [], str(exc)))
+            return
+        if not worker.is_cancelled:
+            self.post_message(LayersCompared(node.path.rpartition(".")[0] + "." + node.label, a, b, pairs))
+
+    @on(LayersCompared)
+    def _layers_compared(self, message: LayersCompared) -> None:
+        from ckptscope.tui.screens.layers import LayerCompareScreen
+
+        if message.error:
+            self.notify(message.error, severity="error")
+        else:
+            self.app.push_screen(LayerCompareScreen(message.label, message.a, message.b, message.pairs))
 
     def action_copy_name(self) -> None:
         if self.current is not None:

@@ -306,6 +306,44 @@ class TensorTree(VimTree, Tree[Entry]):
 
         visit(self.root, 0)
 
+    # --- ranges ---------------------------------------------------------------------------
+
+    def range_at_cursor(self) -> WidgetNode[Entry] | None:
+        """The collapsed range the cursor is on or inside (the innermost), or None."""
+        node = self.cursor_node
+        while node is not None and not node.is_root:
+            if node.data is not None and node.data.more_from < 0 and node.data.node.is_range:
+                return node
+            node = node.parent
+        return None
+
+    def open_member(self, range_node: WidgetNode[Entry], key: str) -> None:
+        """Show member ``key`` of a range as its own row, first under the range, with the cursor
+        on it: layer 7 of ``layers.[0-31]`` with its real tensor names (values, stats, rename)."""
+        entry = range_node.data
+        assert entry is not None
+        for child in range_node.children:
+            if child.data is not None and child.data.node.path == f"{entry.node.path.rpartition('.')[0]}.{key}".lstrip("."):
+                self._land(child)
+                return
+        member = entry.node.member(key)
+        outer = range_node.parent.data if range_node.parent is not None and range_node.parent.data else None
+        child_entry = Entry(member, f"{key}", max(1, entry.repeat // entry.node.repeat),
+                            outer.range_path if outer is not None else "")
+        self._populate(range_node)
+        range_node.expand()
+        added = range_node.add(self._label(child_entry, [*self.chain(range_node), member]), child_entry, before=0)
+        self._by_node[id(member)] = added
+        self._populate(added)
+        added.expand()
+        self.call_after_refresh(self._land, added)  # the new row has a line number once laid out
+
+    def _land(self, node: WidgetNode[Entry]) -> None:
+        self.move_cursor(node)
+        self.scroll_to_node(node, animate=False)
+        if node.data is not None:
+            self.post_message(self.TensorHighlighted(node.data))
+
     def action_expand_node(self) -> None:
         node = self.cursor_node
         if node is None:
