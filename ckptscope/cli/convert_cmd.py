@@ -17,33 +17,23 @@ EXIT_DIFFERENT = 1
 
 
 def _progress(total_tensors: int, total_bytes: int, quiet: bool):
-    """A rich progress bar on stderr (only when stderr is a terminal), as a context + callback."""
-    from contextlib import nullcontext
+    """The shared byte bar (cli/progress.py) as a context, and the writer's per-tensor callback."""
+    from contextlib import ExitStack
 
-    if quiet or not sys.stderr.isatty():
-        return nullcontext(), None
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
+    from ckptscope.cli.progress import byte_progress
 
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                        console=Console(stderr=True), transient=True)
-    task = progress.add_task(f"writing 0/{total_tensors} tensors", total=total_bytes)
-    count = {"n": 0}
+    stack = ExitStack()
+    update = stack.enter_context(byte_progress("writing", total_bytes, quiet=quiet, count=total_tensors))
+    if update is None:
+        return stack, None
+    state = {"n": 0, "bytes": 0}
 
     def step(name: str, nbytes: int) -> None:
-        count["n"] += 1 if name else 0
-        progress.update(task, advance=nbytes, description=f"writing {count['n']}/{total_tensors} tensors")
+        state["n"] += 1 if name else 0
+        state["bytes"] += nbytes
+        update(state["bytes"], state["n"])
 
-    return progress, step
+    return stack, step
 
 
 def print_plan(plan, as_json: bool) -> None:

@@ -124,29 +124,17 @@ def diff(a: str, b: str, as_json: bool, plain: bool, mapping: str, atol: float, 
                                 trust_pickle=trust_pickle, training_state=training_state)
             sys.exit(code)
 
-    from ckptscope.ops.diff.engine import diff_checkpoints
     from ckptscope.ops.diff.plan import plan_diff
 
     plan = plan_diff(a, b, mapping=mapping, include=include, exclude=exclude, arch=arch, trust_pickle=trust_pickle,
                      training_state=training_state)
-    if as_json or not sys.stderr.isatty():
-        report = diff_checkpoints(plan, options)
-    else:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
+    from ckptscope.cli.progress import byte_progress
+    from ckptscope.ops.diff.engine import DiffEngine
 
-        with Progress(TextColumn("diff"), BarColumn(), MofNCompleteColumn(), TextColumn("tensors"),
-                      TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), transient=True,
-                      console=_stderr_console()) as progress:
-            task = progress.add_task("diff", total=len(plan.pairs))
-            report = diff_checkpoints(plan, options,
-                                      on_progress=lambda done, total: progress.update(task, completed=done))
+    engine = DiffEngine(plan, options)
+    with byte_progress("diff", plan.bytes_to_read(), quiet=as_json, count=len(plan.pairs), noun="pairs") as update:
+        report = engine.run(on_progress=None if update is None else
+                            lambda done, total: update(engine.bytes_read, done))
     if as_json:
         click.echo(json.dumps(report.to_json(), allow_nan=False))
     else:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
@@ -55,13 +54,8 @@ def rename(src: str, dst: str, subs: tuple[tuple[str, str], ...], drops: tuple[s
     if dry_run:
         click.echo("dry run: nothing written", err=True)
         return
-    if as_json or not sys.stderr.isatty():
-        execute_rename(plan)
-    else:
-        from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+    from ckptscope.cli.progress import byte_progress
 
-        with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                      TransferSpeedColumn(), transient=True) as bar:
-            task = bar.add_task("renaming", total=plan.total_bytes)
-            execute_rename(plan, progress=lambda done, total: bar.update(task, completed=done))
+    with byte_progress("renaming", plan.total_bytes, quiet=as_json) as update:
+        execute_rename(plan, progress=None if update is None else lambda done, total: update(done))
     click.echo(f"wrote {plan.dst}", err=True)

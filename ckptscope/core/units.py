@@ -50,3 +50,16 @@ def human_time(epoch: float | None) -> str:
     import time
 
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(epoch))
+
+
+def rate_eta(done: int, total: int, seconds: float) -> str:
+    """``45.2 MiB/s · ETA 0:12`` for a byte transfer ``done`` of ``total`` after ``seconds``
+    (``…`` while there is no rate yet): the same words the CLI bar shows."""
+    if seconds <= 0 or done <= 0:
+        return "… MiB/s · ETA …"
+    rate = done / seconds
+    left = max(0, total - done) / rate
+    minutes, secs = divmod(int(round(left)), 60)
+    hours, minutes = divmod(minutes, 60)
+    eta = f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+    return f"{human_bytes(int(rate))}/s · ETA {eta}"

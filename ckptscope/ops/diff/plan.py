@@ -104,6 +104,13 @@ class DiffPlan:
     def compared(self) -> list[DiffPair]:
         return [p for p in self.pairs if p.static_status is None]
 
+    def bytes_to_read(self) -> int:
+        """Bytes of both sides of every pair whose values are compared: the progress bar's total
+        (an upper bound: pairs whose stored bytes match are settled with fewer reads)."""
+        from ckptscope.core.dtypes import dtype_by_name
+
+        return sum(r.numel * dtype_by_name(r.dtype).bits // 8 for p in self.compared for r in (p.a, p.b))
+
 
 def identity_recipes(tensors: dict) -> dict[str, Recipe]:
     """Each tensor as itself: one piece, the whole tensor (the recipe of an unmapped name)."""

@@ -27,7 +27,7 @@ from textual.widgets import Button, Checkbox, DataTable, Footer, Input, Label, P
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from ckptscope.core.errors import CkptError
-from ckptscope.core.units import human_bytes
+from ckptscope.core.units import human_bytes, rate_eta
 from ckptscope.tui.converting import (
     DTYPES,
     FORMATS,
@@ -85,6 +85,7 @@ class ConvertScreen(ModalScreen[str | None]):
         super().__init__()
         self.src = src
         self.merge = merge
+        self._write_started = 0.0
         self.about = about
         self.trust_pickle = trust_pickle
         self.initial_target = target
@@ -147,7 +148,7 @@ class ConvertScreen(ModalScreen[str | None]):
                                tooltip="Leave out entries that are neither model weights nor known training state "
                                        "(--skip-unknown); without it they stop the conversion")
             yield Static(Text("planning…", style="italic"), id="convert-status")
-            yield ProgressBar(id="convert-progress", show_eta=False)
+            yield ProgressBar(id="convert-progress", show_eta=True)
             yield DataTable(id="convert-plan", cursor_type="row")
             yield Static("", id="convert-detail")
             with VerticalScroll(id="convert-verify-box"):
@@ -375,6 +376,7 @@ class ConvertScreen(ModalScreen[str | None]):
         plan = self.plan
         self._set_stage("writing")
         self.query_one(ProgressBar).update(total=max(1, plan.total_bytes), progress=0)
+        self._write_started = time.monotonic()
         self._status(Text.assemble("writing ", (plan.dst, "bold"), f" ({len(plan.tensors):,} tensors, "
                                    f"{human_bytes(plan.total_bytes)})…"))
         self._write(plan, self.query_one("#convert-overwrite", Checkbox).value)
@@ -413,7 +415,8 @@ class ConvertScreen(ModalScreen[str | None]):
         self.query_one(ProgressBar).update(total=message.total, progress=message.done)
         self._status(Text.assemble("writing ", (self.plan.dst if self.plan else "", "bold"), ": ",
                                    (f"{message.tensors:,}/{message.tensors_total:,}", "bold"), " tensors · ",
-                                   (human_bytes(message.done), "bold"), f" of {human_bytes(message.total)}"))
+                                   (human_bytes(message.done), "bold"), f" of {human_bytes(message.total)} · ",
+                                   rate_eta(message.done, message.total, time.monotonic() - self._write_started)))
 
     @on(ConvertFinished)
     def _finished(self, message: ConvertFinished) -> None:

@@ -95,7 +95,7 @@ class RenameApplyScreen(ModalScreen[str | None]):
             yield Checkbox("overwrite the destination if it exists", id="apply-overwrite")
             yield Static(Text("enter checks the plan; nothing is written before you confirm it", style="dim"),
                          id="apply-status")
-            yield ProgressBar(id="apply-progress", show_eta=False)
+            yield ProgressBar(id="apply-progress", show_eta=True)
             with VerticalScroll(id="apply-plan-box"):
                 yield Static("", id="apply-plan")
             with Horizontal(id="apply-buttons"):
