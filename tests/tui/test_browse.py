@@ -547,3 +547,28 @@ async def test_vim_keys_move_in_the_tree_and_the_tables(in_repo):
         assert table.cursor_row == 1
         await pilot.press("G")
         assert table.cursor_row == table.row_count - 1
+
+
+@sync
+async def test_slash_searches_the_focused_table_and_n_walks_matches(in_repo):
+    """In the Objects tab, / searches full keys and values (not the tree), n / N walk the matches."""
+    app = make_app(Path("sample_ckpts/megatron_style.pt"), keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("o")
+        await settle(pilot)
+        table = app.screen.query_one("#objects-table", DataTable)
+        table.focus()
+        await pilot.pause()
+        await pilot.press("slash")
+        await settle(pilot)
+        await pilot.press(*"rng", "enter")
+        await settle(pilot)
+        keys = [table.full_row(r)[0] for r in range(table.row_count)]
+        hits = [r for r, key in enumerate(keys) if "rng" in " ".join(table.full_row(r)).lower()]
+        assert len(hits) >= 2 and table.cursor_row == hits[0]
+        await pilot.press("n")
+        assert table.cursor_row == hits[1]
+        await pilot.press("N", "N")
+        assert table.cursor_row == hits[-1]  # wraps around
+        assert app.screen.query_one(TensorTree).has_focus is False  # the tree filter never opened

@@ -20,6 +20,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from ckptscope.core.units import shape_str
 from ckptscope.ops.layers import LayerPair
+from ckptscope.tui.widgets.table_search import SearchableTable, search_bindings
 from ckptscope.tui.widgets.vim_keys import table_keys
 
 
@@ -71,12 +72,16 @@ def _number(value: object, fmt: str = ".4g") -> str:
     return "-" if value is None else format(value, fmt) if isinstance(value, float) else str(value)
 
 
+class CompareTable(SearchableTable, DataTable[object]):
+    BINDINGS: ClassVar[list[BindingType]] = [*table_keys("layers"), *search_bindings("layers")]
+    search_what = "tensors"
+
+
 class LayerCompareScreen(ModalScreen[None]):
     """Per-tensor metrics of layer ``a`` against layer ``b`` of one range."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,q", "dismiss(None)", "close", id="layers.close"),
-        *table_keys("layers"),
     ]
     DEFAULT_CSS = """
     LayerCompareScreen { align: center middle; }
@@ -97,7 +102,7 @@ class LayerCompareScreen(ModalScreen[None]):
             yield Static(Text(f"{len(self.pairs)} tensors, {same} identical"
                               + ("  (identical layers: a copy, or an untrained init?)" if same == len(self.pairs)
                                  and self.pairs else ""), style="yellow" if same else "dim"))
-            yield DataTable(id="compare-table", cursor_type="row", zebra_stripes=True)
+            yield CompareTable(id="compare-table", cursor_type="row", zebra_stripes=True)
         yield Footer()
 
     def on_mount(self) -> None:

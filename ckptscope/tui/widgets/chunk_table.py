@@ -17,16 +17,18 @@ from ckptscope.core.tensor import Encoding, TensorMeta
 from ckptscope.core.units import human_bytes, shape_str
 from ckptscope.ops.layout import file_colors
 from ckptscope.tui.colors import file_fill
+from ckptscope.tui.widgets.table_search import SearchableTable, search_bindings
 from ckptscope.tui.widgets.vim_keys import table_keys
 
 MAX_ROWS = 2000
 """Rows shown at most; a DCP tensor over thousands of ranks still opens instantly."""
 
 
-class ChunkTable(DataTable[object]):
+class ChunkTable(SearchableTable, DataTable[object]):
     """Chunks of one tensor. Call ``show(meta)``."""
 
-    BINDINGS: ClassVar[list[BindingType]] = table_keys("chunks")
+    BINDINGS: ClassVar[list[BindingType]] = [*table_keys("chunks"), *search_bindings("chunks")]
+    search_what = "chunks (file, offsets)"
 
     DEFAULT_CSS = """
     ChunkTable { height: auto; max-height: 16; }

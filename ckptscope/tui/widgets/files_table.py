@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import ClassVar
 
 from rich.text import Text
+from textual.binding import BindingType
 from textual.widgets import DataTable
 
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.units import human_bytes
+from ckptscope.tui.widgets.table_search import SearchableTable, search_bindings
+from ckptscope.tui.widgets.vim_keys import table_keys
 
 
-class FilesTable(DataTable[object]):
+class FilesTable(SearchableTable, DataTable[object]):
+    BINDINGS: ClassVar[list[BindingType]] = [*table_keys("files"), *search_bindings("files")]
+    search_what = "files"
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
 

@@ -17,6 +17,7 @@ from textual.widgets import DataTable, Static
 
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.units import middle_ellipsis
+from ckptscope.tui.widgets.table_search import SearchableTable, search_bindings
 from ckptscope.tui.widgets.vim_keys import table_keys
 
 MAX_ROWS = 5000
@@ -75,11 +76,13 @@ def object_rows(index: CheckpointIndex) -> list[tuple[str, str, str]]:
     return rows[:MAX_ROWS]
 
 
-class ObjectsTable(DataTable[object]):
+class ObjectsTable(SearchableTable, DataTable[object]):
     """Key / type / value of every object and metadata entry; long keys and values are shortened in
-    their cells and shown whole by ``ObjectDetail`` for the row under the cursor."""
+    their cells and shown whole by ``ObjectDetail`` for the row under the cursor. ``/`` searches the
+    full keys and values."""
 
-    BINDINGS: ClassVar[list[BindingType]] = table_keys("objects")
+    BINDINGS: ClassVar[list[BindingType]] = [*table_keys("objects"), *search_bindings("objects")]
+    search_what = "keys and values"
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
@@ -97,6 +100,10 @@ class ObjectsTable(DataTable[object]):
             self.add_row(Text(middle_ellipsis(key, width), style="bold"), Text(kind, style="cyan"), _short(value))
         if not self.rows_full:
             self.add_row(Text("no objects: this checkpoint holds only tensors", style="dim"), "", "")
+
+    def row_text(self, row: int) -> str:
+        full = self.full_row(row)
+        return " ".join(full) if full is not None else ""
 
     def full_row(self, row: int) -> tuple[str, str, str] | None:
         return self.rows_full[row] if 0 <= row < len(self.rows_full) else None
