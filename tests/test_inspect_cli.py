@@ -114,3 +114,15 @@ def test_wide_modules_print_their_first_children_then_a_count(tmp_path, cli):
     assert "item039" in short.out and "item040" not in short.out and "… 60 more" in short.out
     full = cli("inspect", str(path), "--all-children")
     assert all(f"item{i:03d}" in full.out for i in range(100)) and "more" not in full.out
+
+
+def test_training_state_tree_counts_elements_at_every_depth(samples, cli):
+    """Adam moments are not parameters: the training-state tree says elements on every module row."""
+    import torch
+
+    out = cli("inspect", str(samples["megatron_style.pt"])).out
+    tree = out[out.index("training state (not part of the model)"):out.index("objects")]
+    state = torch.load(samples["megatron_style.pt"], weights_only=False)["optimizer"]["state"][0]
+    moments = sum(t.numel() for t in state.values())
+    row = next(line for line in tree.splitlines() if "optimizer.state.0" in line)
+    assert f"{moments / 1000:.1f}K elements" in row and "params" not in tree

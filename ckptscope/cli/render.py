@@ -90,7 +90,7 @@ def summary_table(report: InspectReport) -> Table:
     return table
 
 
-def _node_label(node: TreeNode, label: str) -> Text:
+def _node_label(node: TreeNode, label: str, unit: str = "params") -> Text:
     text = Text()
     if node.tensor is not None and not node.children:
         meta = node.tensor
@@ -107,7 +107,7 @@ def _node_label(node: TreeNode, label: str) -> Text:
     text.append(label, style="bold blue")
     if node.is_range:
         text.append(f"  ×{node.repeat}", style="bold magenta")
-    text.append(f"  {human_count(node.num_params)} params  {human_bytes(node.nbytes)}", style="dim")
+    text.append(f"  {human_count(node.num_params)} {unit}  {human_bytes(node.nbytes)}", style="dim")
     return text
 
 
@@ -119,15 +119,15 @@ def render_tree(report: InspectReport, *, collapse: bool = True, max_children: i
 def _render_node(node: TreeNode, title: str, unit: str = "params", max_children: int | None = MAX_CHILDREN) -> Tree:
     root = Tree(Text.assemble((title, "bold"), (f"  {human_count(node.num_params)} {unit}  {human_bytes(node.nbytes)}",
                                                 "dim")))
-    _add_children(root, node, max_children)
+    _add_children(root, node, max_children, unit)
     return root
 
 
-def _add_children(branch: Tree, node: TreeNode, max_children: int | None) -> None:
+def _add_children(branch: Tree, node: TreeNode, max_children: int | None, unit: str = "params") -> None:
     children = node.folded_children()
     shown = children if max_children is None else children[:max_children]
     for label, target in shown:
-        _add_children(branch.add(_node_label(target, label)), target, max_children)
+        _add_children(branch.add(_node_label(target, label, unit)), target, max_children, unit)
     if len(shown) < len(children):
         rest = len(children) - len(shown)
         branch.add(Text(f"… {rest:,} more (--include NAME narrows, --all-children prints them, --json lists every "
