@@ -354,13 +354,14 @@ def _data_offset(handle: Any, info: zipfile.ZipInfo) -> int:
     return info.header_offset + 30 + name_len + extra_len
 
 
-def _restamp_serialization_id(path: Path, crcs: dict[str, int]) -> None:
+def _restamp_serialization_id(path: Path) -> None:
     """Rewrite ``.data/serialization_id`` for the data now in the file.
 
     ``torch.save`` under ``skip_data`` derived the id from the records it wrote, whose data was
-    not there yet; it is recomputed as torch would have for the real data (``torch_save.
-    serialization_id``: record names, then each record's CRC-32, ``crcs`` for the patched ones),
-    so the file is ``torch.save``'s of the real dict byte for byte and the id follows the content."""
+    not there yet. Once the data and its CRC-32s are in place (``_patch_crcs``) it is recomputed
+    from the file as torch would have for the real data (``torch_save.serialization_id``: record
+    names, then each record's CRC-32), so the id follows the content and the file is what torch's
+    writer makes of these records."""
     names: list[str] = []
     values: list[int] = []
     with zipfile.ZipFile(path) as archive, open(path, "r+b") as handle:
@@ -373,8 +374,7 @@ def _restamp_serialization_id(path: Path, crcs: dict[str, int]) -> None:
                 continue
             handle.seek(offset)
             names.append(name)
-            values += descriptor_values(handle.read(min(8, info.file_size)), info.file_size,
-                                        crcs.get(name, info.CRC))
+            values += descriptor_values(handle.read(min(8, info.file_size)), info.file_size, info.CRC)
         value = serialization_id(names, values).encode()
         if stamp is None or stamp[1] != len(value):  # torch always writes it, 40 digits
             raise RuntimeError(f"{path}: no {SERIALIZATION_ID} record of {len(value)} bytes to rewrite")
@@ -445,4 +445,4 @@ def write_torch_legacy(iter_dir: Path, tensors: list[OutTensor], *, args: dict, 
             if slot.written != slot.nbytes:  # unreachable: every slot has exactly one source tensor
                 raise RuntimeError(f"{rank.path}: {slot.record} got {slot.written} of {slot.nbytes} bytes")
         _patch_crcs(rank.path, [(slot.record, slot.offset + slot.nbytes, slot.crc) for slot in slots if slot.nbytes])
-        _restamp_serialization_id(rank.path, {slot.record: slot.crc for slot in slots})
+        _restamp_serialization_id(rank.path)
