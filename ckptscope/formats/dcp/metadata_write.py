@@ -33,15 +33,17 @@ uses ``APPEND`` for one). Writing 23k chunks takes about 0.5 s; torch's import, 
 
 from __future__ import annotations
 
+import hashlib
 import pickle as op  # its opcode constants: op.MARK, op.BUILD ...
 import struct
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ckptscope.core.dtypes import DType, dtype_by_name
 from ckptscope.core.errors import CkptError
 
-__all__ = ["DCP_VERSION", "BytesItem", "ChunkItem", "metadata_bytes"]
+__all__ = ["DCP_VERSION", "BytesItem", "ChunkItem", "content_save_id", "metadata_bytes"]
 
 DCP_VERSION = "1.0.0"
 """torch's ``CURRENT_DCP_VERSION``, which ``FileSystemWriter.finish`` stamps on ``.metadata``."""
@@ -78,6 +80,25 @@ class BytesItem:
     file: str
     offset: int
     length: int
+
+
+_SAVE_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://github.com/ckptscope/ckptscope#dcp-save-id")
+
+
+def content_save_id(items: Sequence[ChunkItem | BytesItem], contents: bytes) -> str:
+    """``storage_meta.save_id`` derived from what was saved, not drawn at random.
+
+    torch's ``FileSystemWriter`` stamps a fresh ``uuid4`` on every save, so two saves of the same
+    state differ in ``.metadata``; nothing reads the id back (loaders ignore it; it tells saves
+    apart in logs). Here it is a name-based uuid (version 5) of the items' layout (keys, offsets,
+    shapes, dtypes, files, byte ranges) and ``contents``, a digest of the saved bytes the caller
+    collected (each chunk's CRC-32, each object's payload): the same save gives the same id, and a
+    save that differs in any of those gets another one."""
+    digest = hashlib.blake2b(digest_size=32)
+    for item in items:
+        digest.update(repr(item).encode())
+    digest.update(contents)
+    return str(uuid.uuid5(_SAVE_ID_NAMESPACE, digest.hexdigest()))
 
 
 _DCP = "torch.distributed.checkpoint"
@@ -288,7 +309,7 @@ def metadata_bytes(items: Sequence[ChunkItem | BytesItem], *, checkpoint_id: str
 
     Chunks sharing a key form one ``TensorStorageMetadata`` (chunks in item order; dtype and global
     shape must agree). ``checkpoint_id`` is recorded as a string (what Megatron's save passes);
-    ``save_id`` is the save's uuid. Raises ``CkptError`` on inconsistent items.
+    ``save_id`` is the save's uuid (``content_save_id``). Raises ``CkptError`` on inconsistent items.
     """
     entries = _group(items)
     out = _Stream()

@@ -31,15 +31,24 @@ converting a small model): containers come from ``torch_save.zip_container``, ``
 torch and megatron-core. A tensor offered as file byte runs (``OutTensor.runs``) is copied file to
 file by the kernel, its CRC computed on a second thread from the same cached pages. The legacy
 per-rank writer still uses torch.
+
+Same input, same bytes: nothing written depends on the clock, a random draw or thread timing. The
+ids the formats stamp are derived from the content: each container's ``.data/serialization_id``
+as torch computes it (``torch_save.serialization_id``), and ``.metadata``'s ``storage_meta.save_id``
+from the items and their CRC-32s (``dcp.metadata_write.content_save_id``; torch draws a uuid4).
+``storage_meta.checkpoint_id`` records the final location, as torch's writer does, so it alone
+follows the output path. Items go to data files by a greedy byte balance in tensor order, which
+depends on sizes only.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import json
 import os
-import uuid
+import struct
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptscope.core.dtypes import DType, dtype_by_name
 from ckptscope.core.errors import CkptError
-from ckptscope.formats.dcp.metadata_write import BytesItem, ChunkItem, metadata_bytes
+from ckptscope.formats.dcp.metadata_write import BytesItem, ChunkItem, content_save_id, metadata_bytes
 from ckptscope.formats.filecopy import copy_range
 from ckptscope.formats.megatron.legacy_writer import legacy_rank_dir, write_torch_legacy
 from ckptscope.formats.megatron.model_layout import (
@@ -161,17 +170,18 @@ class _DataFile:
         self.write(payload)
         return start, self.size - start
 
-    def append_tensor(self, array: np.ndarray, dtype: DType) -> tuple[int, int]:
+    def append_tensor(self, array: np.ndarray, dtype: DType) -> tuple[int, int, int]:
         """Append one C-contiguous array as ``torch.save`` would store the tensor; returns
-        (offset, length). The container's offsets count from the item's start, as with the
-        ``NoCloseWriter`` stream torch's ``FileSystemWriter`` hands ``torch.save``."""
+        (offset, length, CRC-32 of the data). The container's offsets count from the item's
+        start, as with the ``NoCloseWriter`` stream torch's ``FileSystemWriter`` hands ``torch.save``."""
         start = self.size
         data = array.reshape(-1).view("uint8")
-        write_torch_save(self.write, tensor_pickle(dtype, array.shape), [("0", data, crc32(data))])
-        return start, self.size - start
+        crc = crc32(data)
+        write_torch_save(self.write, tensor_pickle(dtype, array.shape), [("0", data, crc)])
+        return start, self.size - start, crc
 
     def append_runs(self, runs: list[tuple[Path, int, int]], shape: tuple[int, ...], dtype: DType,
-                    checksums: Executor) -> tuple[int, int]:
+                    checksums: Executor) -> tuple[int, int, int]:
         """Append a tensor whose bytes are ``runs`` of source files: the data is copied file to
         file by the kernel while a second thread reads the same (cached) pages for the CRC."""
         start = self.size
@@ -183,8 +193,9 @@ class _DataFile:
                 copy_range(path, self.handle, offset, length)
             self.size += size
 
-        write_torch_save(self.write, tensor_pickle(dtype, shape), [("0", Copied(size, copy, crc.result), None)])
-        return start, self.size - start
+        data = Copied(size, copy, crc.result, runs_head(runs))
+        write_torch_save(self.write, tensor_pickle(dtype, shape), [("0", data, None)])
+        return start, self.size - start, crc.result()
 
     def close(self) -> None:
         self.handle.close()
@@ -196,16 +207,21 @@ class _Metadata:
 
     def __init__(self) -> None:
         self.items: list[ChunkItem | BytesItem] = []
+        self.contents = hashlib.blake2b(digest_size=32)
+        """Digest of what the items hold (payloads, chunk CRC-32s), for the content-derived save id."""
 
-    def add_bytes(self, key: str, file: str, offset: int, length: int) -> None:
+    def add_bytes(self, key: str, file: str, offset: int, length: int, payload: bytes) -> None:
         self.items.append(BytesItem(key, file, offset, length))
+        self.contents.update(hashlib.blake2b(payload, digest_size=32).digest())
 
-    def add_chunk(self, chunk: _Chunk, dtype_name: str, file: str, offset: int, length: int) -> None:
+    def add_chunk(self, chunk: _Chunk, dtype_name: str, file: str, offset: int, length: int, crc: int) -> None:
         self.items.append(ChunkItem(chunk.key, chunk.offsets, chunk.sizes, chunk.global_shape, dtype_name,
                                     file, offset, length))
+        self.contents.update(struct.pack("<I", crc))
 
     def dump(self, path: Path, checkpoint_id: str) -> None:
-        data = metadata_bytes(self.items, checkpoint_id=checkpoint_id, save_id=str(uuid.uuid4()))
+        save_id = content_save_id(self.items, self.contents.digest())
+        data = metadata_bytes(self.items, checkpoint_id=checkpoint_id, save_id=save_id)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
@@ -231,6 +247,18 @@ def runs_crc32(runs: list[tuple[Path, int, int]]) -> int:
     return value & 0xFFFFFFFF
 
 
+def runs_head(runs: list[tuple[Path, int, int]], size: int = 8) -> bytes:
+    """The first ``size`` bytes of the concatenated runs (fewer when they hold fewer)."""
+    head = b""
+    for path, offset, length in runs:
+        if len(head) >= size:
+            break
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            head += handle.read(min(length, size - len(head)))
+    return head
+
+
 def slice_runs(runs: list[tuple[Path, int, int]], start: int, stop: int) -> list[tuple[Path, int, int]]:
     """Bytes ``[start, stop)`` of the concatenation of ``runs``, as runs."""
     out, position = [], 0
@@ -254,15 +282,15 @@ def _write_tensor(entry: Entry, chunks: list[_Chunk], files: list[_DataFile], me
             lo, hi = chunk.rows if chunk.rows is not None else (0, entry.out.shape[0] if entry.out.shape else 1)
             part = slice_runs(runs, lo * row_bytes, hi * row_bytes) if chunk.rows is not None else runs
             target = min(files, key=lambda f: f.size)
-            offset, length = target.append_runs(part, chunk.sizes, entry.dtype, checksums)
-            meta.add_chunk(chunk, entry.dtype.name, target.name, offset, length)
+            offset, length, crc = target.append_runs(part, chunk.sizes, entry.dtype, checksums)
+            meta.add_chunk(chunk, entry.dtype.name, target.name, offset, length, crc)
         return
     array = produce_array(entry)
     for chunk in chunks:
         part = array if chunk.rows is None else array[chunk.rows[0]:chunk.rows[1]]
         target = min(files, key=lambda f: f.size)  # torch's greedy balancing of bytes over files
-        offset, length = target.append_tensor(np.ascontiguousarray(part).reshape(chunk.sizes), entry.dtype)
-        meta.add_chunk(chunk, entry.dtype.name, target.name, offset, length)
+        offset, length, crc = target.append_tensor(np.ascontiguousarray(part).reshape(chunk.sizes), entry.dtype)
+        meta.add_chunk(chunk, entry.dtype.name, target.name, offset, length, crc)
 
 
 def write_torch_dist(iter_dir: Path, tensors: list[OutTensor], *, args: dict, iteration: int, spec: str = "local",
@@ -296,7 +324,7 @@ def write_torch_dist(iter_dir: Path, tensors: list[OutTensor], *, args: dict, it
     try:
         for j, key in enumerate(objects):  # as torch's writer: bytes items first, round robin over the files
             offset, length = files[j % num_files].append(payload)
-            meta.add_bytes(key, files[j % num_files].name, offset, length)
+            meta.add_bytes(key, files[j % num_files].name, offset, length, payload)
         for entry in model.entries:
             _write_tensor(entry, _chunks(entry, model, spec), files, meta, checksums)
             if progress:

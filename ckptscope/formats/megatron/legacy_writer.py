@@ -11,8 +11,8 @@ rank would read every tensor TP times. Instead:
 2. each tensor is produced once and its TP slices are written straight into their records
    (``os.pwrite`` at the offsets torch's zip reader reports);
 3. the records' CRC-32s, which ``skip_data`` leaves 0, are patched in the data descriptors and the
-   central directory, so each file is byte for byte a ``torch.save`` of the real dict (save for
-   its random serialization id).
+   central directory, and ``.data/serialization_id``, which torch derives from the records' CRCs,
+   is recomputed for the real data, so each file is byte for byte a ``torch.save`` of the real dict.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from ckptscope.formats.megatron.model_layout import (
     raw_bytes,
     spec_sub,
 )
+from ckptscope.formats.torch_save.serialization_id import SERIALIZATION_ID, descriptor_values, serialization_id
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -314,23 +315,23 @@ def _fill(entry: Entry, places: list[_Place]) -> None:
             slot.written += len(data)
 
 
-def _patch_crcs(path: Path, slots: list[_Slot]) -> None:
+def _patch_crcs(path: Path, patches: list[tuple[str, int, int]]) -> None:
     """Put each record's CRC-32 where torch's zip writer keeps it: the data descriptor after the data
-    (general-purpose flag bit 3), else the local header, and the central directory entry."""
+    (general-purpose flag bit 3), else the local header, and the central directory entry.
+    ``patches``: (record name, offset just past its data, CRC-32)."""
     with zipfile.ZipFile(path) as archive:
         infos = {info.filename.split("/", 1)[1]: info for info in archive.infolist()}
         start_dir = archive.start_dir  # type: ignore[attr-defined]
-    full_names = {infos[s.record].filename: s.crc for s in slots}
+    full_names = {infos[record].filename: crc for record, _, crc in patches}
     with open(path, "r+b") as handle:
-        for slot in slots:
-            info = infos[slot.record]
+        for record, end, crc in patches:
+            info = infos[record]
             if info.flag_bits & 0x08:
-                end = slot.offset + slot.nbytes
                 handle.seek(end)
                 handle.seek(end + 4 if handle.read(4) == b"PK\x07\x08" else end)
             else:
                 handle.seek(info.header_offset + 14)
-            handle.write(struct.pack("<I", slot.crc))
+            handle.write(struct.pack("<I", crc))
         handle.seek(start_dir)
         while full_names:  # central directory: 46 fixed bytes, then name, extra, comment
             entry = handle.tell()
@@ -343,6 +344,43 @@ def _patch_crcs(path: Path, slots: list[_Slot]) -> None:
                 handle.seek(entry + 16)
                 handle.write(struct.pack("<I", full_names.pop(name)))
             handle.seek(entry + 46 + name_len + extra_len + comment_len)
+
+
+def _data_offset(handle: Any, info: zipfile.ZipInfo) -> int:
+    """Where a record's data starts: after its local header, name and extra field (the local
+    extra holds torch's alignment padding, so it is read from the file, not the central directory)."""
+    handle.seek(info.header_offset + 26)
+    name_len, extra_len = struct.unpack("<HH", handle.read(4))
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def _restamp_serialization_id(path: Path) -> None:
+    """Rewrite ``.data/serialization_id`` for the data now in the file.
+
+    ``torch.save`` under ``skip_data`` derived the id from the records it wrote, whose data was
+    not there yet. Once the data and its CRC-32s are in place (``_patch_crcs``) it is recomputed
+    from the file as torch would have for the real data (``torch_save.serialization_id``: record
+    names, then each record's CRC-32), so the id follows the content and the file is what torch's
+    writer makes of these records."""
+    names: list[str] = []
+    values: list[int] = []
+    with zipfile.ZipFile(path) as archive, open(path, "r+b") as handle:
+        stamp = None
+        for info in archive.infolist():  # central directory order: the order torch wrote them
+            name = info.filename.split("/", 1)[1]
+            offset = _data_offset(handle, info)
+            if name == SERIALIZATION_ID:
+                stamp = (offset, info.file_size)
+                continue
+            handle.seek(offset)
+            names.append(name)
+            values += descriptor_values(handle.read(min(8, info.file_size)), info.file_size, info.CRC)
+        value = serialization_id(names, values).encode()
+        if stamp is None or stamp[1] != len(value):  # torch always writes it, 40 digits
+            raise RuntimeError(f"{path}: no {SERIALIZATION_ID} record of {len(value)} bytes to rewrite")
+        handle.seek(stamp[0])
+        handle.write(value)
+    _patch_crcs(path, [(SERIALIZATION_ID, stamp[0] + len(value), zlib.crc32(value))])
 
 
 def write_torch_legacy(iter_dir: Path, tensors: list[OutTensor], *, args: dict, iteration: int, tp: int, pp: int,
@@ -406,4 +444,5 @@ def write_torch_legacy(iter_dir: Path, tensors: list[OutTensor], *, args: dict, 
         for slot in slots:
             if slot.written != slot.nbytes:  # unreachable: every slot has exactly one source tensor
                 raise RuntimeError(f"{rank.path}: {slot.record} got {slot.written} of {slot.nbytes} bytes")
-        _patch_crcs(rank.path, [slot for slot in slots if slot.nbytes])
+        _patch_crcs(rank.path, [(slot.record, slot.offset + slot.nbytes, slot.crc) for slot in slots if slot.nbytes])
+        _restamp_serialization_id(rank.path)

@@ -16,6 +16,10 @@ Because CRC and sizes follow the data, record bytes are streamed straight from t
 buffer (a numpy array, a memory map) and their CRC may be computed elsewhere, e.g. on the thread
 that produced the buffer. Offsets count from the container's first byte, whatever precedes it in
 the file, as with the stream torch's DCP writer hands to ``torch.save``.
+
+The last record, ``.data/serialization_id``, is not random: torch derives it from the record names
+and CRC-32s, and ``serialization_id.py`` does the same, so a container is ``torch.save``'s byte for
+byte and the same records always give the same bytes.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from ckptscope.formats.torch_save.serialization_id import SERIALIZATION_ID, descriptor_values, serialization_id
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.core.dtypes import DType
@@ -63,6 +69,8 @@ class Copied:
     size: int
     copy: Callable[[], None]
     crc: Callable[[], int]
+    head: bytes = b""
+    """The data's first 8 bytes (or all of it when shorter): the serialization id may need them."""
 
 
 def crc32(data: Any) -> int:
@@ -83,6 +91,8 @@ class TorchZipWriter:
         self._write = write
         self._archive = archive
         self._entries: list[_Entry] = []
+        self._names: list[str] = []
+        self._descriptor_values: list[int] = []
         self.size = 0
         """Bytes written so far."""
 
@@ -108,15 +118,25 @@ class TorchZipWriter:
             copied.copy()
             self.size += size
             value = copied.crc()
+            head = copied.head
         else:
             if size:
                 self._emit(view)
             value = crc32(view) if crc is None else crc
+            head = bytes(view[:8])
         if zip64:
             self._emit(struct.pack("<IIQQ", _DESCRIPTOR, value, size, size))
         else:
             self._emit(struct.pack("<IIII", _DESCRIPTOR, value, size, size))
         self._entries.append(_Entry(full, offset, size, value))
+        self._names.append(name)
+        self._descriptor_values += descriptor_values(head, size, value)
+
+    def record_serialization_id(self) -> str:
+        """Write ``.data/serialization_id`` from the records so far, as torch does last; returns it."""
+        value = serialization_id(self._names, self._descriptor_values)
+        self.record(SERIALIZATION_ID, value.encode())
+        return value
 
     def finish(self) -> None:
         """Central directory and end records (zip64 ones always, as torch writes them)."""
@@ -139,13 +159,6 @@ class TorchZipWriter:
         self._emit(struct.pack("<IIQI", _ZIP64_LOCATOR, 0, zip64_end, 1))
         self._emit(struct.pack("<IHHHHIIH", _END, 0, 0, min(count, 0xFFFF), min(count, 0xFFFF),
                                min(directory, _U32), min(start, _U32), 0))
-
-
-def serialization_id() -> str:
-    """The 40-digit id torch stamps on each file (``.data/serialization_id``)."""
-    import uuid
-
-    return f"{uuid.uuid4().int:040d}"[:40]
 
 
 def tensor_pickle(dtype: DType, shape: tuple[int, ...]) -> bytes:
@@ -178,6 +191,6 @@ def write_torch_save(write: Write, pickled: bytes, storages: list[tuple[str, Any
     for key, data, crc in storages:
         writer.record(f"data/{key}", data, crc)
     writer.record("version", b"3\n")
-    writer.record(".data/serialization_id", serialization_id().encode())
+    writer.record_serialization_id()
     writer.finish()
     return writer.size
