@@ -3,6 +3,8 @@ asks which iteration to open."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from typing import ClassVar
 
 from rich.text import Text
@@ -55,8 +57,8 @@ class IterationPickerScreen(Screen[str | None]):
             label = f"{info.number:,}" if info.number is not None else info.label
             table.add_row(Text(label, style="bold", justify="right"),
                           Text("latest", style="magenta") if info.latest else "",
-                          status, Text(human_bytes(info.size), justify="right"), human_time(info.saved), info.path,
-                          key=info.path)
+                          status, Text(human_bytes(info.size), justify="right"), human_time(info.saved),
+                          _below(info.path, self.root), key=info.path)
         table.focus()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
@@ -75,3 +77,12 @@ class IterationPickerScreen(Screen[str | None]):
 
     async def action_quit(self) -> None:
         await self.app.action_quit()
+
+
+def _below(path: str, root: str) -> str:
+    """``iter_0000100`` for ``root/iter_0000100``: the title already names the root, and a narrow
+    terminal then still shows which directory each row is."""
+    try:
+        return str(Path(path).relative_to(root))
+    except ValueError:
+        return path
