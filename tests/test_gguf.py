@@ -409,3 +409,54 @@ def test_diff_hf_dir_against_its_gguf_across_naming(tmp_path, make_samples):
     assert any("quantisation error" in note for note in doc["notes"])
     assert not any(t["status"] in ("only_a", "only_b") for t in doc["tensors"])
 
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_1", "MXFP4"])
+def test_diff_reports_quantisation_error_per_tensor(tmp_path, make_samples, qtype):
+    """Each quantised pair gets a quant_error record: relative RMS error against the HF side, max
+    abs, the bound its type implies; the summary counts the tensors whose difference is quantisation
+    error. A GGUF quantised from a different model is flagged beyond it (and listed first)."""
+    cfg = make_samples.TINY_LLAMA
+    model = make_samples.tiny_llama(dtype="float32")
+    hf_dir = tmp_path / "hf"
+    model.save_pretrained(hf_dir)
+    state = {k: v.float().numpy() for k, v in model.state_dict().items()}
+    heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    path = _llama_gguf(tmp_path / "q.gguf", state, qtype, *heads)
+    result = run_cli("diff", str(hf_dir), str(path), "--json")
+    assert result.code == 1, result.err
+    doc = json.loads(result.out)
+    from ckptscope.mappings.gguf_names import hf_to_gguf_name, qk_heads, unpermute_qk
+
+    quantised = [t for t in doc["tensors"] if "quant_error" in t]
+    assert len(quantised) == sum(1 for v in state.values() if v.ndim == 2)
+    ref = {x.name: x for x in gguf.GGUFReader(path).tensors}
+    for t in quantised:
+        q = t["quant_error"]
+        hf = state[t["name"]].astype(np.float64)
+        name = hf_to_gguf_name(t["name"])  # the GGUF side read back by gguf-py, un-permuted here
+        values = np.asarray(gguf.quants.dequantize(ref[name].data, ref[name].tensor_type)).reshape(hf.shape)
+        n_heads = qk_heads(name, *heads)
+        deq = (unpermute_qk(values, n_heads) if n_heads else values).astype(np.float64)
+        want = np.linalg.norm(deq - hf) / np.linalg.norm(hf)
+        assert (q["side"], q["ggml_type"]) == ("B", qtype)
+        assert q["rel_rms"] == pytest.approx(want, rel=1e-6) and q["within"] is True
+        assert q["max_abs"] == pytest.approx(np.abs(deq - hf).max(), rel=1e-6)
+        assert 0 < q["rel_rms"] <= q["expected_rel_rms"]
+    assert doc["summary"]["quantization_error"] == len(quantised) and doc["summary"]["beyond_quantization"] == 0
+    assert any("are within the relative RMS error their types imply" in n for n in doc["notes"])
+
+    rng = np.random.default_rng(3)
+    q_proj = "model.layers.1.self_attn.q_proj.weight"
+    other = dict(state, **{q_proj: state[q_proj] + 0.5 * np.abs(state[q_proj]).mean()
+                           * rng.standard_normal(state[q_proj].shape).astype(np.float32)})
+    wrong = _llama_gguf(tmp_path / "wrong.gguf", other, qtype, *heads)
+    result = run_cli("diff", str(wrong), str(hf_dir), "--json")  # the GGUF on side A this time
+    doc = json.loads(result.out)
+    by_name = {t["name"]: t["quant_error"] for t in doc["tensors"] if "quant_error" in t}
+    assert by_name[q_proj]["side"] == "A" and by_name[q_proj]["within"] is False
+    assert sum(not q["within"] for q in by_name.values()) == 1
+    assert doc["summary"]["beyond_quantization"] == 1
+    assert any(f"1 are NOT (first: {q_proj}" in n for n in doc["notes"])
+    text = run_cli("diff", str(wrong), str(hf_dir), "--plain", "--top", "3")
+    rows = [line for line in text.out.split("differing tensors")[1].splitlines() if "different" in line]
+    assert q_proj in rows[0] and "> " in rows[0]  # what quantisation does not explain comes first
