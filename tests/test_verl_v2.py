@@ -168,3 +168,25 @@ def test_model_tree_cut_short_is_reported(runs, tmp_path):
         assert not model_entries(index).tensors and "optimizer" in model_entries(index).training
     refused = run_cli("convert", str(path), str(tmp_path / "out"), "--to", "hf", "--hf-config", str(runs["hf"]))
     assert refused.code == 2 and "Traceback" not in refused.err
+
+
+def test_hybrid_save_follows_the_manifest(runs, tmp_path):
+    """``use_dist_checkpointing`` and mbridge together: both model/dist_ckpt and model/huggingface hold
+    weights; the manifest's ``contents.model`` (the torch_dist tree) is the model shown, the HF export
+    is listed beside it."""
+    run = tmp_path / "run"
+    shutil.copytree(runs["verl_v2_dist"], run)
+    path = actor(run)
+    shutil.copytree(actor(runs["verl_v2_mbridge"]) / "model" / "huggingface", path / "model" / "huggingface",
+                    dirs_exist_ok=True)
+    manifest = json.loads((path / "ckpt_contents.json").read_text())
+    manifest["contents"]["hf_model"] = {"path": "model/huggingface", "format": "huggingface",
+                                        "note": "HF export alongside Megatron model shards under model/dist_ckpt/"}
+    manifest["save_contents"] = ["model", "hf_model", "optimizer", "extra"]
+    (path / "ckpt_contents.json").write_text(json.dumps(manifest))
+    with open_checkpoint(path) as reader:
+        index = reader.index()
+        assert index.metadata["verl"]["model"] == "model/dist_ckpt"
+        assert set(model_entries(index).stored.values()) == set(torch_dcp_tensors(path / "model" / "dist_ckpt"))
+        assert "model/huggingface/model.safetensors" in {f.path for f in index.files}
+        assert "open it to browse them" in index.metadata["verl"]["hf_weights"]
