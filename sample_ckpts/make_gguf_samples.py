@@ -8,14 +8,23 @@ attn_v / attn_output / ffn_norm / ffn_gate / ffn_up / ffn_down, output_norm, out
 hyperparameters and a tokenizer.ggml.* vocabulary, holding every type ckptscope reads: F32, F16,
 BF16, Q8_0, Q4_K and Q6_K.
 
-``other_quants.gguf``: Q4_0 and Q5_1 tensors (quantised by gguf-py), which ckptscope lists but
-does not dequantise.
+``all_quants.gguf``: one ``[2, 256]`` tensor of every other quantised type ckptscope reads (legacy
+Q4_0/Q4_1/Q5_0/Q5_1, K-quants Q2_K/Q3_K/Q5_K, TQ1_0/TQ2_0, IQ4_NL/IQ4_XS, MXFP4, and the lattice
+IQ1/IQ2/IQ3 types and NVFP4 that it reads through the optional gguf package).
+
+``other_quants.gguf``: Q8_1, Q8_K and Q1_0 tensors (random valid blocks), which ckptscope lists
+with their block layout but does not dequantise (gguf-py cannot either).
 
 How each type is produced:
 
 * F32 / F16: numpy arrays handed to ``add_tensor`` as they are.
 * BF16, Q8_0, Q4_0, Q5_1: ``gguf.quants.quantize`` (gguf-py's bit-exact ports of ggml's reference
   quantisers), bytes handed to ``add_tensor(..., raw_dtype=...)``.
+* Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4 (all_quants): ``gguf.quants.quantize`` as well.
+* Q2_K, Q3_K, Q5_K, IQ* and NVFP4 (all_quants), Q8_1, Q8_K, Q1_0 (other_quants): gguf-py has no
+  quantiser for them, so the blocks are random bytes with their f16/f32 scale fields set to small
+  finite values (``random_blocks``): valid blocks of the type, whose values only matter as the
+  bytes both dequantisers must agree on.
 * Q4_K, Q6_K: gguf-py 0.19 cannot quantise K-quants (``quantize`` raises NotImplementedError; only
   their dequantisers exist). ``quantize_q4_k`` / ``quantize_q6_k`` below are simplified versions of
   ggml's ``quantize_row_q4_K_ref`` / ``quantize_row_q6_K_ref``: the same block layout and packing,
@@ -135,6 +144,68 @@ def encode(values: np.ndarray, type_name: str) -> tuple[np.ndarray, object | Non
     return data, qtype
 
 
+SCALE_FIELDS: dict[str, tuple[int, str]] = {
+    "Q2_K": (80, "<f2"), "Q3_K": (108, "<f2"), "Q5_K": (0, "<f2"), "IQ4_NL": (0, "<f2"), "IQ4_XS": (0, "<f2"),
+    "IQ2_XXS": (0, "<f2"), "IQ2_XS": (0, "<f2"), "IQ2_S": (0, "<f2"), "IQ3_XXS": (0, "<f2"), "IQ3_S": (0, "<f2"),
+    "IQ1_S": (0, "<f2"), "Q8_1": (0, "<f2"), "Q8_K": (0, "<f4"), "Q1_0": (0, "<f2"),
+}
+"""Byte offset and type of the block scale ``d`` (ggml-common.h), set to a finite value in random blocks."""
+QUANTISABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "TQ1_0", "TQ2_0", "MXFP4")
+"""Types gguf-py 0.19 can quantise (besides Q8_0 and BF16)."""
+
+
+def random_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Random bytes of ``rows`` rows of ``cols`` elements of a ggml type, scales made small and finite."""
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
+    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    if type_name in SCALE_FIELDS:
+        offset, fmt = SCALE_FIELDS[type_name]
+        width = np.dtype(fmt).itemsize
+        scale = (rng.uniform(0.001, 0.01, size=(rows, cols // block, 1))).astype(fmt)
+        raw[..., offset:offset + width] = scale.view(np.uint8)
+    return raw.reshape(rows, cols // block * size)
+
+
+def write_all_quants(out: Path) -> Path:
+    """``all_quants.gguf``: a ``[2, 256]`` tensor of every quantised type beyond tiny_llama's."""
+    import gguf
+
+    rng = np.random.default_rng(2)
+    tensors: dict[str, tuple[np.ndarray, object]] = {}
+    for type_name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "TQ1_0", "TQ2_0", "IQ4_NL", "IQ4_XS",
+                      "MXFP4", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "NVFP4"):
+        qtype = gguf.GGMLQuantizationType[type_name]
+        if type_name in QUANTISABLE:
+            values = (rng.standard_normal((2, 256)) * 0.02).astype(np.float32)
+            tensors[f"{type_name.lower()}.weight"] = (gguf.quants.quantize(values, qtype), qtype)
+        else:
+            tensors[f"{type_name.lower()}.weight"] = (random_blocks(type_name, 2, 256, rng), qtype)
+    return _write_raw(out / "all_quants.gguf", tensors)
+
+
+def _write_raw(path: Path, tensors: dict[str, tuple[np.ndarray, object]], kv=None, arch: str = "llama") -> Path:
+    """Already-encoded tensors (array + raw_dtype) through GGUFWriter; ``kv`` adds the metadata
+    (default: a minimal llama header)."""
+    import gguf
+
+    def minimal(writer: "gguf.GGUFWriter") -> None:
+        writer.add_block_count(1)
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(path, arch)
+    (kv or minimal)(writer)
+    for name, (data, raw_dtype) in tensors.items():
+        writer.add_tensor(name, data, raw_dtype=raw_dtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def tiny_llama_tensors(seed: int = 0) -> dict[str, tuple[np.ndarray, str]]:
     """name -> (float32 values in numpy order, ggml type)."""
     rng = np.random.default_rng(seed)
@@ -162,19 +233,9 @@ def tiny_llama_tensors(seed: int = 0) -> dict[str, tuple[np.ndarray, str]]:
 
 
 def _write(path: Path, arch: str, tensors: dict[str, tuple[np.ndarray, str]], kv) -> Path:
-    import gguf
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    writer = gguf.GGUFWriter(path, arch)
-    kv(writer)
-    for name, (values, type_name) in tensors.items():
-        data, raw_dtype = encode(values, type_name)
-        writer.add_tensor(name, data, raw_dtype=raw_dtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    """Float tensors encoded to their ggml types (``encode``), then written by ``_write_raw``."""
+    return _write_raw(path, {name: encode(values, type_name) for name, (values, type_name) in tensors.items()},
+                      kv, arch)
 
 
 def write_tiny_llama(out: Path) -> Path:
@@ -207,22 +268,18 @@ def write_tiny_llama(out: Path) -> Path:
 
 
 def write_other_quants(out: Path) -> Path:
-    """``other_quants.gguf``: types ckptscope lists but does not dequantise (Q4_0, Q5_1)."""
+    """``other_quants.gguf``: types ckptscope lists but does not dequantise (Q8_1, Q8_K, Q1_0)."""
     import gguf
 
     rng = np.random.default_rng(1)
-    tensors = {"blk.0.attn_q.weight": ((rng.standard_normal((64, 64)) * 0.02).astype(np.float32), "Q4_0"),
-               "blk.0.attn_k.weight": ((rng.standard_normal((64, 64)) * 0.02).astype(np.float32), "Q5_1"),
-               "blk.0.attn_norm.weight": (np.ones(64, dtype=np.float32), "F32")}
-
-    def kv(writer: "gguf.GGUFWriter") -> None:
-        writer.add_block_count(1)
-        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-
-    return _write(out / "other_quants.gguf", "llama", tensors, kv)
+    tensors = {f"{name.lower()}.weight": (random_blocks(name, 2, 256, rng), gguf.GGMLQuantizationType[name])
+               for name in ("Q8_1", "Q8_K", "Q1_0")}
+    tensors["attn_norm.weight"] = (np.ones(64, dtype=np.float32), None)
+    return _write_raw(out / "other_quants.gguf", tensors)
 
 
-WRITERS = {"tiny_llama.gguf": write_tiny_llama, "other_quants.gguf": write_other_quants}
+WRITERS = {"tiny_llama.gguf": write_tiny_llama, "all_quants.gguf": write_all_quants,
+           "other_quants.gguf": write_other_quants}
 
 
 def main(argv: list[str] | None = None) -> int:

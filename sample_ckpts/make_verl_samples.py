@@ -17,9 +17,9 @@ Only for tests (written into temporary dirs, not shipped):
 * ``write_verl_hsdp_and_fsdp1``: on 4 ranks, the same with an HSDP ``("ddp", "fsdp")`` 2x2 mesh
   (placements ``(Replicate(), Shard(0))``), and FSDP1 with ``SHARDED_STATE_DICT`` and no device
   mesh (``ShardedTensor`` values).
-* ``write_verl_megatron_actor``: verl's Megatron layout (``dist_ckpt/`` + ``huggingface/``, or the
-  newer ``model/dist_ckpt/``) around a megatron-core torch_dist dir written by
-  ``make_dist_samples.write_megatron_torch_dist``.
+* ``write_verl_megatron_actor``: verl's pre-v2 Megatron layout (``dist_ckpt/`` + ``huggingface/``)
+  around a megatron-core torch_dist dir written by ``make_dist_samples.write_megatron_torch_dist``
+  (layout schema v2: make_verl_v2_samples.py).
 
 With ``oracle=True`` rank 0 also ``torch.save``s ``{name: full tensor}`` (``DTensor.full_tensor()``,
 or FSDP1's ``FULL_STATE_DICT``) next to the run dir, as ground truth for tests.
@@ -100,12 +100,12 @@ def _save_like_verl(actor: Path, rank: int, world: int, model, optimizer, schedu
     dist.barrier()
 
 
-def _tokenizer():
-    """A word-level tokenizer over the 37-token vocabulary (verl saves the tokenizer with the config)."""
+def _tokenizer(vocab_size: int = VERL_LLAMA["vocab_size"]):
+    """A word-level tokenizer over the model's vocabulary (verl saves the tokenizer with the config)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VERL_LLAMA["vocab_size"])}}
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
@@ -214,26 +214,25 @@ def write_verl_hsdp_and_fsdp1(out: Path, *, oracle: bool = False) -> tuple[Path,
 # --- Megatron backend ---------------------------------------------------------------------------------
 
 
-def write_verl_megatron_actor(out: Path, dist_ckpt: Path, *, nested: bool = False) -> Path:
-    """verl ``MegatronCheckpointManager`` layout around a megatron-core torch_dist dir.
+def write_verl_megatron_actor(out: Path, dist_ckpt: Path) -> Path:
+    """verl ``MegatronCheckpointManager`` pre-v2 layout (``actor/{dist_ckpt,huggingface}``) around a
+    megatron-core torch_dist dir; layout schema v2 is make_verl_v2_samples.py.
 
-    ``nested`` gives the newer ``actor/model/{dist_ckpt,huggingface}``; otherwise
-    ``actor/{dist_ckpt,huggingface}``. ``transformer_config.json`` and the HF config/tokenizer are
-    written by transformers as verl does; the tensors are megatron-core's own files.
+    ``transformer_config.json`` and the HF config/tokenizer are written by transformers as verl
+    does; the tensors are megatron-core's own files.
     """
     from transformers import LlamaConfig
 
     actor = out / f"global_step_{STEP}" / "actor"
-    base = actor / "model" if nested else actor
-    shutil.copytree(dist_ckpt, base / "dist_ckpt")
+    shutil.copytree(dist_ckpt, actor / "dist_ckpt")
     from make_dist_samples import TINY_GPT, VOCAB
 
     config = LlamaConfig(hidden_size=TINY_GPT["hidden_size"], intermediate_size=TINY_GPT["ffn_hidden_size"],
                          num_hidden_layers=TINY_GPT["num_layers"], num_attention_heads=TINY_GPT["num_attention_heads"],
                          num_key_value_heads=TINY_GPT["num_query_groups"], vocab_size=VOCAB,
                          tie_word_embeddings=True)
-    config.save_pretrained(base / "huggingface")
-    _tokenizer().save_pretrained(base / "huggingface")
+    config.save_pretrained(actor / "huggingface")
+    _tokenizer().save_pretrained(actor / "huggingface")
     (actor / "transformer_config.json").write_text(json.dumps({**TINY_GPT, "params_dtype": "torch.bfloat16",
                                                                 "tensor_model_parallel_size": 2}, indent=2))
     _write_tracker(out)

@@ -166,21 +166,79 @@ def test_region_reads_touch_only_the_rows_asked_for(tiny):
         assert np.array_equal(_bits(reader.read(name, (slice(7, 8),))), _bits(full[7:8])), name
 
 
+def test_every_quant_type_reads_exactly_as_gguf_py(gguf_samples):
+    """all_quants.gguf: one tensor of every other type ckptscope reads (its own dequantisers, and
+    the lattice IQ types / NVFP4 through the gguf package), each bit for bit gguf-py's value."""
+    from ckptscope.formats.gguf.types import DELEGATED, DEQUANTISED
+
+    path = gguf_samples["all_quants.gguf"]
+    reader = open_checkpoint(path)
+    seen = set()
+    for t in gguf.GGUFReader(path).tensors:
+        with np.errstate(all="ignore"):
+            ref = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type))
+        ours = reader.read(t.name)
+        assert ours.dtype == np.float32 and ours.shape == (2, 256), t.name
+        assert np.array_equal(_bits(ours), _bits(ref.reshape(ours.shape))), t.name
+        assert np.array_equal(_bits(reader.read(t.name, (slice(1, 2),))), _bits(ours[1:2])), t.name
+        seen.add(t.tensor_type.name)
+    assert seen | {"Q8_0", "Q4_K", "Q6_K"} == set(DEQUANTISED) | set(DELEGATED)
+    assert not reader.index().warnings
+
+
+def test_inspect_shows_every_type_with_its_block_layout(gguf_samples):
+    from ckptscope.formats.gguf.types import BY_NAME
+
+    for sample in ("all_quants.gguf", "other_quants.gguf"):
+        path = gguf_samples[sample]
+        result = run_cli("inspect", str(path))
+        assert result.code == 0, result.err
+        text = " ".join(result.out.split())
+        index = open_checkpoint(path).index()
+        for meta in index.tensors.values():
+            gtype = BY_NAME[meta.attr("ggml_type")]
+            assert meta.attr("ggml_block") == gtype.describe()
+            if gtype.quantized:
+                head = f"{gtype.block_size}-element {'super-blocks' if gtype.block_size >= 256 else 'blocks'} " \
+                       f"of {gtype.type_size} bytes"
+                assert f"ggml {gtype.name} 1 tensor" in text and head in text, gtype.name
+                assert f"{gtype.name} (" in text  # the tree names each tensor's stored type
+
+
 def test_unreadable_type_is_listed_and_refuses_values(gguf_samples):
+    """Q8_1, Q8_K (llama.cpp's intermediate types) and Q1_0: listed with their layout, no values."""
     path = gguf_samples["other_quants.gguf"]
     result = run_cli("inspect", str(path), "--json")
     assert result.code == 0, result.err
     doc = json.loads(result.out)
-    assert doc["metadata"]["gguf"]["ggml_types"]["blk.0.attn_q.weight"] == "Q4_0"
-    assert doc["metadata"]["gguf"]["tensor_types"]["Q4_0"]["block"].startswith("32-element blocks of 18 bytes")
+    assert doc["metadata"]["gguf"]["ggml_types"]["q8_1.weight"] == "Q8_1"
+    assert doc["metadata"]["gguf"]["tensor_types"]["Q8_K"]["block"].startswith("256-element super-blocks of 292 bytes")
     reader = open_checkpoint(path)
-    assert reader.read("blk.0.attn_norm.weight").shape == (64,)
-    with pytest.raises(CkptError, match="Q4_0"):
-        reader.read("blk.0.attn_q.weight")
+    assert reader.read("attn_norm.weight").shape == (64,)
+    assert any("Q1_0, Q8_1, Q8_K" in w for w in reader.index().warnings)
+    for name, gtype in (("q8_1.weight", "Q8_1"), ("q8_k.weight", "Q8_K"), ("q1_0.weight", "Q1_0")):
+        with pytest.raises(CkptError, match=f"ggml type {gtype} is listed but not readable"):
+            reader.read(name)
     result = run_cli("diff", str(path), str(path))  # diff reads values
     assert result.code == 2
     assert len(result.err.strip().splitlines()) == 1
-    assert "Q4_0" in result.err or "Q5_1" in result.err, result.err
+    assert "not readable" in result.err, result.err
+
+
+def test_lattice_types_without_the_gguf_package_refuse_in_one_line(gguf_samples):
+    """IQ2_XS etc. need gguf-py's code book grids: without the optional package, one clear line."""
+    path = gguf_samples["all_quants.gguf"]
+    probe = subprocess.run([sys.executable, "-c", "import sys; sys.modules['gguf'] = None\n"
+                            "from ckptscope.core.errors import CkptError\n"
+                            "from ckptscope.formats import open_checkpoint\n"
+                            f"r = open_checkpoint({str(path)!r})\n"
+                            "r.read('q4_0.weight'); r.read('q5_k.weight')\n"
+                            "try:\n    r.read('iq2_xs.weight')\n"
+                            "except CkptError as e:\n    print(e.problem)\n"],
+                           capture_output=True, text=True, cwd=REPO)
+    assert probe.returncode == 0, probe.stderr
+    assert "iq2_xs.weight: IQ2_XS values need the optional gguf package" in probe.stdout
+    assert "pip install 'ckptscope[gguf]'" in probe.stdout
 
 
 # --- damage -------------------------------------------------------------------------------------
@@ -272,7 +330,7 @@ def test_cli_inspect_imports_no_torch(tiny):
 
 def _llama_gguf(path: Path, state: dict, qtype: str, n_head: int, n_kv: int) -> Path:
     """An HF Llama state dict written the way convert_hf_to_gguf.py writes it (names, Q/K permuted,
-    head counts in the metadata), F32 or Q8_0."""
+    head counts in the metadata), F32 or quantised by gguf-py (``qtype``) where it is 2-D."""
     from ckptscope.mappings.gguf_names import hf_to_gguf_name, permute_qk, qk_heads
 
     writer = gguf.GGUFWriter(path, "llama")
@@ -285,8 +343,8 @@ def _llama_gguf(path: Path, state: dict, qtype: str, n_head: int, n_kv: int) -> 
         if qtype == "F32" or data.ndim == 1:
             writer.add_tensor(name, data)
         else:
-            writer.add_tensor(name, gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0),
-                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(name, gguf.quants.quantize(data, gguf.GGMLQuantizationType[qtype]),
+                              raw_dtype=gguf.GGMLQuantizationType[qtype])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -350,3 +408,55 @@ def test_diff_hf_dir_against_its_gguf_across_naming(tmp_path, make_samples):
     assert by_name["model.norm.weight"]["status"] == "equal"  # 1-D tensors stay F32
     assert any("quantisation error" in note for note in doc["notes"])
     assert not any(t["status"] in ("only_a", "only_b") for t in doc["tensors"])
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_1", "MXFP4"])
+def test_diff_reports_quantisation_error_per_tensor(tmp_path, make_samples, qtype):
+    """Each quantised pair gets a quant_error record: relative RMS error against the HF side, max
+    abs, the bound its type implies; the summary counts the tensors whose difference is quantisation
+    error. A GGUF quantised from a different model is flagged beyond it (and listed first)."""
+    cfg = make_samples.TINY_LLAMA
+    model = make_samples.tiny_llama(dtype="float32")
+    hf_dir = tmp_path / "hf"
+    model.save_pretrained(hf_dir)
+    state = {k: v.float().numpy() for k, v in model.state_dict().items()}
+    heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    path = _llama_gguf(tmp_path / "q.gguf", state, qtype, *heads)
+    result = run_cli("diff", str(hf_dir), str(path), "--json")
+    assert result.code == 1, result.err
+    doc = json.loads(result.out)
+    from ckptscope.mappings.gguf_names import hf_to_gguf_name, qk_heads, unpermute_qk
+
+    quantised = [t for t in doc["tensors"] if "quant_error" in t]
+    assert len(quantised) == sum(1 for v in state.values() if v.ndim == 2)
+    ref = {x.name: x for x in gguf.GGUFReader(path).tensors}
+    for t in quantised:
+        q = t["quant_error"]
+        hf = state[t["name"]].astype(np.float64)
+        name = hf_to_gguf_name(t["name"])  # the GGUF side read back by gguf-py, un-permuted here
+        values = np.asarray(gguf.quants.dequantize(ref[name].data, ref[name].tensor_type)).reshape(hf.shape)
+        n_heads = qk_heads(name, *heads)
+        deq = (unpermute_qk(values, n_heads) if n_heads else values).astype(np.float64)
+        want = np.linalg.norm(deq - hf) / np.linalg.norm(hf)
+        assert (q["side"], q["ggml_type"]) == ("B", qtype)
+        assert q["rel_rms"] == pytest.approx(want, rel=1e-6) and q["within"] is True
+        assert q["max_abs"] == pytest.approx(np.abs(deq - hf).max(), rel=1e-6)
+        assert 0 < q["rel_rms"] <= q["expected_rel_rms"]
+    assert doc["summary"]["quantization_error"] == len(quantised) and doc["summary"]["beyond_quantization"] == 0
+    assert any("are within the relative RMS error their types imply" in n for n in doc["notes"])
+
+    rng = np.random.default_rng(3)
+    q_proj = "model.layers.1.self_attn.q_proj.weight"
+    other = dict(state, **{q_proj: state[q_proj] + 0.5 * np.abs(state[q_proj]).mean()
+                           * rng.standard_normal(state[q_proj].shape).astype(np.float32)})
+    wrong = _llama_gguf(tmp_path / "wrong.gguf", other, qtype, *heads)
+    result = run_cli("diff", str(wrong), str(hf_dir), "--json")  # the GGUF on side A this time
+    doc = json.loads(result.out)
+    by_name = {t["name"]: t["quant_error"] for t in doc["tensors"] if "quant_error" in t}
+    assert by_name[q_proj]["side"] == "A" and by_name[q_proj]["within"] is False
+    assert sum(not q["within"] for q in by_name.values()) == 1
+    assert doc["summary"]["beyond_quantization"] == 1
+    assert any(f"1 are NOT (first: {q_proj}" in n for n in doc["notes"])
+    text = run_cli("diff", str(wrong), str(hf_dir), "--plain", "--top", "3")
+    rows = [line for line in text.out.split("differing tensors")[1].splitlines() if "different" in line]
+    assert q_proj in rows[0] and "> " in rows[0]  # what quantisation does not explain comes first

@@ -251,10 +251,10 @@ def test_fsdp1_sharded_tensors(variants):
 # --- Megatron backend -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("nested", [False, True], ids=["dist_ckpt", "model/dist_ckpt"])
-def test_megatron_actor_delegates_to_torch_dist(tmp_path, nested):
-    actor = verl_generators().write_verl_megatron_actor(tmp_path, MEGATRON_ITER, nested=nested)
-    prefix = "model/" if nested else ""
+def test_megatron_actor_delegates_to_torch_dist(tmp_path):
+    """The pre-v2 layout; the v2 one (``model/dist_ckpt/`` + ``ckpt_contents.json``) is test_verl_v2.py."""
+    actor = verl_generators().write_verl_megatron_actor(tmp_path, MEGATRON_ITER)
+    prefix = ""
     assert detect_format(actor) is VerlMegatronReader
     assert verl_complete(actor) is True
     expected = torch_dcp_tensors(MEGATRON_ITER)

@@ -28,6 +28,18 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
+def _quant_cell(quant: dict | None) -> str:
+    """``Q8_0 0.46% <= 1.18%``: relative RMS error of the quantised side against its type's bound."""
+    if quant is None:
+        return "-"
+    rel, bound = quant["rel_rms"], quant["expected_rel_rms"]
+    shown = "n/a" if rel is None else f"{100 * rel:.3g}%"
+    mark = "[green]<=[/]" if quant["within"] else "[red]>[/]"
+    if bound is None:
+        return f"{quant['ggml_type']} {shown}"
+    return f"{quant['ggml_type']} {shown} {mark} {100 * bound:.3g}%"
+
+
 def print_report(report, top: int) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -48,8 +60,13 @@ def print_report(report, top: int) -> None:
     differing = [r for r in report.results if r.differs]
     if not differing:
         return
+    # Quantisation error is expected: what it does not explain comes first, so --top shows it.
+    differing.sort(key=lambda r: r.quant is not None and r.quant["within"])
     table = Table(title=f"differing tensors ({min(top, len(differing))} of {len(differing)})", title_justify="left")
-    for column in ("name", "status", "max_abs", "mean_abs", "rel_l2", "cosine", "num_diff", "at"):
+    quant = any(r.quant is not None for r in differing[:top])
+    columns = ("name", "status", "max_abs", "mean_abs", "rel_l2", "cosine", "num_diff", "at")
+    columns += ("quant",) if quant else ()
+    for column in columns:
         table.add_column(column, justify="left" if column in ("name", "status") else "right",
                          overflow="fold", no_wrap=column != "name")
     for result in differing[:top]:
@@ -62,8 +79,11 @@ def print_report(report, top: int) -> None:
         elif status == "renamed":
             status = f"renamed -> {result.renamed_to}"
         at = ",".join(map(str, result.max_diff_at)) if result.max_diff_at else "-"
-        table.add_row(result.name, status, _fmt(m.get("max_abs_diff")), _fmt(m.get("mean_abs_diff")),
-                      _fmt(m.get("rel_l2")), _fmt(m.get("cosine")), _fmt(m.get("num_diff")), at)
+        row = [result.name, status, _fmt(m.get("max_abs_diff")), _fmt(m.get("mean_abs_diff")),
+               _fmt(m.get("rel_l2")), _fmt(m.get("cosine")), _fmt(m.get("num_diff")), at]
+        if quant:
+            row.append(_quant_cell(result.quant))
+        table.add_row(*row)
     console.print(table)
     mapped = [r for r in differing[:top] if (r.a and r.a != r.name) or (r.b and r.b != r.name)]
     for result in mapped:

@@ -85,6 +85,10 @@ def summary_table(report: InspectReport) -> Table:
         if key in index.metadata:
             value = index.metadata[key]
             table.add_row(key, ", ".join(value) if isinstance(value, list) else str(value))
+    gguf = index.metadata.get("gguf")
+    for name, info in (gguf.get("tensor_types", {}) if isinstance(gguf, dict) else {}).items():
+        table.add_row(f"ggml {name}", f"{plural(info['tensors'], 'tensor')}, {human_bytes(info['bytes'])} stored; "
+                                      f"{info['block']}")
     for warning in index.warnings:
         table.add_row(Text("warning", style="bold yellow"), Text(warning, style="yellow"))
     return table
@@ -101,6 +105,8 @@ def _node_label(node: TreeNode, label: str, unit: str = "params") -> Text:
         text.append(meta.dtype, style=dtype_style(meta.dtype))
         text.append(f" {shape_str(meta.shape)}", style="dim")
         text.append(f"  {human_count(node.num_params)}  {human_bytes(node.nbytes)}", style="dim")
+        if (ggml := meta.attr("ggml_type")) is not None and meta.attr("stored_bytes") is not None:
+            text.append(f"  {ggml} ({human_bytes(int(meta.attr('stored_bytes') or 0))} stored)", style="magenta")
         if len(meta.chunks) > 1:
             text.append(f"  {len(meta.chunks)} chunks", style="dim")
         return text

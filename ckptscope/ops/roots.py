@@ -6,7 +6,8 @@ Trainers write one directory per save under a root, each with its own completene
   tracker that holds the iteration number or ``release``; a save is whole when Megatron's
   ``metadata.json`` (torch_dist) or every ``mp_rank_*`` file (torch) is there.
 * verl: ``global_step_100/actor/`` (and ``critic/``) next to the same tracker; whole when every rank
-  file (FSDP) or the torch_dist markers (Megatron backend) are there.
+  file (FSDP), ``ckpt_contents.json`` (Megatron layout v2) or the torch_dist markers (older Megatron
+  layout) are there.
 * torchtitan: ``checkpoint/step-100/``, no tracker; a step is whole when DCP's ``.metadata`` (renamed
   into place last) is there, and torchtitan resumes from the newest such step (FORMATS.md §5.7).
 * HF Trainer: ``output_dir/checkpoint-100/``, no tracker; a checkpoint is whole when
@@ -379,8 +380,10 @@ def describe_root(root: str | Path, found: list[IterationInfo]) -> str:
         backend = None
         if chosen is not None:
             from ckptscope.formats.verl.reader import megatron_dist_dir
+            from ckptscope.formats.verl.v2 import is_v2_dir
 
-            backend = "Megatron" if megatron_dist_dir(Path(chosen.path)) is not None else "FSDP"
+            chosen_path = Path(chosen.path)
+            backend = "Megatron" if megatron_dist_dir(chosen_path) or is_v2_dir(chosen_path) else "FSDP"
         tracker = _tracker_text(root).replace("iteration", "step")
         return f"verl checkpoint dir ({f'{backend}, ' if backend else ''}{tracker})"
     newest = next((i for i in found if i.latest), None)

@@ -7,8 +7,10 @@ relative to the data section); zero padding to ``general.alignment`` (default 32
 Indexing reads the header only (one memory map, only its first pages touched) and imports neither
 numpy nor torch. Shapes are given in numpy/PyTorch order (GGUF dims reversed). Plain types
 (F32, F16, BF16, F64, I8..I64) are raw chunks; block-quantised types are ``gguf-quant`` chunks
-whose dtype is float32, the dtype they dequantise to: Q8_0, Q4_K and Q6_K are read (exactly as
-gguf-py dequantises them), the others are listed with their block layout and refuse to be read.
+whose dtype is float32, the dtype they dequantise to (``types.READABLE``: the legacy, K-, ternary,
+IQ4 and MXFP4 quants by ckptscope's own code, exactly as gguf-py dequantises them; the lattice IQ
+types through the optional gguf package). Every tensor shows its block layout; a type that cannot be
+read (Q8_1, Q8_K, Q1_0) refuses with one line.
 
 KV metadata becomes objects (``gguf.<key>``); long arrays (the tokenizer's 100k-entry vocab and
 scores) are summarised: count, element type and the first few entries.
@@ -26,7 +28,7 @@ from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
 from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
 from ckptscope.formats.base import CheckpointReader
-from ckptscope.formats.gguf.types import BY_ID, READABLE, REMOVED_IDS, GGMLType
+from ckptscope.formats.gguf.types import BY_ID, READABLE, REMOVED_IDS, GGMLType, readable_note
 from ckptscope.formats.registry import register_reader
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -280,8 +282,7 @@ class GGUFReader(CheckpointReader):
                      ("gguf_offset", str(offset)))
             if gtype.quantized:
                 attrs += (("stored_bytes", str(nbytes)),
-                          ("values", "dequantised to float32 on read" if gtype.name in READABLE
-                           else f"not readable: ckptscope does not dequantise {gtype.name}"))
+                          ("values", readable_note(gtype.name)))
             tensors[name] = TensorMeta(name, gtype.dtype, shape, (chunk,), attrs)
             entry = per_type.setdefault(gtype.name, {"tensors": 0, "bytes": 0, "block": gtype.describe()})
             entry["tensors"] += 1
@@ -311,7 +312,7 @@ class GGUFReader(CheckpointReader):
             unreadable = sorted({t.name for _, _, t, _ in header.tensors if t.quantized and t.name not in READABLE})
             if unreadable:
                 index.warnings.append(f"{rel}: values of {', '.join(unreadable)} tensors are not readable "
-                                      f"(ckptscope dequantises Q8_0, Q4_K and Q6_K)")
+                                      "(llama.cpp's intermediate types; ckptscope lists them only)")
         if "general.architecture" not in header.kv:
             index.warnings.append(f"{rel}: no general.architecture key (required by the GGUF spec)")
         spans.sort()
@@ -326,10 +327,9 @@ class GGUFReader(CheckpointReader):
         import numpy as np
 
         type_name = meta.attr("ggml_type") or "?"
-        if type_name not in ("Q8_0", "Q4_K", "Q6_K"):
-            raise CkptError(f"{meta.name}: ggml type {type_name} is listed but not readable: ckptscope reads "
-                            f"plain types (F32, F16, BF16, F64, I8-I64) and dequantises Q8_0, Q4_K and Q6_K only",
-                            self.path)
+        if type_name not in READABLE:
+            raise CkptError(f"{meta.name}: ggml type {type_name} is listed but not readable: ckptscope does not "
+                            f"dequantise {type_name} ({meta.attr('ggml_block')})", self.path)
         buf = self._buffer(chunk.file)
         if chunk.byte_offset + chunk.byte_length > len(buf):
             raise CkptError(f"{meta.name}: bytes {chunk.byte_offset}-{chunk.byte_offset + chunk.byte_length} lie "
@@ -343,7 +343,10 @@ class GGUFReader(CheckpointReader):
         raw = np.frombuffer(buf, dtype=np.uint8, count=chunk.byte_length, offset=chunk.byte_offset)
         rows = raw.reshape(*chunk.shape[:-1], row_bytes)[tuple(slice(lo, hi) for lo, hi in local[:-1])]
         lo, hi = local[-1]
-        values = dequantize_rows(rows, type_name)
+        try:
+            values = dequantize_rows(rows, type_name)
+        except CkptError as exc:  # a delegated type without the gguf package
+            raise CkptError(f"{meta.name}: {exc.problem}", self.path) from None
         if (lo, hi) != (0, chunk.shape[-1]):
             values = np.ascontiguousarray(values[..., lo:hi])
         return values

@@ -99,8 +99,25 @@ REMOVED_IDS = {4: "Q4_2", 5: "Q4_3", 31: "Q4_0_4_4", 32: "Q4_0_4_8", 33: "Q4_0_8
                36: "IQ4_NL_4_4", 37: "IQ4_NL_4_8", 38: "IQ4_NL_8_8"}
 """Ids ggml once used and removed (repacked or abandoned types); a file holding one is rejected."""
 
-READABLE = ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64", "Q8_0", "Q4_K", "Q6_K")
-"""Types whose values ckptscope reads (quantised ones dequantised exactly as gguf-py does)."""
+PLAIN = ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64")
+DEQUANTISED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "TQ1_0", "TQ2_0",
+               "IQ4_NL", "IQ4_XS", "MXFP4")
+"""Quantised types ckptscope dequantises itself (``dequant.BLOCK_DEQUANT``), exactly as gguf-py does."""
+DELEGATED = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "NVFP4")
+"""Quantised types whose values come from the optional ``gguf`` package (code book grids ckptscope
+does not carry); without it they are listed and refuse to be read."""
+READABLE = PLAIN + DEQUANTISED + DELEGATED
+"""Types whose values ckptscope reads. The rest (Q8_1, Q8_K: llama.cpp's intermediate types, Q1_0)
+are listed with their block layout only."""
+
+
+def readable_note(name: str) -> str:
+    """How a quantised type's values are read, for the ``values`` attr."""
+    if name in DEQUANTISED:
+        return "dequantised to float32 on read"
+    if name in DELEGATED:
+        return "dequantised to float32 on read by the optional gguf package (gguf.quants)"
+    return f"not readable: ckptscope does not dequantise {name}"
 
 
 def all_types() -> tuple[GGMLType, ...]:

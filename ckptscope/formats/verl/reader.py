@@ -12,9 +12,10 @@ old verl without it, from the file names. A missing rank file is a warning; read
 held is an error naming it. Optimizer and extra-state files are listed as opaque objects (rank 0's
 extra state, lr scheduler and rng, is decoded safely); ``huggingface/`` adds config objects.
 
-**Megatron backend** (``actor/dist_ckpt/`` or the newer ``actor/model/dist_ckpt/``, next to
-``huggingface/``): a Megatron-Core torch_dist checkpoint; reading is delegated to
-``MegatronDistReader`` and the HF config is attached as objects.
+**Megatron backend**, pre-v2 layout (``actor/dist_ckpt/`` next to ``huggingface/``): a Megatron-Core
+torch_dist checkpoint; reading is delegated to ``MegatronDistReader`` and the HF config is attached
+as objects. The current layout (``model/``, ``optimizer/``, ``extra/``, ``ckpt_contents.json``) is
+``v2.py`` / ``v2_reader.py``.
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ from ckptscope.formats.pickles.dtensor import EXTRA_GLOBALS, Decoded, walk_state
 from ckptscope.formats.pickles.safe import to_plain, type_name
 from ckptscope.formats.pickles.torch_file import read_torch_zip, tensor_meta
 from ckptscope.formats.registry import register_reader
+from ckptscope.formats.verl.compose import ComposedReader
 
 FSDP_CONFIG = "fsdp_config.json"
 HF_SUBDIR = "huggingface"
 TRANSFORMER_CONFIG = "transformer_config.json"
-DIST_CKPT_DIRS = ("dist_ckpt", "model/dist_ckpt")
-"""Where verl's Megatron manager puts the torch_dist dir: older releases, then the HEAD "v2" layout."""
+DIST_CKPT_DIRS = ("dist_ckpt",)
+"""Where verl's Megatron manager put the torch_dist dir before layout schema v2 (``v2.py``)."""
 RANK_FILE = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 _MAX_DECODED_EXTRA = 4 << 20
@@ -145,8 +147,14 @@ def verl_complete(path: Path) -> bool | None:
     """For save-root listings: whether a verl actor/critic dir holds a whole save, None if it is not one.
 
     FSDP: every ``model_*`` rank file of the world size is there (a crash mid-save leaves some out).
-    Megatron: the torch_dist dir has the ``metadata.json`` marker (written last) and ``.metadata``.
+    Megatron: ``ckpt_contents.json`` (layout v2, written last); before v2, the torch_dist dir has the
+    ``metadata.json`` marker (written last) and ``.metadata``.
     """
+    from ckptscope.formats.verl.v2 import v2_complete
+
+    v2 = v2_complete(path)
+    if v2 is not None:
+        return v2
     dist = megatron_dist_dir(path)
     if dist is not None:
         return MegatronDistReader.supports(dist) and (dist / ".metadata").is_file()
@@ -347,16 +355,11 @@ class VerlFsdpReader(CheckpointReader):
 
 
 @register_reader
-class VerlMegatronReader(CheckpointReader):
-    """A verl Megatron actor/critic dir: ``dist_ckpt/`` (or ``model/dist_ckpt/``) + ``huggingface/``."""
+class VerlMegatronReader(ComposedReader):
+    """A pre-v2 verl Megatron actor/critic dir: ``dist_ckpt/`` + ``huggingface/``."""
 
     format_name = "verl_megatron"
     priority = 72
-
-    def __init__(self, path: Path, *, trust_pickle: bool = False) -> None:
-        super().__init__(path, trust_pickle=trust_pickle)
-        self._inner: MegatronDistReader | None = None
-        self._prefix = ""
 
     @classmethod
     def supports(cls, path: Path) -> bool:
@@ -372,45 +375,21 @@ class VerlMegatronReader(CheckpointReader):
         rel = dist.relative_to(self.path).as_posix()
         if not MegatronDistReader.supports(dist):
             raise CkptError(f"{rel}/ has no Megatron torch_dist metadata.json (incomplete save?)", self.path)
-        self._inner = MegatronDistReader(dist, trust_pickle=self.trust_pickle)
-        self._prefix = f"{rel}/"
-        inner = self._inner.index()
         index = CheckpointIndex(path=str(self.path), format=self.format_name)
-        index.tensors = {
-            name: replace(meta, chunks=tuple(replace(c, file=self._prefix + c.file) for c in meta.chunks))
-            for name, meta in inner.tensors.items()
-        }
-        index.views = dict(inner.views)
-        index.objects = list(inner.objects)
+        inner = self._adopt(index, MegatronDistReader(dist, trust_pickle=self.trust_pickle), rel)
         index.metadata = dict(inner.metadata)
-        index.warnings = list(inner.warnings)
-        index.files = [FileInfo(self._prefix + f.path, f.size, f.role) for f in inner.files]
         index.metadata["verl"] = {"backend": "megatron", "dist_ckpt": rel, "role": self.path.name}
         step = _step_of(self.path)
         if step is not None:
             index.metadata.setdefault("iteration", step)
-        for base in dict.fromkeys((dist.parent, self.path)):
-            config_path = base / TRANSFORMER_CONFIG
-            if config_path.is_file():
-                prefix = base.relative_to(self.path).as_posix()
-                name = TRANSFORMER_CONFIG if prefix == "." else f"{prefix}/{TRANSFORMER_CONFIG}"
-                index.files.append(FileInfo(name, config_path.stat().st_size, "config"))
-                config, problem = _json_file(config_path)
-                if problem:
-                    index.warnings.append(problem)
-                else:
-                    index.objects.insert(0, ObjectEntry("transformer_config", "json", config))
-            hf = base / HF_SUBDIR
-            if hf.is_dir():
-                prefix = base.relative_to(self.path).as_posix()
-                add_hf_subdir(index, hf, HF_SUBDIR if prefix == "." else f"{prefix}/{HF_SUBDIR}")
+        config_path = self.path / TRANSFORMER_CONFIG
+        if config_path.is_file():
+            index.files.append(FileInfo(TRANSFORMER_CONFIG, config_path.stat().st_size, "config"))
+            config, problem = _json_file(config_path)
+            if problem:
+                index.warnings.append(problem)
+            else:
+                index.objects.insert(0, ObjectEntry("transformer_config", "json", config))
+        if (self.path / HF_SUBDIR).is_dir():
+            add_hf_subdir(index, self.path / HF_SUBDIR, HF_SUBDIR)
         return index
-
-    def _read_chunk(self, meta: TensorMeta, chunk: Chunk, local: tuple[tuple[int, int], ...]) -> Any:
-        assert self._inner is not None  # index() ran before any chunk is known
-        return self._inner._read_chunk(meta, replace(chunk, file=chunk.file.removeprefix(self._prefix)), local)
-
-    def close(self) -> None:
-        if self._inner is not None:
-            self._inner.close()
-        super().close()

@@ -168,12 +168,13 @@ def _source_hf_config(index: CheckpointIndex) -> dict[str, Any] | None:
 
 
 def _config_dirs(src: Path, index: CheckpointIndex, hf_config_dir: Path | None) -> list[Path]:
-    """Where tokenizer/generation files may live: --hf-config, the source dir, verl's huggingface/."""
+    """Where tokenizer/generation files may live: --hf-config, the source dir, verl's huggingface/
+    (``model/huggingface/`` in verl's Megatron layout v2)."""
     dirs = []
     if hf_config_dir is not None:
         dirs.append(hf_config_dir if hf_config_dir.is_dir() else hf_config_dir.parent)
     root = src if src.is_dir() else src.parent
-    dirs += [root, root / "huggingface", root.parent / "huggingface"]
+    dirs += [root, root / "huggingface", root / "model" / "huggingface", root.parent / "huggingface"]
     return [d for d in dirs if d.is_dir()]
 
 

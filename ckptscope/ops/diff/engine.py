@@ -29,6 +29,7 @@ from ckptscope.core.tensor import Encoding, TensorMeta
 from ckptscope.mappings.links import Box, Piece, Recipe, box_shape, source_slices
 from ckptscope.ops.diff.metrics import Accumulator, compare_block
 from ckptscope.ops.diff.plan import DiffPair, DiffPlan, DiffSide
+from ckptscope.ops.diff.quant import quant_error, quant_note, quantised_type
 
 BLOCK_BYTES = 16 * 1024 * 1024
 """Upper bound of one block per side (raw bytes); float64 copies make the working set ~4x this."""
@@ -72,6 +73,8 @@ class PairResult:
     max_diff_at: tuple[int, ...] | None = None
     renamed_to: str | None = None
     """For ``renamed``: the tensor's name in B (``name`` is its name in A)."""
+    quant: dict[str, Any] | None = None
+    """When one side is a block-quantised GGUF tensor: its quantisation error (``ops.diff.quant``)."""
 
     @property
     def differs(self) -> bool:
@@ -88,6 +91,8 @@ class PairResult:
                     "max_diff_at": list(self.max_diff_at) if self.max_diff_at is not None else None})
         if self.status == "renamed":
             out["renamed_to"] = self.renamed_to
+        if self.quant is not None:
+            out["quant_error"] = {k: _round(v) for k, v in self.quant.items()}
         return out
 
 
@@ -107,7 +112,7 @@ class DiffReport:
         counts = dict.fromkeys(STATUSES, 0)
         for result in self.results:
             counts[result.status] += 1
-        return {
+        out = {
             "compared": sum(counts[s] for s in ("equal", "close", "different", "dtype_mismatch", "shape_mismatch")),
             "equal": counts["equal"],
             "close": counts["close"],
@@ -118,6 +123,11 @@ class DiffReport:
             "dtype_mismatch": counts["dtype_mismatch"],
             "shape_mismatch": counts["shape_mismatch"],
         }
+        quantised = [r for r in self.results if r.quant is not None and r.status in ("different", "close")]
+        if quantised:  # of the differing tensors: explained by quantisation, or not
+            out["quantization_error"] = sum(1 for r in quantised if r.quant["within"])
+            out["beyond_quantization"] = len(quantised) - out["quantization_error"]
+        return out
 
     @property
     def identical(self) -> bool:
@@ -377,6 +387,11 @@ class DiffEngine:
             result.status = "close"
         else:
             result.status = "different"
+        for label, side, recipe in (("A", self.plan.a, a), ("B", self.plan.b, b)):
+            ggml_type = quantised_type(side, recipe)
+            if ggml_type is not None:
+                result.quant = quant_error(acc, label, ggml_type)
+                break
         return result
 
     def run(self, on_result: Callable[[PairResult], None] | None = None,
@@ -486,6 +501,9 @@ class DiffEngine:
                             ignored={"a": list(self.plan.a.ignored), "b": list(self.plan.b.ignored)},
                             bytes_read=self.bytes_read)
         report.padding = self._padding_report()
+        note = quant_note(ordered)
+        if note is not None:
+            report.notes.append(note)
         return report
 
     def _pair_renamed(self, results: list[PairResult]) -> list[PairResult]:

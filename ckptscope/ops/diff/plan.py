@@ -253,7 +253,8 @@ def _gguf_recipes(label: str, index: CheckpointIndex, tensors: dict, notes: list
                         if meta.attr("ggml_type") not in (None, "F32", "F16", "BF16")})
     if quantised:
         notes.append(f"{label}: quantised tensors ({', '.join(quantised)}) are compared as their dequantised "
-                     f"values: their differences are the quantisation error")
+                     f"values; each pair's quant_error says whether its difference is the quantisation error "
+                     f"its type implies")
     return recipes
 
 
