@@ -39,6 +39,21 @@ Roots:
   ``scheduler.pt``, ``trainer_state.json`` ... written by ``Trainer._save_checkpoint`` itself. The
   NaN is planted by a ``TrainerCallback.on_step_end`` (which runs before the save of that step),
   the spike by the ``LambdaLR`` handed to the Trainer.
+* ``timeline_megatron/iter_000000N/`` (N = 1 .. ``STEPS``) + ``latest_checkpointed_iteration.txt``: a
+  Megatron-LM torch_dist save root of a megatron-core ``GPTModel`` (local spec, the same tiny Llama
+  shape, untied, vocabulary 128) on ONE gloo rank (TP=1), wrapped in megatron-core's
+  ``DistributedDataParallel``, trained by ``get_megatron_optimizer`` (Adam, fp32, non-distributed)
+  with an ``OptimizerParamScheduler`` (constant LR), the state dict composed and saved as
+  ``make_training_state_samples`` does (``dist_checkpointing.save`` of ``args``, ``iteration``,
+  ``model``, ``opt_param_scheduler``; tracker written last), once per iteration, as with
+  ``--no-save-optim``: with a frozen layer megatron-core 0.16.1 refuses to save the optimizer
+  (``validate_sharding_integrity``: the layer-stacked ``optimizer.state.exp_avg.decoder.layers.*``
+  tensors then cover layer 0 only, "Invalid access pattern"), so this root has no Adam state. Layer 1 is
+  frozen (``requires_grad=False`` before DDP, so megatron-core leaves it out of its grad buffers and
+  the optimizer); the NaN goes into ``embedding.word_embeddings.weight`` at the row of the absent
+  token; the spike multiplies every param group's ``lr`` for step ``SPIKE_STEP`` (the scheduler sets
+  it back on its next step). megatron-core needs the CPU stand-ins of ``make_training_state_samples``
+  (``_stub_cuda``, ``_cpu_as_cuda``) in the spawned rank only.
 """
 
 from __future__ import annotations
@@ -200,7 +215,105 @@ def write_timeline_hf(out: Path) -> Path:
     return root
 
 
-WRITERS = {"timeline_dcp": write_timeline_dcp, "timeline_hf": write_timeline_hf}
+MEGATRON_NAN_TENSOR = "embedding.word_embeddings.weight"
+MEGATRON_FROZEN_PREFIX = "decoder.layers.1."
+
+
+def _megatron_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    """The one rank of the Megatron run: train ``STEPS`` iterations, save each (see module docstring)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import make_training_state_samples as ts
+    from make_dist_samples import _init_gloo, _stub_cuda
+
+    ts._quiet()
+    _init_gloo(rank, world_size, init_file)
+    _stub_cuda()
+    import random
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    pair = ts._pair()
+    root = Path(out)
+    args = ts.megatron_training_args(world_size, False)
+    args.lr_warmup_iters, args.lr_decay_style, args.lr, args.min_lr = 0, "constant", LR, LR
+    args.weight_decay = args.start_weight_decay = args.end_weight_decay = 0.01
+    pair._prepare_megatron(world_size)
+    torch.manual_seed(ts.SEED)
+    random.seed(ts.SEED)
+    np.random.seed(ts.SEED)
+    torch.set_num_threads(1)
+    hf_start = ts.random_tiny_llama(ts.SEED).state_dict()
+    with ts._cpu_as_cuda():
+        model = pair.build_gpt_model(args)
+        pair.load_params(model, pair.hf_to_mcore(hf_start, args, tp_rank=rank))
+        model.train()
+        for name, param in model.named_parameters():
+            if name.startswith(MEGATRON_FROZEN_PREFIX):
+                param.requires_grad_(False)
+        ddp = DistributedDataParallel(config=model.config, module=model, ddp_config=DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False))
+        optimizer = get_megatron_optimizer(
+            OptimizerConfig(optimizer="adam", lr=LR, min_lr=LR, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.95,
+                            adam_eps=1e-8, clip_grad=0.0, bf16=False, params_dtype=torch.float32,
+                            use_distributed_optimizer=False), [ddp])
+        scheduler = OptimizerParamScheduler(
+            optimizer, init_lr=LR, max_lr=LR, min_lr=LR, lr_warmup_steps=0, lr_decay_steps=100,
+            lr_decay_style="constant", start_wd=0.01, end_wd=0.01, wd_incr_steps=100, wd_incr_style="constant")
+        seq = SEQ
+        positions = torch.arange(seq).unsqueeze(0).expand(BATCH, seq)
+        causal = torch.triu(torch.ones(seq, seq, dtype=torch.bool), diagonal=1)[None, None]
+        metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
+        for step in range(1, STEPS + 1):
+            tokens = torch.randint(0, VOCAB - 1, (BATCH, seq + 1), generator=torch.Generator().manual_seed(100 + step))
+            ddp.zero_grad_buffer()
+            optimizer.zero_grad()
+            loss = ddp(input_ids=tokens[:, :-1], position_ids=positions, attention_mask=causal,
+                       labels=tokens[:, 1:]).float().mean()
+            loss.backward()
+            ddp.finish_grad_sync()
+            if step == SPIKE_STEP:
+                for group in optimizer.param_groups:
+                    group["lr"] *= SPIKE_FACTOR
+            ok, _grad_norm, _ = optimizer.step()
+            assert ok, step
+            scheduler.step(increment=BATCH)
+            if step == NAN_STEP:
+                with torch.no_grad():
+                    dict(model.named_parameters())[MEGATRON_NAN_TENSOR][NAN_AT] = float("nan")
+            state = {"args": args, "checkpoint_version": 3.0, "iteration": step,
+                     "model": model.sharded_state_dict(metadata=metadata)}
+            state["opt_param_scheduler"] = scheduler.state_dict()  # no "optimizer": see the module docstring
+            target = root / f"iter_{step:07d}"
+            _fresh(target)
+            dist_checkpointing.save(state, str(target), content_metadata=metadata)
+            dist.barrier()
+            (root / ts.TRACKER).write_text(str(step))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def write_timeline_megatron(out: Path) -> Path:
+    """Megatron-LM torch_dist ``iter_*`` saves of a real megatron-core run (see module docstring)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from make_dist_samples import _spawn
+
+    root = Path(out) / "timeline_megatron"
+    _fresh(root)
+    _spawn(_megatron_rank, root, world_size=1)
+    plan = _plan(root, list(range(1, STEPS + 1)), frozen_prefix=MEGATRON_FROZEN_PREFIX,
+                 nan_tensor=MEGATRON_NAN_TENSOR)
+    (Path(out) / "timeline_megatron_plan.json").write_text(json.dumps(plan, indent=1))
+    return root
+
+
+WRITERS = {"timeline_dcp": write_timeline_dcp, "timeline_hf": write_timeline_hf,
+           "timeline_megatron": write_timeline_megatron}
 
 
 def main(argv: list[str] | None = None) -> int:

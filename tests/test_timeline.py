@@ -9,6 +9,7 @@ direct torch computation on the tensors as torch's own loaders read them (``dcp.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import subprocess
@@ -16,8 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import load_sample_module, run_cli
+from conftest import REPO, run_cli
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -30,13 +30,23 @@ REL = 1e-9
 
 @pytest.fixture(scope="session")
 def gen():
-    return load_sample_module("make_timeline_samples")
+    """The generator as an importable module: mp.spawn pickles the Megatron rank function by name."""
+    samples = str(REPO / "sample_ckpts")
+    if samples not in sys.path:
+        sys.path.insert(0, samples)
+    return importlib.import_module("make_timeline_samples")
 
 
 @pytest.fixture(scope="session")
 def roots(tmp_path_factory, gen) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("timeline")
-    return {name: writer(out) for name, writer in gen.WRITERS.items()}
+    return {name: gen.WRITERS[name](out) for name in ("timeline_dcp", "timeline_hf")}
+
+
+@pytest.fixture(scope="session")
+def megatron_root(tmp_path_factory, gen) -> Path:
+    pytest.importorskip("megatron.core")
+    return gen.write_timeline_megatron(tmp_path_factory.mktemp("timeline_megatron"))
 
 
 def _result(root, **kwargs):
@@ -82,6 +92,8 @@ def _hf_tensors(step_dir: Path) -> dict:
 
 
 def _steps(root: Path, kind: str) -> list[tuple[int, Path]]:
+    if kind == "megatron":
+        return sorted((int(p.name[5:]), p) for p in root.iterdir() if p.name.startswith("iter_"))
     if kind == "dcp":
         dirs = [(int(p.name.split("-")[1]), p) for p in (root / "checkpoint").iterdir()]
     else:
@@ -150,6 +162,41 @@ def test_hf_trainer_flags_exactly_where_planted(gen, hf_run):
     assert result.kind == "hf-trainer" and result.iterations == list(range(1, gen.STEPS + 1))
     assert _flag_set(result) == _planted(gen, [t.name for t in plan.tensors], resume=False)
     assert {(f.since, f.until) for f in result.flags if f.kind == "frozen"} == {(1, gen.STEPS)}
+
+
+def test_megatron_flags_and_numbers(gen, megatron_root):
+    """megatron-core on gloo: layers are stored stacked (``decoder.layers.<x>`` with a leading layer
+    axis); the timeline follows each layer's slice, and torch's DCP loader, sliced the same way, must
+    give the same numbers."""
+    plan, result = _result(megatron_root)
+    assert result.kind == "megatron" and result.iterations == list(range(1, gen.STEPS + 1))
+    names = [t.name for t in plan.tensors]
+    assert "decoder.layers.1.self_attention.linear_qkv.weight" in names
+    frozen = [n for n in names if n.startswith(gen.MEGATRON_FROZEN_PREFIX)]
+    moving = [n for n in names if n not in frozen]
+    assert len(frozen) == 6
+    expected = {("frozen", 2, n) for n in frozen} | {("exploding", gen.SPIKE_STEP, n) for n in moving}
+    expected.add(("nan", gen.NAN_STEP, gen.MEGATRON_NAN_TENSOR))
+    assert _flag_set(result) == expected
+    assert "no Adam exp_avg_sq" in result.optimizer_note
+
+    stored = [_dcp_tensors(path) for _step, path in _steps(megatron_root, "megatron")]
+
+    def per_layer(state: dict) -> dict:
+        out = {}
+        for key, value in state.items():
+            if key.startswith("decoder.layers."):
+                for layer in range(value.shape[0]):
+                    out[key.replace("decoder.layers.", f"decoder.layers.{layer}.", 1)] = value[layer]
+            else:
+                out[key] = value
+        return out
+
+    states = [per_layer(s) for s in stored]
+    for series in result.tensors:
+        _assert_series(series, _expected_series(states, [series.name]))
+    for module in result.modules:
+        _assert_series(module, _expected_series(states, [n for n in names if module_of(n)[0] == module.name]))
 
 
 def test_without_the_faulty_steps_nothing_is_flagged(roots):

@@ -293,7 +293,7 @@ def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None,
     try:
         for info in chosen:
             readers.append(open_checkpoint(info.path, trust_pickle=trust_pickle))
-        entries = [model_entries(r.index()) for r in readers]
+        entries = [model_entries(r.index(), logical=True) for r in readers]
         first = entries[0]
         names = select([n for n in first.tensors if not is_ignored(n)], include, exclude)
         if not names:
