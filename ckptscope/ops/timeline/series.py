@@ -26,8 +26,6 @@ class Sums:
     numel: int = 0
     sq: list[float] = field(default_factory=list)
     """Per iteration: sum of squares of the finite elements."""
-    total: list[float] = field(default_factory=list)
-    """Per iteration: sum of the finite elements (with ``sq``, a fingerprint for equal-weights checks)."""
     nan: list[int] = field(default_factory=list)
     inf: list[int] = field(default_factory=list)
     dsq: list[float] = field(default_factory=list)
@@ -39,14 +37,14 @@ class Sums:
 
     def __post_init__(self) -> None:
         n = self.n
-        for name, size, zero in (("sq", n, 0.0), ("total", n, 0.0), ("nan", n, 0), ("inf", n, 0),
+        for name, size, zero in (("sq", n, 0.0), ("nan", n, 0), ("inf", n, 0),
                                  ("dsq", n - 1, 0.0), ("psq", n - 1, 0.0), ("dmax", n - 1, 0.0)):
             if not getattr(self, name):
                 setattr(self, name, [zero] * size)
 
     def add(self, other: "Sums") -> None:
         self.numel += other.numel
-        for name in ("sq", "total", "nan", "inf", "dsq", "psq"):
+        for name in ("sq", "nan", "inf", "dsq", "psq"):
             mine, theirs = getattr(self, name), getattr(other, name)
             for k, value in enumerate(theirs):
                 mine[k] += value
@@ -70,6 +68,9 @@ class Series:
     abs_change: list[float]
     max_abs_change: list[float]
     fingerprint: list[tuple] = field(default_factory=list, repr=False)
+    """Per iteration (sum of squares, NaN count, Inf count): equal weights give equal fingerprints
+    (blocks are summed in a fixed order), so only iterations whose fingerprints all match are
+    compared byte by byte for the ``stale`` flag."""
 
     def to_json(self, labels: list[int]) -> dict[str, Any]:
         return {"name": self.name, "module": self.module, "layer": self.layer, "numel": self.numel,
@@ -88,7 +89,7 @@ def series_of(name: str, module: str | None, layer: str | None, sums: Sums) -> S
             change.append(0.0 if d == 0 else math.inf)
     return Series(name, module, layer, sums.numel, [math.sqrt(v) for v in sums.sq], list(sums.nan), list(sums.inf),
                   change, [math.sqrt(v) for v in sums.dsq], list(sums.dmax),
-                  [(sq, t, n, i) for sq, t, n, i in zip(sums.sq, sums.total, sums.nan, sums.inf)])
+                  list(zip(sums.sq, sums.nan, sums.inf)))
 
 
 @dataclass
