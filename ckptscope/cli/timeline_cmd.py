@@ -61,10 +61,30 @@ def print_result(result) -> None:
         cells = [_rel(series.change[skip + k], series.nan[skip + k + 1]) for k in range(len(steps))]
         table.add_row(series.name, *cells, f"{series.norm[-1]:.4g}")
     console.print(table)
-    if result.moment_modules and any(v is not None for m in result.moment_modules for v in m.step_size_mean):
-        console.print(f"Adam step size lr / (sqrt(mean exp_avg_sq) + eps) at {result.iterations[-1]}, "
-                      "per module: --json / --csv for every iteration")
+    if result.moment_modules:
+        print_moments(console, result)
     print_flags(console, result.flags)
+
+
+def print_moments(console, result) -> None:
+    """Adam per module at the last few iterations: mean exp_avg_sq and the implied step size."""
+    from rich.table import Table
+
+    labels = result.iterations[-3:]
+    first = len(result.iterations) - len(labels)
+    table = Table(title="Adam per module: mean exp_avg_sq / step size lr / (sqrt(mean exp_avg_sq) + eps) "
+                        "(LR as saved for the next step; --json / --csv have every iteration)", title_justify="left")
+    table.add_column("module", overflow="fold")
+    for label in labels:
+        table.add_column(f"v @{label}", justify="right", no_wrap=True)
+        table.add_column(f"step @{label}", justify="right", no_wrap=True)
+    for m in result.moment_modules:
+        cells = []
+        for k in range(first, len(result.iterations)):
+            v, step = m.exp_avg_sq_mean[k], m.step_size_mean[k]
+            cells += ["-" if v is None else f"{v:.3g}", "-" if step is None else f"{step:.3g}"]
+        table.add_row(m.name, *cells)
+    console.print(table)
 
 
 def print_flags(console, flags) -> None:
