@@ -342,3 +342,18 @@ def test_plot_without_matplotlib_says_which_extra(roots, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == "ckptscope: error: --plot needs matplotlib: pip install 'ckptscope[plot]'"
     assert proc.stdout == "" and not target.exists()
+
+
+def test_runs_without_torch(roots, tmp_path):
+    """The timeline reads through ckptscope's own readers (scheduler.pt through the safe unpickler):
+    no torch needed, same numbers."""
+    import os
+
+    from test_without_torch import BLOCKER
+
+    (tmp_path / "sitecustomize.py").write_text(BLOCKER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
+    blocked = run_cli("timeline", str(roots["timeline_hf"]), "--json", env=env)
+    assert blocked.code == 1, blocked.err
+    normal = run_cli("timeline", str(roots["timeline_hf"]), "--json")
+    assert json.loads(blocked.out) == json.loads(normal.out)
