@@ -182,3 +182,34 @@ def fsdp2_verl(path: str, gb: float, world: int = 2) -> dict:
         mp.spawn(_fsdp2_rank, args=(world, str(root), gb, os.path.join(tmp, "rendezvous")), nprocs=world)
     sizes = [torch.Size(s).numel() * 4 for _, s in shapes]
     return {"bytes": sum(sizes), "largest": max(sizes), "tensors": len(shapes)}
+
+
+def timeline_root(path: str, src: str, iterations: int = 10) -> dict:
+    """An HF Trainer ``output_dir`` with ``checkpoint-1`` .. ``checkpoint-<iterations>``, each the HF dir
+    ``src`` with one tensor changed (one bit of its first value, as ``patched_copy``), so consecutive
+    iterations differ and none equals another. To spare the disk, every file but the patched shard is
+    a hard link to ``src``'s: the timeline still reads every iteration's every byte (it has no way to
+    know two files are one inode), and so does ``cat``."""
+    root = Path(path)
+    root.mkdir(parents=True)
+    files = sorted(Path(src).iterdir())
+    shards = sorted((f for f in files if f.suffix == ".safetensors"), key=lambda f: f.stat().st_size)
+    patched = shards[0]
+    for k in range(1, iterations + 1):
+        step = root / f"checkpoint-{k}"
+        step.mkdir()
+        for f in files:
+            if f == patched:
+                shutil.copyfile(f, step / f.name)
+            else:
+                os.link(f, step / f.name)
+        with open(step / patched.name, "r+b") as handle:
+            size = struct.unpack("<Q", handle.read(8))[0]
+            header = json.loads(handle.read(size))
+            name = sorted(n for n in header if n != "__metadata__")[0]
+            handle.seek(8 + size + header[name]["data_offsets"][0])  # low mantissa byte of the first value
+            first = handle.read(1)
+            handle.seek(-1, os.SEEK_CUR)
+            handle.write(bytes([first[0] ^ k]))  # k <= 255: a different finite value per iteration
+        (step / "trainer_state.json").write_text(json.dumps({"global_step": k}))
+    return {"iterations": iterations, "patched_file": patched.name}

@@ -182,6 +182,7 @@ def _register_commands() -> None:
     from ckptscope.cli.diff_cmd import diff
     from ckptscope.cli.lora_cmd import lora
     from ckptscope.cli.rename_cmd import rename
+    from ckptscope.cli.timeline_cmd import timeline
 
     cli.add_command(rename)
     cli.add_command(check)
@@ -190,6 +191,7 @@ def _register_commands() -> None:
     cli.add_command(merge)
     cli.add_command(verify)
     cli.add_command(lora)
+    cli.add_command(timeline)
 
 
 _register_commands()

@@ -1,0 +1,406 @@
+"""Run a ``TimelinePlan``: stream every followed tensor through all iterations once, in bounded blocks.
+
+A work unit is one block of rows of one tensor (at most ``BLOCK_ELEMS`` elements): it reads that
+block from iteration 1, 2, ... in turn, keeping only the previous iteration's copy, so each stored
+byte is read exactly once and a unit holds two float64 blocks (16 MB) however many iterations there
+are. Units run on a thread pool with a bounded window of them in flight (numpy releases the GIL),
+as ``diff`` does, and mapped pages are released as reading goes on, so memory does not grow with
+the checkpoint or the run. Block results are merged in block order, so sums (and the fingerprints
+built from them) do not depend on thread timing.
+
+An iteration whose fingerprints (per tensor: sum of squares, NaN and Inf counts) all equal an
+earlier iteration's is compared with it byte for byte by the diff engine before it is flagged
+``stale``: equal sums are a hint, not a proof.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptscope.ops.diff.engine import RELEASE_EVERY
+from ckptscope.ops.diff.engine import _split as split_rows
+from ckptscope.ops.timeline.flags import (
+    DEFAULT_FACTOR,
+    Flag,
+    exploding_flags,
+    frozen_flags,
+    nonfinite_flags,
+    sort_flags,
+    stale_flag,
+)
+from ckptscope.ops.timeline.plan import OptimizerTensor, TimelinePlan, TimelineTensor
+from ckptscope.ops.timeline.series import MomentSeries, MomentSums, Series, Sums, moments_of, series_of
+
+BLOCK_ELEMS = 1 << 20
+"""Elements per block: two float64 copies (previous and current iteration) are 16 MB."""
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class TimelineOptions:
+    frozen_below: float = 0.0
+    """A step with relative change at most this is "no change" (0: exactly unchanged)."""
+    explode_factor: float = DEFAULT_FACTOR
+    workers: int | None = None
+    block_elems: int = BLOCK_ELEMS
+
+
+@dataclass
+class TimelineResult:
+    root: str
+    kind: str
+    iterations: list[int]
+    paths: list[str]
+    lr: list[float | None]
+    tensors: list[Series]
+    modules: list[Series]
+    """Per module (``plan.module_of``): a layer's attention, MLP, experts, norms; embeddings; head."""
+    layers: list[Series]
+    """Per repeated layer (``model.layers.0``), all its tensors together."""
+    model: Series
+    moments: list[MomentSeries] = field(default_factory=list)
+    """Adam statistics per parameter, then per module (``MomentSeries.module`` is None for modules)."""
+    moment_modules: list[MomentSeries] = field(default_factory=list)
+    flags: list[Flag] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    optimizer_note: str | None = None
+    sample: int | None = None
+    bytes_read: int = 0
+    seconds: float = 0.0
+
+    @property
+    def steps(self) -> list[tuple[int, int]]:
+        return list(zip(self.iterations, self.iterations[1:]))
+
+    def to_json(self) -> dict[str, Any]:
+        labels = self.iterations
+        return {
+            "root": self.root, "kind": self.kind, "iterations": labels, "paths": self.paths,
+            "lr": [_finite(v) for v in self.lr], "sample_rows": self.sample,
+            "flags": [f.to_json() for f in self.flags],
+            "model": self.model.to_json(labels),
+            "layers": [s.to_json(labels) for s in self.layers],
+            "modules": [s.to_json(labels) for s in self.modules],
+            "tensors": [s.to_json(labels) for s in self.tensors],
+            "optimizer": {"note": self.optimizer_note,
+                          "modules": [m.to_json(labels) for m in self.moment_modules],
+                          "tensors": [m.to_json(labels) for m in self.moments]},
+            "notes": self.notes, "bytes_read": self.bytes_read,
+        }
+
+    def csv_rows(self) -> Iterator[tuple]:
+        """Long format: ``level, name, iteration, metric, value``; per-step metrics sit at the later
+        iteration of the step."""
+        labels = self.iterations
+        yield ("level", "name", "iteration", "metric", "value")
+        for k, lr in enumerate(self.lr):
+            if lr is not None:
+                yield ("run", "lr", labels[k], "lr", lr)
+        groups = (("model", [self.model]), ("layer", self.layers), ("module", self.modules), ("tensor", self.tensors))
+        for level, items in groups:
+            for s in items:
+                for k, label in enumerate(labels):
+                    yield (level, s.name, label, "norm", s.norm[k])
+                    yield (level, s.name, label, "nan", s.nan[k])
+                    yield (level, s.name, label, "inf", s.inf[k])
+                    if k:
+                        yield (level, s.name, label, "rel_change", s.change[k - 1])
+                        yield (level, s.name, label, "abs_change", s.abs_change[k - 1])
+                        yield (level, s.name, label, "max_abs_change", s.max_abs_change[k - 1])
+        for level, items in (("optimizer_module", self.moment_modules), ("optimizer_tensor", self.moments)):
+            for m in items:
+                for k, label in enumerate(labels):
+                    if m.exp_avg_sq_mean[k] is not None:
+                        yield (level, m.name, label, "exp_avg_sq_mean", m.exp_avg_sq_mean[k])
+                    if m.step_size_mean[k] is not None:
+                        yield (level, m.name, label, "step_size_mean", m.step_size_mean[k])
+        for f in self.flags:
+            yield ("flag", f.subject, f.iteration, f.kind, f.reason)
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _slices(box) -> tuple[slice, ...]:
+    return tuple(slice(lo, hi) for lo, hi in box)
+
+
+def _boxes(shape: tuple[int, ...], rows, block_elems: int) -> list:
+    if not shape:
+        return [()]
+    full = tuple((0, n) for n in shape)
+    runs = [((lo, hi),) + full[1:] for lo, hi in rows] if rows else [full]
+    return [b for run in runs for b in split_rows(run, block_elems)]
+
+
+class _Reading:
+    """Byte accounting and page release shared by the worker threads."""
+
+    def __init__(self, plan: TimelinePlan) -> None:
+        self.plan = plan
+        self.lock = threading.Lock()
+        self.bytes_read = 0
+        self.since_release = 0
+
+    def count(self, nbytes: int) -> None:
+        with self.lock:
+            self.bytes_read += nbytes
+            self.since_release += nbytes
+            release = self.since_release >= RELEASE_EVERY
+            if release:
+                self.since_release = 0
+        if release:
+            for reader in self.plan.readers:
+                reader.release_pages()
+
+
+_LOCAL = threading.local()
+
+
+def _buffers(size: int):
+    """Three float64 work buffers and a float32 one per thread, reused from block to block: a fresh
+    8 MB array per operation costs more in page faults than the arithmetic on it."""
+    import numpy as np
+
+    bufs = getattr(_LOCAL, "bufs", None)
+    if bufs is None or bufs[0].size < size:
+        bufs = _LOCAL.bufs = [np.empty(size, np.float64) for _ in range(3)] + [np.empty(size, np.float32)]
+    return bufs
+
+
+def _sumsq(values) -> float:
+    """Sum of squares in float64. ``einsum``, not ``np.dot``: BLAS ``ddot`` runs on a thread team of
+    its own, which on a busy machine (or beside our worker threads) spends 10-50x the CPU time."""
+    import numpy as np
+
+    return float(np.einsum("i,i->", values, values))
+
+
+def _load(raw, out, narrow) -> None:
+    """``raw`` into the float64 buffer ``out``; 8- and 16-bit floats via float32 (exact, and
+    ml_dtypes' bfloat16 -> float32 cast is several times faster than its cast to float64)."""
+    import numpy as np
+
+    if raw.dtype.itemsize <= 2:
+        np.copyto(narrow.reshape(raw.shape), raw, casting="unsafe")
+        np.copyto(out, narrow)
+    else:
+        np.copyto(out.reshape(raw.shape), raw, casting="unsafe")
+
+
+def _tensor_block(plan: TimelinePlan, reading: _Reading, tensor: TimelineTensor, box) -> Sums:
+    """One block of rows through every iteration: per iteration the sum of squares and NaN / Inf
+    counts, per step the squared difference, the earlier side's squares and max |difference| (over
+    elements finite on both sides). Finite blocks take the fast path: one cast into a reused float64
+    buffer, then a few vectorised passes."""
+    import numpy as np
+
+    n = len(plan.readers)
+    sums = Sums(n)
+    size = 1
+    for lo, hi in box:
+        size *= hi - lo
+    cur, prev, diff, narrow = (b[:size] for b in _buffers(size))
+    prev_mask = None
+    for i, reader in enumerate(plan.readers):
+        raw = reader.read(tensor.stored[i], _slices(box))
+        reading.count(raw.nbytes)
+        _load(raw, cur, narrow)
+        sq = _sumsq(cur)
+        mask = None
+        if math.isfinite(sq):
+            sums.sq[i] = sq
+        else:
+            mask = np.isfinite(cur)
+            nans = int(np.count_nonzero(np.isnan(cur)))
+            sums.nan[i], sums.inf[i] = nans, int(cur.size - np.count_nonzero(mask)) - nans
+            kept = cur[mask]
+            sums.sq[i] = _sumsq(kept)
+        if i:
+            k = i - 1
+            if mask is None and prev_mask is None:
+                d = np.subtract(cur, prev, out=diff)
+                sums.psq[k] = sums.sq[k]
+            else:
+                both = (mask if mask is not None else True) & (prev_mask if prev_mask is not None else True)
+                earlier = prev[both]
+                d = cur[both] - earlier
+                sums.psq[k] = _sumsq(earlier)
+            sums.dsq[k] = _sumsq(d)
+            sums.dmax[k] = max(float(d.max()), -float(d.min())) if d.size else 0.0
+        cur, prev, prev_mask = prev, cur, mask
+    sums.numel = size
+    return sums
+
+
+def _moment_block(plan: TimelinePlan, reading: _Reading, tensor: OptimizerTensor, box) -> MomentSums:
+    import numpy as np
+
+    sums = MomentSums(len(plan.readers))
+    for i, reader in enumerate(plan.readers):
+        name = tensor.stored[i]
+        if name is None:
+            continue
+        raw = reader.read(name, _slices(box))
+        reading.count(raw.nbytes)
+        v = np.asarray(raw).astype(np.float64).ravel()
+        v = v[np.isfinite(v) & (v >= 0)]
+        sums.present[i] = True
+        sums.v[i] = float(v.sum())
+        sums.count[i] = int(v.size)
+    return sums
+
+
+def _run_units(plan: TimelinePlan, options: TimelineOptions, reading: _Reading,
+               progress: Progress | None, cancelled: Callable[[], bool]) -> tuple[list[Sums], list[MomentSums]]:
+    """Every block of every tensor (then every optimizer moment) through a bounded thread pool."""
+    jobs: list[tuple[str, int, int, Any]] = []
+    blocks_of: dict[tuple[str, int], int] = {}
+    for t, tensor in enumerate(plan.tensors):
+        boxes = _boxes(tensor.shape, tensor.rows, options.block_elems)
+        blocks_of["w", t] = len(boxes)
+        jobs += [("w", t, b, box) for b, box in enumerate(boxes)]
+    for t, moment in enumerate(plan.optimizer):
+        boxes = _boxes(moment.shape, moment.rows, options.block_elems)
+        blocks_of["v", t] = len(boxes)
+        jobs += [("v", t, b, box) for b, box in enumerate(boxes)]
+    parts: dict[tuple[str, int], dict[int, Any]] = {key: {} for key in blocks_of}
+    n = len(plan.readers)
+    weights: list[Sums] = [Sums(n) for _ in plan.tensors]
+    moments: list[MomentSums] = [MomentSums(n) for _ in plan.optimizer]
+
+    def finish(key: tuple[str, int]) -> None:
+        ordered = [parts[key][b] for b in range(blocks_of[key])]
+        target = weights[key[1]] if key[0] == "w" else moments[key[1]]
+        for part in ordered:
+            target.add(part)
+        del parts[key]
+
+    def work(job):
+        what, t, _b, box = job
+        if what == "w":
+            return _tensor_block(plan, reading, plan.tensors[t], box)
+        return _moment_block(plan, reading, plan.optimizer[t], box)
+
+    workers = options.workers or max(2, min(4, os.cpu_count() or 1))
+    window = 2 * workers
+    done = 0
+    pending = iter(jobs)
+    inflight: dict[Future, tuple] = {}
+    with ThreadPoolExecutor(workers, thread_name_prefix="ckptscope-timeline") as pool:
+        exhausted = False
+        while True:
+            while not exhausted and len(inflight) < window and not cancelled():
+                job = next(pending, None)
+                if job is None:
+                    exhausted = True
+                    break
+                inflight[pool.submit(work, job)] = job
+            if not inflight:
+                break
+            finished, _ = wait(inflight, return_when=FIRST_COMPLETED)
+            for future in finished:
+                what, t, b, _box = inflight.pop(future)
+                parts[what, t][b] = future.result()
+                if len(parts[what, t]) == blocks_of[what, t]:
+                    finish((what, t))
+                done += 1
+                if progress:
+                    progress(done, len(jobs))
+            if cancelled():
+                for future in inflight:
+                    future.cancel()
+                exhausted = True
+    return weights, moments
+
+
+def _group(tensors: list[TimelineTensor], weights: list[Sums], key: Callable[[TimelineTensor], str | None],
+           n: int) -> list[Series]:
+    sums: dict[str, Sums] = {}
+    layer_of: dict[str, str | None] = {}
+    for tensor, w in zip(tensors, weights):
+        name = key(tensor)
+        if name is None:
+            continue
+        sums.setdefault(name, Sums(n)).add(w)
+        layer_of.setdefault(name, tensor.layer)
+    return [series_of(name, None, layer_of[name], s) for name, s in sums.items()]
+
+
+def _stale(plan: TimelinePlan, tensors: list[Series]) -> dict[int, int]:
+    """Iteration index -> the latest earlier index whose model weights are byte-identical."""
+    from ckptscope.ops.diff.engine import DiffOptions, diff_checkpoints
+    from ckptscope.ops.diff.plan import plan_diff
+
+    n = len(plan.iterations)
+    prints = [tuple(s.fingerprint[i] for s in tensors) for i in range(n)]
+    names = {t.name for t in plan.tensors}
+    out = {}
+    for i in range(1, n):
+        for s in range(i - 1, -1, -1):
+            if prints[s] != prints[i]:
+                continue
+            diff = plan_diff(plan.iterations[s].path, plan.iterations[i].path, mapping="none",
+                             include=plan.include, exclude=plan.exclude, compare_unknown=False)
+            try:
+                report = diff_checkpoints(diff, DiffOptions(device="cpu"))
+            finally:
+                diff.a.reader.close()
+                diff.b.reader.close()
+            if all(r.status == "equal" for r in report.results if r.name in names):
+                out[i] = s
+                break
+    return out
+
+
+def run_timeline(plan: TimelinePlan, progress: Progress | None = None, options: TimelineOptions | None = None,
+                 cancelled: Callable[[], bool] = lambda: False) -> TimelineResult:
+    """Read everything the plan names and return the series and flags. ``progress(done, total)``
+    is called after each block (from the calling thread)."""
+    options = options or TimelineOptions()
+    started = time.perf_counter()
+    reading = _Reading(plan)
+    n = len(plan.iterations)
+    try:
+        weights, moment_sums = _run_units(plan, options, reading, progress, cancelled)
+    finally:
+        for reader in plan.readers:
+            reader.release_pages()
+    tensors = [series_of(t.name, t.module, t.layer, w) for t, w in zip(plan.tensors, weights)]
+    modules = _group(plan.tensors, weights, lambda t: t.module, n)
+    layers = _group(plan.tensors, weights, lambda t: t.layer, n)
+    whole = Sums(n)
+    for w in weights:
+        whole.add(w)
+    model = series_of("model", None, None, whole)
+    labels = plan.labels
+    moments = [moments_of(o.param, o.module, o.layer, m, plan.lr, plan.eps)
+               for o, m in zip(plan.optimizer, moment_sums)]
+    by_module: dict[str, MomentSums] = {}
+    layer_of: dict[str, str | None] = {}
+    for o, m in zip(plan.optimizer, moment_sums):
+        by_module.setdefault(o.module, MomentSums(n)).add(m)
+        layer_of.setdefault(o.module, o.layer)
+    moment_modules = [moments_of(name, None, layer_of[name], m, plan.lr, plan.eps) for name, m in by_module.items()]
+
+    stale = {} if cancelled() else _stale(plan, tensors)
+    stale_steps = {i - 1 for i in stale}
+    flags = [stale_flag(labels, i, s) for i, s in stale.items()]
+    flags += nonfinite_flags(tensors, labels)
+    flags += exploding_flags(tensors, labels, options.explode_factor, stale_steps)
+    flags += frozen_flags(tensors, labels, options.frozen_below, {i - 1 for i, s in stale.items() if s == i - 1})
+    notes = list(plan.notes)
+    if cancelled():
+        notes.append("cancelled: the numbers are incomplete")
+    return TimelineResult(plan.root, plan.kind, labels, [i.path for i in plan.iterations], list(plan.lr), tensors,
+                          modules, layers, model, moments, moment_modules, sort_flags(flags), notes,
+                          plan.optimizer_note, plan.sample, reading.bytes_read, time.perf_counter() - started)

@@ -1,0 +1,343 @@
+"""What a timeline reads: the iterations of a save root, the model tensors every one of them holds,
+the Adam second moments that belong to them, and the learning rate each save recorded.
+
+Metadata only (no tensor bytes): every iteration is opened through the registry, split into model
+and training state by ``ops.model`` (so a ``{"model": ...}`` DCP, a flattened torchtitan save and an
+HF dir all give the same model names), and a tensor is followed when every chosen iteration has it
+with the same shape and a float dtype; anything else is named in ``notes``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckptscope.core.errors import CkptError
+from ckptscope.core.names import select
+from ckptscope.core.units import plural
+from ckptscope.formats.base import CheckpointReader
+from ckptscope.formats.registry import open_checkpoint
+from ckptscope.mappings.schemas import is_ignored
+from ckptscope.ops.model import ModelEntries, model_entries
+from ckptscope.ops.roots import IterationInfo, discover_iterations, root_kind
+
+SAMPLE_RUNS = 16
+"""``--sample N`` takes its N rows as at most this many evenly spaced runs of consecutive rows: few
+enough reads to stay fast, spread enough to see the whole tensor."""
+DEFAULT_EPS = 1e-8
+"""torch's Adam/AdamW default, used for the step size when no saved param group says otherwise."""
+_LAYER = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)(?=\.|$)")
+_LAST_LR = re.compile(r"(?:^|\.)_?last_lr(?:\.0)?$")
+_GROUP_LR = re.compile(r"(?:^|\.)param_groups\..*\.lr$")
+_GROUP_EPS = re.compile(r"(?:^|\.)param_groups\..*\.eps$")
+
+
+def module_of(name: str) -> tuple[str, str | None]:
+    """The module a tensor is reported under and its layer (None outside the repeated layers).
+
+    Inside a layer the module is the layer's direct child (``model.layers.0.self_attn``,
+    ``decoder.layers.0.mlp``), and its experts apart (``...mlp.experts``); outside, the tensor's
+    owner (``model.embed_tokens``, ``lm_head``, ``model.norm``).
+    """
+    match = _LAYER.search(name)
+    if match is None:
+        return (name.rsplit(".", 1)[0] if "." in name else name), None
+    layer = name[: match.end()].lstrip(".")
+    rest = name[match.end():].lstrip(".").split(".")
+    if len(rest) <= 1:
+        return layer, layer
+    module = f"{layer}.{rest[0]}"
+    if "experts" in rest[1:-1]:
+        module = f"{layer}.{'.'.join(rest[: rest.index('experts') + 1])}"
+    return module, layer
+
+
+@dataclass(frozen=True)
+class TimelineTensor:
+    """One model tensor followed through every iteration."""
+
+    name: str
+    """Model name (wrapper prefix stripped, as ``ops.model`` names it)."""
+    shape: tuple[int, ...]
+    dtype: str
+    stored: tuple[str, ...]
+    """The name to read it by, per iteration (in ``TimelinePlan.iterations`` order)."""
+    module: str
+    layer: str | None
+    rows: tuple[tuple[int, int], ...] | None = None
+    """``--sample``: the row ranges read (first axis); None reads everything."""
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class OptimizerTensor:
+    """The Adam ``exp_avg_sq`` of one parameter, per iteration (None where a save lacks it)."""
+
+    param: str
+    stored: tuple[str | None, ...]
+    shape: tuple[int, ...]
+    module: str
+    layer: str | None
+    rows: tuple[tuple[int, int], ...] | None = None
+
+
+@dataclass
+class TimelinePlan:
+    root: str
+    kind: str
+    """Root kind (``megatron``, ``torchtitan``, ``hf-trainer``, ``verl``)."""
+    iterations: list[IterationInfo]
+    """Oldest first."""
+    readers: list[CheckpointReader]
+    tensors: list[TimelineTensor]
+    optimizer: list[OptimizerTensor] = field(default_factory=list)
+    lr: list[float | None] = field(default_factory=list)
+    """The learning rate each save recorded for its next step (scheduler ``_last_lr``), per iteration."""
+    eps: float = DEFAULT_EPS
+    sample: int | None = None
+    notes: list[str] = field(default_factory=list)
+    optimizer_note: str | None = None
+    """Why no Adam statistics are computed (None when some are)."""
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    @property
+    def labels(self) -> list[int]:
+        return [int(i.iteration) for i in self.iterations]
+
+    def close(self) -> None:
+        for reader in self.readers:
+            reader.close()
+
+
+def parse_range(text: str | None) -> tuple[int | None, int | None]:
+    """``--iterations 1000:5000`` (inclusive; either side may be left out), or one number."""
+    if text is None or text.strip() in ("", ":"):
+        return None, None
+    lo, sep, hi = text.strip().partition(":")
+    try:
+        first = int(lo) if lo.strip() else None
+        last = (int(hi) if hi.strip() else None) if sep else first
+    except ValueError:
+        raise CkptError(f"--iterations must look like 1000:5000 (either side optional), not {text!r}") from None
+    if first is not None and last is not None and first > last:
+        raise CkptError(f"--iterations {text}: the first iteration is after the last")
+    return first, last
+
+
+def _choose(root: Path, found: list[IterationInfo] | None, lo: int | None, hi: int | None,
+            notes: list[str]) -> list[IterationInfo]:
+    if found is None:
+        raise CkptError("not a save directory with iterations (iter_*, global_step_*, step-*, checkpoint-*)", root)
+    numbered = sorted((i for i in found if i.number is not None), key=lambda i: i.number or 0)
+    chosen = [i for i in numbered if (lo is None or i.iteration >= lo) and (hi is None or i.iteration <= hi)]
+    incomplete = [i for i in chosen if not i.complete]
+    if incomplete:
+        notes.append(f"skipped {plural(len(incomplete), 'incomplete iteration')}: "
+                     f"{', '.join(i.label for i in incomplete)}")
+    chosen = [i for i in chosen if i.complete]
+    if len(chosen) < 2:
+        have = ", ".join(i.label for i in numbered if i.complete) or "none"
+        raise CkptError(f"a timeline needs at least 2 complete iterations in range; complete: {have}", root)
+    return chosen
+
+
+def _sample_rows(shape: tuple[int, ...], rows: int | None) -> tuple[tuple[int, int], ...] | None:
+    """At most ``rows`` rows of the first axis, as evenly spaced runs (deterministic)."""
+    if rows is None or not shape or shape[0] <= rows:
+        return None
+    runs = min(SAMPLE_RUNS, rows)
+    length, extra = divmod(rows, runs)
+    out = []
+    for k in range(runs):
+        size = length + (1 if k < extra else 0)
+        start = (k * (shape[0] - size)) // max(1, runs - 1) if runs > 1 else 0
+        out.append((start, start + size))
+    return tuple(out)
+
+
+def _optimizer_param(name: str, moment: str, params: set[str], stored_to_model: dict[str, str]) -> str | None:
+    """The parameter an optimizer entry belongs to, if its name says so: ``optimizer.state.<param>.exp_avg_sq``
+    (torch ``get_optimizer_state_dict``), ``optimizer.state.exp_avg_sq.<param>`` (Megatron), any
+    wrapper in front. Position-indexed state (``state.12.exp_avg_sq``) names no parameter: None."""
+    parts = name.split(".")
+    if moment not in parts:
+        return None
+    at = parts.index(moment)
+    for rest in (parts[:at], parts[at + 1:]):
+        for start in range(len(rest)):
+            candidate = ".".join(rest[start:])
+            if candidate in params:
+                return candidate
+            if candidate in stored_to_model:
+                return stored_to_model[candidate]
+    return None
+
+
+def _scalars(reader: CheckpointReader, pattern: re.Pattern) -> list[Any]:
+    out = []
+    for obj in reader.index().objects:
+        if pattern.search(obj.name):
+            value = obj.value[0] if isinstance(obj.value, list) and obj.value else obj.value
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out.append(float(value))
+    return out
+
+
+SCHEDULER_FILES = ("scheduler.pt", "scheduler.bin")
+"""Where HF Trainer (``scheduler.pt``) and accelerate (``scheduler.bin``) keep ``lr_scheduler.state_dict()``
+beside the model: a separate torch.save file the model's reader does not index."""
+
+
+def _last_lr_in(value: Any) -> float | None:
+    """``_last_lr`` (first group) anywhere in a rendered object (a scheduler state dict)."""
+    if isinstance(value, dict):
+        for key in ("_last_lr", "last_lr"):
+            found = value.get(key)
+            if isinstance(found, list) and found and isinstance(found[0], (int, float)):
+                return float(found[0])
+        for item in value.values():
+            found = _last_lr_in(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _scheduler_file_lr(directory: Path) -> float | None:
+    for name in SCHEDULER_FILES:
+        path = directory / name
+        if not path.is_file():
+            continue
+        try:
+            with open_checkpoint(path) as reader:  # the safe stub unpickler, never torch.load
+                for obj in reader.index().objects:
+                    found = _last_lr_in({obj.name: obj.value})
+                    if found is not None:
+                        return found
+        except CkptError:
+            continue
+    return None
+
+
+def _saved_lr(reader: CheckpointReader, directory: Path) -> float | None:
+    """The LR the save recorded for its next step: the scheduler's ``_last_lr`` (first group), in the
+    checkpoint or in a ``scheduler.pt`` beside it, else the optimizer's param-group LR when every
+    group agrees."""
+    values = _scalars(reader, _LAST_LR)
+    if values:
+        return values[0]
+    found = _scheduler_file_lr(directory)
+    if found is not None:
+        return found
+    groups = set(_scalars(reader, _GROUP_LR))
+    return groups.pop() if len(groups) == 1 else None
+
+
+def _plan_optimizer(entries: list[ModelEntries], tensors: list[TimelineTensor],
+                    readers: list[CheckpointReader]) -> tuple[list[OptimizerTensor], str | None]:
+    by_param: dict[str, list[str | None]] = {}
+    wanted = {t.name: t for t in tensors}
+    any_moments = False
+    for i, entry in enumerate(entries):
+        stored_to_model = {s: m for m, s in entry.stored.items()}
+        for name, meta in entry.training.get("optimizer", {}).items():
+            if "exp_avg_sq" not in name.split(".") or not meta.dtype_info.is_float:
+                continue
+            any_moments = True
+            param = _optimizer_param(name, "exp_avg_sq", set(entry.tensors), stored_to_model)
+            if param is None or param not in wanted or tuple(meta.shape) != wanted[param].shape:
+                continue
+            by_param.setdefault(param, [None] * len(entries))[i] = name
+    if not any_moments:
+        if any((Path(r.path) / "optimizer.pt").is_file() for r in readers):
+            return [], ("HF Trainer's optimizer.pt indexes Adam state by parameter position, not by name: "
+                        "no per-layer Adam statistics")
+        return [], "no Adam exp_avg_sq saved in these iterations"
+    if not by_param:
+        return [], ("the saved exp_avg_sq entries name no parameter of the model (Megatron's distributed "
+                    "optimizer keeps them in flat buffers): no per-layer Adam statistics")
+    out = []
+    for param, stored in by_param.items():
+        t = wanted[param]
+        out.append(OptimizerTensor(param, tuple(stored), t.shape, t.module, t.layer, t.rows))
+    return out, None
+
+
+def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None, int | None] | None = None,
+                        include: tuple[str, ...] = (), exclude: tuple[str, ...] = (), sample: int | None = None,
+                        optimizer: bool = True, trust_pickle: bool = False) -> TimelinePlan:
+    """Open every complete iteration of ``root`` in range (metadata only) and decide what to read.
+
+    ``iterations``: ``"1000:5000"`` or ``(1000, 5000)``, inclusive. ``include`` / ``exclude``: globs
+    over model tensor names, as ``inspect`` and ``diff`` take them. ``sample``: read at most this
+    many rows (first axis) of each tensor. Raises ``CkptError`` for anything that is not a save root
+    with two complete iterations in range.
+    """
+    root = Path(root)
+    if sample is not None and sample < 1:
+        raise CkptError("--sample must be a positive number of rows")
+    lo, hi = parse_range(iterations) if not isinstance(iterations, tuple) else iterations
+    notes: list[str] = []
+    found = discover_iterations(root)
+    chosen = _choose(root, found, lo, hi, notes)
+    kind = root_kind(found or [])
+    readers: list[CheckpointReader] = []
+    try:
+        for info in chosen:
+            readers.append(open_checkpoint(info.path, trust_pickle=trust_pickle))
+        entries = [model_entries(r.index(), logical=True) for r in readers]
+        first = entries[0]
+        names = select([n for n in first.tensors if not is_ignored(n)], include, exclude)
+        if not names:
+            raise CkptError("no model tensors left to follow (check --include / --exclude)", root)
+        tensors, missing, non_float = [], [], []
+        for name in names:
+            meta = first.tensors[name]
+            if not meta.dtype_info.is_float:
+                non_float.append(name)
+                continue
+            same = all(name in e.tensors and e.tensors[name].shape == meta.shape for e in entries)
+            if not same:
+                missing.append(name)
+                continue
+            module, layer = module_of(name)
+            tensors.append(TimelineTensor(name, tuple(meta.shape), meta.dtype, tuple(e.stored[name] for e in entries),
+                                          module, layer, _sample_rows(tuple(meta.shape), sample)))
+        if missing:
+            notes.append(f"{plural(len(missing), 'tensor')} not in every iteration with one shape, not followed "
+                         f"(first: {missing[0]})")
+        if non_float:
+            notes.append(f"{plural(len(non_float), 'non-float tensor')} not followed (first: {non_float[0]})")
+        later = set().union(*(set(e.tensors) for e in entries[1:])) - set(first.tensors)
+        later = [n for n in select(sorted(later), include, exclude) if not is_ignored(n)]
+        if later:
+            notes.append(f"{plural(len(later), 'tensor')} appear after iteration {chosen[0].label}, not followed "
+                         f"(first: {later[0]})")
+        if not tensors:
+            raise CkptError("no float model tensor is in every chosen iteration", root)
+        opt, opt_note = (_plan_optimizer(entries, tensors, readers) if optimizer
+                         else ([], "optimizer statistics not asked for"))
+        lrs = [_saved_lr(r, Path(info.path)) for r, info in zip(readers, chosen)]
+        eps_values = [v for r in readers for v in _scalars(r, _GROUP_EPS)]
+        eps = eps_values[0] if eps_values else DEFAULT_EPS
+        if opt and not eps_values:
+            notes.append(f"no Adam eps saved: step sizes use {DEFAULT_EPS:g}")
+        if opt and not any(v is not None for v in lrs):
+            notes.append("no learning rate saved (scheduler _last_lr or param-group lr): step sizes left out")
+        if sample is not None:
+            notes.append(f"sampled: at most {plural(sample, 'row')} (first axis) of each tensor, in up to "
+                         f"{SAMPLE_RUNS} evenly spaced runs; norms and changes are of the sampled rows only")
+    except BaseException:
+        for reader in readers:
+            reader.close()
+        raise
+    return TimelinePlan(str(root), kind, chosen, readers, tensors, opt, lrs, eps, sample, notes, opt_note,
+                        tuple(include), tuple(exclude))

@@ -1,0 +1,328 @@
+#!/usr/bin/env python
+"""Write save roots of a tiny model REALLY trained for a few steps, with known faults planted, for
+``ckptscope timeline``.
+
+    python sample_ckpts/make_timeline_samples.py [OUT_DIR]      # default: sample_ckpts/
+
+The point of these roots is that every flag the timeline raises must be explainable: the generator
+plants exactly one fault of each kind at a known step and records it in ``<root>_plan.json``, and the
+tests check that each flag appears there and nowhere else.
+
+The model is a tiny transformers ``LlamaForCausalLM`` (hidden 32, 2 layers, 4 heads in 2 KV groups,
+intermediate 64, vocabulary 128, untied). Training: AdamW (lr 1e-3, weight decay 0.01) on random
+tokens drawn from ``[0, VOCAB - 1)`` (the last token id never appears, see the NaN below), one
+optimizer step per iteration, CPU, one thread, fixed seeds.
+
+Planted faults (the same in every root):
+
+* frozen layer: every parameter of ``model.layers.1`` has ``requires_grad=False`` from the start, so
+  it is never in the optimizer and never changes, while everything else trains;
+* NaN: right after optimizer step ``NAN_STEP``, one entry of ``model.embed_tokens.weight`` is set to
+  NaN, in the row of the token id that never occurs in the data: the embedding of an absent token
+  takes no part in the forward pass and gets a zero gradient, so the NaN does not spread (AdamW's
+  decay keeps NaN a NaN); it is in every save from ``NAN_STEP`` on;
+* LR spike: optimizer step ``SPIKE_STEP`` runs with ``SPIKE_FACTOR`` x the learning rate (through the
+  LR scheduler, so ``_last_lr`` says so), every other step with the base rate.
+
+Roots:
+
+* ``timeline_dcp/checkpoint/step-N/`` (N = 1 .. ``STEPS``, then ``RESUME_STEP``): a torchtitan-style
+  dump folder, one ``torch.distributed.checkpoint.save`` per step (no process group, CPU) of the
+  model's ``state_dict()`` flattened at the top level (as torchtitan's ``ModelWrapper``), ``optimizer``
+  = ``get_optimizer_state_dict(model, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=
+  True))`` (``optimizer.state.<fqn>.exp_avg_sq`` ...) and ``lr_scheduler`` = ``LambdaLR.state_dict()``.
+  Plus one more fault: a bad resume. ``step-RESUME_STEP`` is written by a "resumed" job that loaded
+  ``step-RESUME_FROM`` (``dcp.load``) and saved straight away, so its weights equal step
+  ``RESUME_FROM``'s, not step ``STEPS``'s.
+* ``timeline_hf/checkpoint-N/`` (N = 1 .. ``STEPS``): a transformers ``Trainer`` ``output_dir`` with
+  ``save_steps=1``: ``model.safetensors``, ``optimizer.pt`` (indexed by parameter position),
+  ``scheduler.pt``, ``trainer_state.json`` ... written by ``Trainer._save_checkpoint`` itself. The
+  NaN is planted by a ``TrainerCallback.on_step_end`` (which runs before the save of that step),
+  the spike by the ``LambdaLR`` handed to the Trainer.
+* ``timeline_megatron/iter_000000N/`` (N = 1 .. ``STEPS``) + ``latest_checkpointed_iteration.txt``: a
+  Megatron-LM torch_dist save root of a megatron-core ``GPTModel`` (local spec, the same tiny Llama
+  shape, untied, vocabulary 128) on ONE gloo rank (TP=1), wrapped in megatron-core's
+  ``DistributedDataParallel``, trained by ``get_megatron_optimizer`` (Adam, fp32, non-distributed)
+  with an ``OptimizerParamScheduler`` (constant LR), the state dict composed and saved as
+  ``make_training_state_samples`` does (``dist_checkpointing.save`` of ``args``, ``iteration``,
+  ``model``, ``opt_param_scheduler``; tracker written last), once per iteration, as with
+  ``--no-save-optim``: with a frozen layer megatron-core 0.16.1 refuses to save the optimizer
+  (``validate_sharding_integrity``: the layer-stacked ``optimizer.state.exp_avg.decoder.layers.*``
+  tensors then cover layer 0 only, "Invalid access pattern"), so this root has no Adam state. Layer 1 is
+  frozen (``requires_grad=False`` before DDP, so megatron-core leaves it out of its grad buffers and
+  the optimizer); the NaN goes into ``embedding.word_embeddings.weight`` at the row of the absent
+  token; the spike multiplies every param group's ``lr`` for step ``SPIKE_STEP`` (the scheduler sets
+  it back on its next step). megatron-core needs the CPU stand-ins of ``make_training_state_samples``
+  (``_stub_cuda``, ``_cpu_as_cuda``) in the spawned rank only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64, "tie_word_embeddings": False}
+VOCAB = TINY["vocab_size"]
+STEPS = 6
+NAN_STEP = 3
+NAN_TENSOR = "model.embed_tokens.weight"
+NAN_AT = (VOCAB - 1, 0)
+SPIKE_STEP = 5
+SPIKE_FACTOR = 100.0
+FROZEN_PREFIX = "model.layers.1."
+LR = 1e-3
+RESUME_FROM = 3
+RESUME_STEP = 7
+SEQ = 16
+BATCH = 2
+
+
+def _plan(root: Path, steps: list[int], **extra) -> dict:
+    return {"root": root.name, "steps": steps, "frozen_prefix": FROZEN_PREFIX, "nan_step": NAN_STEP,
+            "nan_tensor": NAN_TENSOR, "nan_at": list(NAN_AT), "spike_step": SPIKE_STEP,
+            "spike_factor": SPIKE_FACTOR, "lr": LR, **extra}
+
+
+def _model():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**TINY)).float()
+    for name, param in model.named_parameters():
+        if name.startswith(FROZEN_PREFIX):
+            param.requires_grad_(False)
+    return model
+
+
+def _batch(step: int):
+    import torch
+
+    gen = torch.Generator().manual_seed(100 + step)
+    return torch.randint(0, VOCAB - 1, (BATCH, SEQ), generator=gen)  # VOCAB - 1 never occurs
+
+
+def _lr_factor(step_done: int) -> float:
+    """LambdaLR factor for the optimizer step that follows ``step_done`` finished steps."""
+    return SPIKE_FACTOR if step_done + 1 == SPIKE_STEP else 1.0
+
+
+def _plant_nan(model) -> None:
+    import torch
+
+    with torch.no_grad():
+        dict(model.named_parameters())[NAN_TENSOR][NAN_AT] = float("nan")
+
+
+def _fresh(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+
+
+def write_timeline_dcp(out: Path) -> Path:
+    """torchtitan-style ``checkpoint/step-N`` DCP saves of a real training run (see module docstring)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    root = Path(out) / "timeline_dcp"
+    folder = root / "checkpoint"
+    _fresh(folder)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    options = StateDictOptions(flatten_optimizer_state_dict=True)
+    try:
+        model = _model()
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=LR, weight_decay=0.01)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor)
+
+        def state() -> dict:
+            return {**model.state_dict(), "optimizer": get_optimizer_state_dict(model, optimizer, options=options),
+                    "lr_scheduler": scheduler.state_dict()}
+
+        for step in range(1, STEPS + 1):
+            tokens = _batch(step)
+            loss = model(input_ids=tokens, labels=tokens).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            scheduler.step()
+            if step == NAN_STEP:
+                _plant_nan(model)
+            dcp.save(state(), checkpoint_id=str(folder / f"step-{step}"))
+        # The bad resume: a new job loads step-RESUME_FROM and saves at once as step-RESUME_STEP.
+        model = _model()
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=0.01)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor)
+        loaded = state()
+        dcp.load(loaded, checkpoint_id=str(folder / f"step-{RESUME_FROM}"))
+        model.load_state_dict({k: v for k, v in loaded.items() if k not in ("optimizer", "lr_scheduler")})
+        set_optimizer_state_dict(model, optimizer, loaded["optimizer"], options=options)
+        scheduler.load_state_dict(loaded["lr_scheduler"])
+        dcp.save(state(), checkpoint_id=str(folder / f"step-{RESUME_STEP}"))
+    finally:
+        torch.set_num_threads(threads)
+    plan = _plan(root, list(range(1, STEPS + 1)) + [RESUME_STEP], resume_step=RESUME_STEP, resume_from=RESUME_FROM)
+    (Path(out) / "timeline_dcp_plan.json").write_text(json.dumps(plan, indent=1))
+    return root
+
+
+def write_timeline_hf(out: Path) -> Path:
+    """A transformers ``Trainer`` run with ``checkpoint-N`` after every step (see module docstring)."""
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers.utils import logging as hf_logging
+
+    root = Path(out) / "timeline_hf"
+    _fresh(root)
+
+    class PlantNaN(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step == NAN_STEP:
+                _plant_nan(model)
+
+    rows = []
+    for step in range(1, STEPS + 1):
+        tokens = _batch(step)
+        rows += [{"input_ids": t, "attention_mask": torch.ones_like(t), "labels": t.clone()} for t in tokens]
+    args = TrainingArguments(output_dir=str(root), max_steps=STEPS, save_strategy="steps", save_steps=1,
+                             per_device_train_batch_size=BATCH, learning_rate=LR, weight_decay=0.01,
+                             report_to="none", use_cpu=True, seed=0, data_seed=0, disable_tqdm=True,
+                             dataloader_num_workers=0, logging_steps=1000)
+    threads, verbosity = torch.get_num_threads(), hf_logging.get_verbosity()
+    torch.set_num_threads(1)
+    hf_logging.set_verbosity_error()
+    try:
+        model = _model()
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=0.01)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor)
+        trainer = Trainer(model=model, args=args, train_dataset=rows, optimizers=(optimizer, scheduler),
+                          callbacks=[PlantNaN()])
+        trainer.train()
+    finally:
+        torch.set_num_threads(threads)
+        hf_logging.set_verbosity(verbosity)
+    (Path(out) / "timeline_hf_plan.json").write_text(json.dumps(_plan(root, list(range(1, STEPS + 1))), indent=1))
+    return root
+
+
+MEGATRON_NAN_TENSOR = "embedding.word_embeddings.weight"
+MEGATRON_FROZEN_PREFIX = "decoder.layers.1."
+
+
+def _megatron_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    """The one rank of the Megatron run: train ``STEPS`` iterations, save each (see module docstring)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import make_training_state_samples as ts
+    from make_dist_samples import _init_gloo, _stub_cuda
+
+    ts._quiet()
+    _init_gloo(rank, world_size, init_file)
+    _stub_cuda()
+    import random
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    pair = ts._pair()
+    root = Path(out)
+    args = ts.megatron_training_args(world_size, False)
+    args.lr_warmup_iters, args.lr_decay_style, args.lr, args.min_lr = 0, "constant", LR, LR
+    args.weight_decay = args.start_weight_decay = args.end_weight_decay = 0.01
+    pair._prepare_megatron(world_size)
+    torch.manual_seed(ts.SEED)
+    random.seed(ts.SEED)
+    np.random.seed(ts.SEED)
+    torch.set_num_threads(1)
+    hf_start = ts.random_tiny_llama(ts.SEED).state_dict()
+    with ts._cpu_as_cuda():
+        model = pair.build_gpt_model(args)
+        pair.load_params(model, pair.hf_to_mcore(hf_start, args, tp_rank=rank))
+        model.train()
+        for name, param in model.named_parameters():
+            if name.startswith(MEGATRON_FROZEN_PREFIX):
+                param.requires_grad_(False)
+        ddp = DistributedDataParallel(config=model.config, module=model, ddp_config=DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False))
+        optimizer = get_megatron_optimizer(
+            OptimizerConfig(optimizer="adam", lr=LR, min_lr=LR, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.95,
+                            adam_eps=1e-8, clip_grad=0.0, bf16=False, params_dtype=torch.float32,
+                            use_distributed_optimizer=False), [ddp])
+        scheduler = OptimizerParamScheduler(
+            optimizer, init_lr=LR, max_lr=LR, min_lr=LR, lr_warmup_steps=0, lr_decay_steps=100,
+            lr_decay_style="constant", start_wd=0.01, end_wd=0.01, wd_incr_steps=100, wd_incr_style="constant")
+        seq = SEQ
+        positions = torch.arange(seq).unsqueeze(0).expand(BATCH, seq)
+        causal = torch.triu(torch.ones(seq, seq, dtype=torch.bool), diagonal=1)[None, None]
+        metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
+        for step in range(1, STEPS + 1):
+            tokens = torch.randint(0, VOCAB - 1, (BATCH, seq + 1), generator=torch.Generator().manual_seed(100 + step))
+            ddp.zero_grad_buffer()
+            optimizer.zero_grad()
+            loss = ddp(input_ids=tokens[:, :-1], position_ids=positions, attention_mask=causal,
+                       labels=tokens[:, 1:]).float().mean()
+            loss.backward()
+            ddp.finish_grad_sync()
+            if step == SPIKE_STEP:
+                for group in optimizer.param_groups:
+                    group["lr"] *= SPIKE_FACTOR
+            ok, _grad_norm, _ = optimizer.step()
+            assert ok, step
+            scheduler.step(increment=BATCH)
+            if step == NAN_STEP:
+                with torch.no_grad():
+                    dict(model.named_parameters())[MEGATRON_NAN_TENSOR][NAN_AT] = float("nan")
+            state = {"args": args, "checkpoint_version": 3.0, "iteration": step,
+                     "model": model.sharded_state_dict(metadata=metadata)}
+            state["opt_param_scheduler"] = scheduler.state_dict()  # no "optimizer": see the module docstring
+            target = root / f"iter_{step:07d}"
+            _fresh(target)
+            dist_checkpointing.save(state, str(target), content_metadata=metadata)
+            dist.barrier()
+            (root / ts.TRACKER).write_text(str(step))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def write_timeline_megatron(out: Path) -> Path:
+    """Megatron-LM torch_dist ``iter_*`` saves of a real megatron-core run (see module docstring)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from make_dist_samples import _spawn
+
+    root = Path(out) / "timeline_megatron"
+    _fresh(root)
+    _spawn(_megatron_rank, root, world_size=1)
+    plan = _plan(root, list(range(1, STEPS + 1)), frozen_prefix=MEGATRON_FROZEN_PREFIX,
+                 nan_tensor=MEGATRON_NAN_TENSOR)
+    (Path(out) / "timeline_megatron_plan.json").write_text(json.dumps(plan, indent=1))
+    return root
+
+
+WRITERS = {"timeline_dcp": write_timeline_dcp, "timeline_hf": write_timeline_hf,
+           "timeline_megatron": write_timeline_megatron}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    out = Path(argv[0]) if argv else Path(__file__).resolve().parent
+    for name, writer in WRITERS.items():
+        print(f"{name}: {writer(out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
