@@ -4,7 +4,6 @@ asks which iteration to open."""
 from __future__ import annotations
 
 from pathlib import Path
-
 from typing import ClassVar
 
 from rich.text import Text
@@ -26,6 +25,8 @@ class IterationPickerScreen(Screen[str | None]):
         Binding("escape", "back", "back", id="iterations.back",
                 tooltip="Back to the checkpoint that is open (nothing happens when none is open yet)"),
         Binding("q", "quit", "quit", id="iterations.quit", tooltip="Quit ckptscope"),
+        Binding("t", "timeline", "timeline", id="iterations.timeline",
+                tooltip="How the weights moved from save to save: change per module and step, flags"),
     ]
 
     def __init__(self, root: str, iterations: list[IterationInfo], *, can_go_back: bool = True) -> None:
@@ -77,6 +78,14 @@ class IterationPickerScreen(Screen[str | None]):
 
     async def action_quit(self) -> None:
         await self.app.action_quit()
+
+    def action_timeline(self) -> None:
+        from ckptscope.tui.screens.timeline import TimelineScreen
+
+        if sum(1 for i in self.iterations if i.complete) < 2:
+            self.notify("A timeline needs at least two complete iterations.", severity="warning")
+            return
+        self.app.push_screen(TimelineScreen(self.root))
 
 
 def _below(path: str, root: str) -> str:
