@@ -20,6 +20,7 @@ from ckptscope.core.index import CheckpointIndex
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
 from ckptscope.mappings.config import (
+    ZERO_CENTRED_NORM,
     ModelConfig,
     from_hf_config,
     hf_shape_problems,
@@ -231,6 +232,8 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         if view.unmapped:
             raise CkptError(f"{len(view.unmapped)} tensors match no {view.arch} rule "
                             f"(first: {view.unmapped[0]}); pass --arch or report the layout")
+        if family == "mcore":
+            check_norm_convention(cfg, view.arch, src_path)
         if hf_cfg_dict is None and cfg.vocab_size is None and cfg.padded_vocab_size:
             cfg = ModelConfig(**{**cfg.to_dict(), "vocab_size": cfg.padded_vocab_size})
             notes.append(f"the true vocabulary size is unknown (args have only padded_vocab_size): all "
@@ -273,6 +276,7 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
             raise CkptError(f"{len(hf_view.unmapped)} tensors match no {hf_view.arch} rule "
                             f"(first: {hf_view.unmapped[0]})")
         arch_name = hf_view.arch
+        check_norm_convention(cfg, arch_name, src_path)
         source_space = {n: r for n, r in hf_view.recipes.items()}
     elif family == "hf":
         arch_name = arch or cfg.arch or None
@@ -320,6 +324,27 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
                        ckpt_format=ckpt_format, tp=tp, pp=pp, ep=ep, spec=spec, iteration=iteration,
                        notes=notes + view_notes(view) + [f"vocabulary {cfg.vocab_size} padded to {padded} rows"],
                        dropped=split_dropped + view.ignored)
+
+
+def check_norm_convention(cfg: ModelConfig, arch: str, src: Path) -> None:
+    """Refuse a Megatron source whose norm convention differs from the target arch's.
+
+    Gemma's HF norms compute ``x * (1 + w)``; Megatron-Core does so only with zero-centred gamma
+    (``apply_layernorm_1p``). Copying the weights across conventions would add or drop 1.0 on every
+    norm without a trace, so the args must say the same as the arch (MAPPING.md P2: such a model
+    still round-trips bit-exactly). Rewriting the values by 1.0 is not offered: it is not exact in
+    bf16, and a checkpoint that trained as one convention is rarely meant as the other.
+    """
+    wants = arch in ZERO_CENTRED_NORM
+    has = cfg.zero_centered_norm
+    if wants and has is not True:
+        said = "do not record it" if has is None else "say apply_layernorm_1p=False"
+        raise CkptError(f"{arch} stores zero-centred norm weights (x * (1 + w)), but this Megatron checkpoint's "
+                        f"args {said}: its norms would be off by 1.0 in HF. Convert only a checkpoint trained with "
+                        f"--apply-layernorm-1p (layernorm_zero_centered_gamma)", src)
+    if not wants and has:
+        raise CkptError(f"this Megatron checkpoint was trained with zero-centred norms (apply_layernorm_1p) but "
+                        f"{arch}'s HF norms are not: its norms would be off by 1.0; pass the right --arch", src)
 
 
 def _split_report(entries: ModelEntries, skip_unknown: bool, src: Path) -> tuple[list[str], list[str]]:
