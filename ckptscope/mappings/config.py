@@ -160,6 +160,8 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
     if head_dim is None and heads and hidden:
         head_dim = hidden // heads
     num_experts = _first(text, "num_local_experts", "num_experts")
+    rope = text.get("rope_parameters")  # transformers >= 5 keeps rope_theta there (flat for one RoPE)
+    rope_theta = _first(text, "rope_theta") or (rope.get("rope_theta") if isinstance(rope, dict) else None)
     qkv_bias = _first(text, "attention_bias")
     if qkv_bias is None and arch in ("qwen2", "qwen2_moe"):
         qkv_bias = True  # Qwen2's config has no flag: its q/k/v projections always carry biases
@@ -182,7 +184,7 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
         shared_expert_ffn_hidden_size=_first(text, "shared_expert_intermediate_size"),
         moe_router_topk=_first(text, "num_experts_per_tok"),
         norm_epsilon=_first(text, "rms_norm_eps"),
-        rope_theta=_first(text, "rope_theta"),
+        rope_theta=rope_theta,
         max_position_embeddings=_first(text, "max_position_embeddings"),
         dtype=_first(config, "torch_dtype", "dtype"),
         hf_extra={k: text[k] for k in HF_EXTRA_KEYS[arch] if k in text} if arch in HF_EXTRA_KEYS else None,
