@@ -29,12 +29,14 @@ from ckptscope.mappings.config import (
     to_hf_config,
     to_megatron_args,
 )
+from ckptscope.mappings.fused_experts import fuse, has_fused_experts, unfuse
 from ckptscope.mappings.links import Box, Piece, Recipe
 from ckptscope.mappings.resolve import (
     MappedView,
     TensorShape,
     config_from_index,
     config_from_names,
+    detect_arch,
     naming_family,
     shapes_of,
 )
@@ -47,6 +49,9 @@ from ckptscope.ops.roots import resolve_root
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json", "chat_template.jinja")
 DTYPES = ("keep", "bfloat16", "float16", "float32")
+HF_EXPERT_LAYOUTS = ("per-expert", "fused")
+"""HF MoE expert layouts ``--hf-experts`` writes: ``save_pretrained``'s per-expert tensors (default),
+or transformers v5's fused ``mlp.experts.gate_up_proj`` / ``down_proj`` (mappings.fused_experts)."""
 DEFAULT_SHARD = 5 * 1000**3
 
 __all__ = ["Box", "ConvertPlan", "OutputTensor", "Recipe", "plan_convert", "target_family_for"]
@@ -182,7 +187,8 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
                  ckpt_format: str = "torch_dist", spec: str = "local", dtype: str = "keep",
                  hf_config: str | Path | None = None,
                  arch: str | None = None, max_shard_size: str | int = DEFAULT_SHARD,
-                 trust_pickle: bool = False, skip_unknown: bool = False) -> ConvertPlan:
+                 trust_pickle: bool = False, skip_unknown: bool = False,
+                 hf_experts: str = "per-expert") -> ConvertPlan:
     """Open SRC (metadata only), map its model to the target space and lay out the destination.
 
     Only the model is exported (``ops.model``): training state is left out and said so in the
@@ -202,6 +208,10 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         raise CkptError("--ckpt-format must be torch_dist or torch")
     if spec not in ("local", "te"):
         raise CkptError("--spec must be local or te")
+    if hf_experts not in HF_EXPERT_LAYOUTS:
+        raise CkptError(f"--hf-experts must be one of {', '.join(HF_EXPERT_LAYOUTS)}")
+    if hf_experts != "per-expert" and to != "hf":
+        raise CkptError("--hf-experts applies to --to hf")
     src_path = Path(resolve_root(src))
     reader = open_checkpoint(src_path, trust_pickle=trust_pickle)
     index = reader.index()
@@ -224,6 +234,10 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         if family == "mcore":
             view = map_to_hf(shapes, cfg, arch)
             notes.append(f"Megatron-Core names mapped to HF ({view.arch})")
+        elif family == "hf" and has_fused_experts(tensors):
+            arch_name = arch or detect_arch(tensors, cfg)
+            view = MappedView("hf", arch_name, cfg, unfuse(shapes, arch_name))
+            notes.append("transformers v5 fused expert tensors read per expert")
         elif family == "hf":
             view = _identity_view(tensors, cfg, arch or cfg.arch or "llama")
             notes.append("HF names kept; shards merged into whole tensors")
@@ -261,6 +275,11 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
                                                      "the config derived from the Megatron args")
             raise CkptError(f"the tensors do not fit {source}: {'; '.join(problems)}"
                             + ("" if hf_config else "; pass --hf-config DIR"), src_path)
+        if hf_experts == "fused":
+            if not any(".experts." in name for name in recipes):
+                raise CkptError("--hf-experts fused: this model has no routed experts", src_path)
+            recipes = fuse(recipes, view.arch)
+            notes.append("experts written as transformers v5 fused tensors (mlp.experts.gate_up_proj / down_proj)")
         recipes = entries.to_stored(recipes)
         out = [OutputTensor(n, r.shape, r.dtype if dtype == "keep" else dtype, r) for n, r in recipes.items()]
         plan = ConvertPlan(str(src), str(dst), "hf", reader, out, cfg, view.arch, hf_config=hf_cfg_dict,
@@ -289,6 +308,10 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
             shapes = shapes_of(tensors)
             notes.append("tied embeddings: lm_head.weight " + ("shares the embedding's storage; not written" if shared
                          else "is stored apart but the config ties it (transformers ignores it on load); not written"))
+        if has_fused_experts(tensors):  # read per expert, then composed back onto the fused tensors
+            arch_name = arch_name or detect_arch(tensors, cfg)
+            source_space = unfuse(shapes, arch_name)
+            notes.append("transformers v5 fused expert tensors read per expert")
     else:
         raise CkptError(_unmapped_naming(family, tensors), src_path)
     if cfg.vocab_size is None:

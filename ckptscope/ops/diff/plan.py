@@ -18,12 +18,14 @@ from ckptscope.core.names import select
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
 from ckptscope.mappings.config import ModelConfig
+from ckptscope.mappings.fused_experts import has_fused_experts, unfuse
 from ckptscope.mappings.gguf import gguf_as_hf
 from ckptscope.mappings.links import Piece, Recipe, box_text, full_box
 from ckptscope.mappings.resolve import (
     MappedView,
     config_from_index,
     config_from_names,
+    detect_arch,
     naming_family,
     shapes_of,
     to_hf,
@@ -172,6 +174,16 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
         ignored_a, ignored_b = [], []
         mapped_a = mapped_b = False
         used = "none" if same_stored else "names"
+        if not same_stored:  # transformers v5 fused experts are compared per expert, as save_pretrained writes
+            for label, fam, tensors, index in (("A", fam_a, ta, index_a), ("B", fam_b, tb, index_b)):
+                if fam == "hf" and has_fused_experts(tensors):
+                    fused_arch = arch or detect_arch(tensors, _side_config(index, tensors))
+                    recipes = unfuse(shapes_of(tensors), fused_arch)
+                    if label == "A":
+                        recipes_a, mapped_a = recipes, True
+                    else:
+                        recipes_b, mapped_b = recipes, True
+                    notes.append(f"{label}: transformers v5 fused expert tensors compared per expert ({fused_arch})")
         if {fam_a, fam_b} == {"hf", "mcore"} or (fam_a == fam_b == "mcore" and set(ta) != set(tb)):
             cfg = _side_config(index_a, ta).merged(_side_config(index_b, tb))
             if fam_a == "mcore":
