@@ -17,7 +17,7 @@ from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.names import select
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
-from ckptscope.mappings.config import ModelConfig
+from ckptscope.mappings.config import ZERO_CENTRED_NORM, ModelConfig
 from ckptscope.mappings.fused_experts import has_fused_experts, unfuse
 from ckptscope.mappings.gguf import gguf_as_hf
 from ckptscope.mappings.links import Piece, Recipe, box_text, full_box
@@ -194,6 +194,10 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
                 view = to_hf(shapes_of(tb), cfg, arch)
                 recipes_b, ignored_b, mapped_b = _with_unmapped(view, tb), view.ignored, True
                 notes += _view_notes("B", view)
+            if view.arch in ZERO_CENTRED_NORM and cfg.zero_centered_norm is not True:
+                notes.append(f"{view.arch} norms are zero-centred (x * (1 + w)) but the Megatron args do not record "
+                             f"apply_layernorm_1p: equal norm weights here are norms that differ by 1.0 in the "
+                             f"two models")
             used = "mcore->hf"
         elif {fam_a, fam_b} == {"hf", "gguf"}:
             if fam_a == "gguf":
