@@ -81,3 +81,10 @@ def test_parallel_splits_come_from_the_layout_tables():
                 table = layout.GLU
             assert t.tp.removeprefix("expert-TP ") == expected[table], (info.name, t.mcore)
             assert t.ep == ("{e}" in t.mcore), (info.name, t.mcore)
+
+
+def test_moe_archs_name_the_fused_expert_layout_from_their_expert_rules():
+    facts = {info.name: " ".join(info.facts) for info in list_archs()}
+    assert "[w1; w3]" in facts["mixtral"] and "block_sparse_moe -> mlp" in facts["mixtral"]
+    assert "[gate_proj; up_proj]" in facts["qwen3_moe"]
+    assert "gate_up_proj" not in facts["llama"] and "gate_up_proj" not in facts["gemma2"]

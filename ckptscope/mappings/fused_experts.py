@@ -18,7 +18,7 @@ The per-expert names are not listed here: they come from the schema's expert rul
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from ckptscope.core.errors import CkptError
 from ckptscope.mappings.links import Piece, Recipe, full_box
@@ -32,7 +32,8 @@ V5_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {"mixtral": ((".block_spars
 _FUSED = re.compile(r"model\.layers\.(\d+)\.(mlp\.experts\.(?:gate_up_proj|down_proj))\Z")
 
 
-def has_fused_experts(names) -> bool:
+def has_fused_experts(names: Iterable[str]) -> bool:
+    """Whether any name is one of transformers v5's fused expert tensors."""
     return any(_FUSED.match(name) for name in names)
 
 

@@ -17,6 +17,7 @@ from ckptscope.core.errors import CkptError
 from ckptscope.formats.megatron.legacy_layout import Split, is_expert, tp_split
 from ckptscope.formats.megatron.model_layout import split_layer
 from ckptscope.mappings.config import ARCH_BY_MODEL_TYPE, HF_CLASS_BY_ARCH, arch_facts
+from ckptscope.mappings.fused_experts import FUSED_DOWN, FUSED_GATE_UP, V5_RENAMES, expert_templates
 from ckptscope.mappings.schemas import SCHEMAS, Rule
 from ckptscope.mappings.transforms import TRANSFORMS
 
@@ -96,13 +97,24 @@ def _tensor(rule: Rule) -> ArchTensor:
     )
 
 
+def _fused_facts(name: str) -> list[str]:
+    """The transformers v5 fused expert layout, for archs whose schema has routed experts."""
+    try:
+        gate, up, down = expert_templates(name)
+    except CkptError:
+        return []
+    renames = "".join(f"; {old.strip('.')} -> {new.strip('.')}" for old, new in V5_RENAMES.get(name, ()))
+    return [f"transformers v5 fused experts read too (--hf-experts fused writes them): {FUSED_GATE_UP} [E, 2I, H] = "
+            f"[{gate.rsplit('.', 2)[-2]}; {up.rsplit('.', 2)[-2]}] per expert, {FUSED_DOWN} [E, H, I]{renames}"]
+
+
 def arch_info(name: str) -> ArchInfo:
     """One architecture, from its rules. Unknown names are one clear error listing the known ones."""
     if name not in SCHEMAS:
         raise CkptError(f"unknown architecture {name!r}; known: {', '.join(sorted(SCHEMAS))}")
     model_types = sorted(t for t, arch in ARCH_BY_MODEL_TYPE.items() if arch == name)
     return ArchInfo(name, HF_CLASS_BY_ARCH.get(name, "?"), model_types, [_tensor(r) for r in SCHEMAS[name]],
-                    list(arch_facts(name)))
+                    list(arch_facts(name)) + _fused_facts(name))
 
 
 def list_archs() -> list[ArchInfo]:
