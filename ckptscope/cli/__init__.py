@@ -177,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _register_commands() -> None:
+    from ckptscope.cli.archs_cmd import archs
     from ckptscope.cli.check_cmd import check
     from ckptscope.cli.convert_cmd import convert, merge, verify
     from ckptscope.cli.diff_cmd import diff
@@ -192,6 +193,7 @@ def _register_commands() -> None:
     cli.add_command(verify)
     cli.add_command(lora)
     cli.add_command(timeline)
+    cli.add_command(archs)
 
 
 _register_commands()

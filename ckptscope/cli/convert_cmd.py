@@ -69,14 +69,15 @@ def run_convert(src: str, dst: str, *, to: str, tp: int = 1, pp: int = 1, ep: in
                 ckpt_format: str = "torch_dist",
                 dtype: str = "keep", hf_config: str | None = None, arch: str | None = None,
                 max_shard_size: str = "5GB", dry_run: bool = False, overwrite: bool = False, as_json: bool = False,
-                trust_pickle: bool = False, quiet: bool = False, skip_unknown: bool = False) -> None:
+                trust_pickle: bool = False, quiet: bool = False, skip_unknown: bool = False,
+                hf_experts: str = "per-expert") -> None:
     from ckptscope.ops.convert.execute import execute_convert
     from ckptscope.ops.convert.plan import plan_convert
 
     plan = plan_convert(src, dst, to=to, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format, dtype=dtype,
                         hf_config=hf_config,
                         arch=arch, max_shard_size=max_shard_size, trust_pickle=trust_pickle,
-                        skip_unknown=skip_unknown)
+                        skip_unknown=skip_unknown, hf_experts=hf_experts)
     if dry_run:
         print_plan(plan, as_json)
         return
@@ -126,9 +127,11 @@ def common_options(fn):
 @click.option("--ckpt-format", type=click.Choice(["torch_dist", "torch"]), default="torch_dist", show_default=True)
 @click.option("--spec", type=click.Choice(["local", "te"]), default="local", show_default=True,
               help="Megatron-Core layer spec to name the output for (te: Transformer Engine layers).")
+@click.option("--hf-experts", type=click.Choice(["per-expert", "fused"]), default="per-expert", show_default=True,
+              help="MoE experts in the HF output: per expert (save_pretrained) or fused 3-D (transformers v5 in memory).")
 @common_options
-def convert(src, dst, to, tp, pp, ep, spec, ckpt_format, dtype, hf_config, arch, max_shard_size, dry_run, overwrite,
-            as_json, trust_pickle, skip_unknown, iteration) -> None:
+def convert(src, dst, to, tp, pp, ep, spec, ckpt_format, hf_experts, dtype, hf_config, arch, max_shard_size, dry_run,
+            overwrite, as_json, trust_pickle, skip_unknown, iteration) -> None:
     """Convert SRC to HF safetensors or to a Megatron-Core save root (torch_dist or per-rank torch).
 
     SRC may be a save root: its latest complete iteration is converted, or --iteration N."""
@@ -137,7 +140,7 @@ def convert(src, dst, to, tp, pp, ep, spec, ckpt_format, dtype, hf_config, arch,
     run_convert(resolve_path(src, iteration), dst, to=to, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format,
                 dtype=dtype, hf_config=hf_config, arch=arch,
                 max_shard_size=max_shard_size, dry_run=dry_run, overwrite=overwrite, as_json=as_json,
-                trust_pickle=trust_pickle, skip_unknown=skip_unknown)
+                trust_pickle=trust_pickle, skip_unknown=skip_unknown, hf_experts=hf_experts)
 
 
 @click.command()

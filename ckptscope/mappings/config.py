@@ -22,6 +22,8 @@ ARCH_BY_MODEL_TYPE = {
     "mixtral": "mixtral",
     "qwen2_moe": "qwen2_moe",
     "qwen3_moe": "qwen3_moe",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
 }
 """HF ``model_type`` -> our architecture name (``--arch`` takes the same names)."""
 
@@ -33,7 +35,50 @@ HF_CLASS_BY_ARCH = {
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
+HF_MODEL_TYPE_BY_ARCH = {"gemma3": "gemma3_text"}
+"""Where the ``model_type`` a config.json needs is not the arch name (Gemma3ForCausalLM's text config)."""
+
+ZERO_CENTRED_NORM = frozenset({"gemma2", "gemma3"})
+"""Archs whose RMSNorm weights are stored zero-centred: HF computes ``x * (1 + w)``. Megatron-Core does
+the same only with ``layernorm_zero_centered_gamma`` (Megatron-LM's ``--apply-layernorm-1p``, turned
+into that TransformerConfig field by ``core_transformer_config_from_args``; Megatron-Bridge's Gemma
+providers set it). Only then do the weights copy unchanged, so the export writes the setting and an
+import refuses a Megatron checkpoint whose args do not record it (and a zero-centred checkpoint into
+an arch that is not): adding or dropping the 1.0 silently would shift every norm."""
+
+SQRT_HIDDEN_EMBEDDING = frozenset({"gemma2", "gemma3"})
+"""Archs whose model multiplies the embedding output by ``sqrt(hidden_size)`` (HF Gemma's
+``normalizer``; Megatron-Bridge's Gemma embedding). A model-level fact, no weight changes: it is kept
+by keeping the arch (config.json ``model_type``; ``hf_config_extra.model_type`` in Megatron args)."""
+
+HF_EXTRA_KEYS: dict[str, tuple[str, ...]] = {
+    "gemma2": ("model_type", "hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping",
+               "final_logit_softcapping", "sliding_window", "layer_types", "rope_parameters", "attention_bias",
+               "pad_token_id", "bos_token_id", "eos_token_id"),
+    "gemma3": ("model_type", "hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping",
+               "final_logit_softcapping", "sliding_window", "layer_types", "rope_parameters", "rope_scaling",
+               "rope_local_base_freq", "sliding_window_pattern", "_sliding_window_pattern",
+               "use_bidirectional_attention", "attention_bias", "pad_token_id", "bos_token_id", "eos_token_id"),
+}
+"""HF config keys with no Megatron argument of the same meaning (soft-capping, sliding window and
+its per-layer pattern, local/global RoPE, the attention scale). They travel verbatim in the Megatron
+args under ``hf_config_extra`` so a round trip HF -> Megatron -> HF gives the same model."""
+
+
+def arch_facts(arch: str) -> list[str]:
+    """Model-level facts of ``arch`` a conversion carries beside the tensors (``ckptscope archs``)."""
+    facts = []
+    if arch in ZERO_CENTRED_NORM:
+        facts.append("RMSNorm weights are zero-centred (x * (1 + w)); Megatron args must say apply_layernorm_1p "
+                     "/ layernorm_zero_centered_gamma, else the export refuses")
+    if arch in SQRT_HIDDEN_EMBEDDING:
+        facts.append("the embedding output is multiplied by sqrt(hidden_size) (kept with the arch, no weight change)")
+    if arch in HF_EXTRA_KEYS:
+        facts.append("config keys carried in Megatron args (hf_config_extra): " + ", ".join(HF_EXTRA_KEYS[arch]))
+    return facts
 
 
 @dataclass(frozen=True)
@@ -63,6 +108,10 @@ class ModelConfig:
     rope_theta: float | None = None
     max_position_embeddings: int | None = None
     dtype: str | None = None
+    zero_centered_norm: bool | None = None
+    """What the *Megatron* side records (``apply_layernorm_1p``); HF configs leave it unknown."""
+    hf_extra: dict[str, Any] | None = None
+    """Arch-specific HF config keys (``HF_EXTRA_KEYS``), verbatim."""
 
     def merged(self, other: "ModelConfig") -> "ModelConfig":
         """Fill this config's unknowns from ``other`` (this side wins where both know)."""
@@ -111,6 +160,8 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
     if head_dim is None and heads and hidden:
         head_dim = hidden // heads
     num_experts = _first(text, "num_local_experts", "num_experts")
+    rope = text.get("rope_parameters")  # transformers >= 5 keeps rope_theta there (flat for one RoPE)
+    rope_theta = _first(text, "rope_theta") or (rope.get("rope_theta") if isinstance(rope, dict) else None)
     qkv_bias = _first(text, "attention_bias")
     if qkv_bias is None and arch in ("qwen2", "qwen2_moe"):
         qkv_bias = True  # Qwen2's config has no flag: its q/k/v projections always carry biases
@@ -125,17 +176,18 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
         vocab_size=_first(text, "vocab_size"),
         tie_word_embeddings=bool(_first(config, "tie_word_embeddings") or False),
         qkv_bias=bool(qkv_bias),
-        qk_norm=arch in ("qwen3", "qwen3_moe"),
-        swiglu=str(_first(text, "hidden_act") or "silu") == "silu",
+        qk_norm=arch in ("qwen3", "qwen3_moe", "gemma3"),
+        swiglu=str(_first(text, "hidden_act", "hidden_activation") or "silu") == "silu",
         num_experts=num_experts,
         moe_ffn_hidden_size=_first(text, "moe_intermediate_size") or (_first(text, "intermediate_size")
                                                                       if arch == "mixtral" else None),
         shared_expert_ffn_hidden_size=_first(text, "shared_expert_intermediate_size"),
         moe_router_topk=_first(text, "num_experts_per_tok"),
         norm_epsilon=_first(text, "rms_norm_eps"),
-        rope_theta=_first(text, "rope_theta"),
+        rope_theta=rope_theta,
         max_position_embeddings=_first(text, "max_position_embeddings"),
         dtype=_first(config, "torch_dtype", "dtype"),
+        hf_extra={k: text[k] for k in HF_EXTRA_KEYS[arch] if k in text} if arch in HF_EXTRA_KEYS else None,
     )
 
 
@@ -147,7 +199,10 @@ def from_megatron_args(args: dict[str, Any]) -> ModelConfig:
     head_dim = args.get("kv_channels") or (hidden // heads if heads and hidden else None)
     num_experts = args.get("num_experts")
     dtype = "bfloat16" if args.get("bf16") else "float16" if args.get("fp16") else None
+    extra = args.get("hf_config_extra") if isinstance(args.get("hf_config_extra"), dict) else None
+    zero_centred = _first(args, "apply_layernorm_1p", "layernorm_zero_centered_gamma")
     return ModelConfig(
+        arch=ARCH_BY_MODEL_TYPE.get(str((extra or {}).get("model_type"))),
         num_layers=args.get("num_layers"),
         hidden_size=hidden,
         ffn_hidden_size=args.get("ffn_hidden_size"),
@@ -170,6 +225,8 @@ def from_megatron_args(args: dict[str, Any]) -> ModelConfig:
         rope_theta=args.get("rotary_base"),
         max_position_embeddings=args.get("max_position_embeddings"),
         dtype=dtype,
+        zero_centered_norm=bool(zero_centred) if zero_centred is not None else None,
+        hf_extra=dict(extra) if extra else None,
     )
 
 
@@ -185,7 +242,7 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
     heads = cfg.require("num_attention_heads")
     out: dict[str, Any] = {
         "architectures": [HF_CLASS_BY_ARCH[arch]],
-        "model_type": arch,
+        "model_type": HF_MODEL_TYPE_BY_ARCH.get(arch, arch),
         "hidden_size": cfg.require("hidden_size"),
         "intermediate_size": cfg.require("ffn_hidden_size") if not cfg.is_moe or arch == "qwen2_moe" or
         cfg.ffn_hidden_size else cfg.moe_ffn_hidden_size,
@@ -214,6 +271,13 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
             out["shared_expert_intermediate_size"] = cfg.shared_expert_ffn_hidden_size
         if cfg.moe_router_topk:
             out["num_experts_per_tok"] = cfg.moe_router_topk
+    if arch in HF_EXTRA_KEYS:
+        out.pop("hidden_act")  # Gemma names it hidden_activation (carried in hf_extra)
+        extra = {k: v for k, v in (cfg.hf_extra or {}).items() if k in HF_EXTRA_KEYS[arch]}
+        if "rope_parameters" in extra:
+            out.pop("rope_theta")  # transformers >= 5 keeps RoPE (local and global) in rope_parameters
+        out.update(extra)
+        out["model_type"] = HF_MODEL_TYPE_BY_ARCH.get(arch, arch)
     return out
 
 
@@ -236,6 +300,9 @@ def to_megatron_args(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1,
         "make_vocab_size_divisible_by": make_vocab_size_divisible_by,
         "untie_embeddings_and_output_weights": not cfg.tie_word_embeddings,
         "swiglu": cfg.swiglu if cfg.swiglu is not None else True,
+        "gated_linear_unit": True,  # every arch we map has a gated MLP ([gate; up] fc1): SwiGLU or GeGLU
+        "apply_layernorm_1p": cfg.arch in ZERO_CENTRED_NORM,
+        "layernorm_zero_centered_gamma": cfg.arch in ZERO_CENTRED_NORM,
         "normalization": "RMSNorm",
         "norm_epsilon": cfg.norm_epsilon or 1e-5,
         "add_qkv_bias": bool(cfg.qkv_bias),
@@ -251,6 +318,8 @@ def to_megatron_args(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1,
         "bf16": cfg.dtype == "bfloat16",
         "fp16": cfg.dtype == "float16",
     }
+    if cfg.arch in HF_EXTRA_KEYS:
+        args["hf_config_extra"] = {**(cfg.hf_extra or {}), "model_type": HF_MODEL_TYPE_BY_ARCH.get(cfg.arch, cfg.arch)}
     if cfg.is_moe:
         args["num_experts"] = cfg.num_experts
         args["moe_ffn_hidden_size"] = cfg.moe_ffn_hidden_size

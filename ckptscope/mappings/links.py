@@ -145,11 +145,18 @@ def source_slices(piece: Piece, box: Box) -> tuple[slice, ...]:
     """The source region holding destination ``box`` (inside ``piece.dst_box``) of a piece.
 
     A source box may carry extra leading axes of size one (a stacked layer or expert index); they
-    are kept, and the region read is reshaped to the destination box.
+    are kept, and the region read is reshaped to the destination box. A destination box may carry
+    them too (one expert of a fused ``[E, ...]`` HF tensor built from a per-expert source): they
+    select nothing in the source.
     """
     extra = len(piece.src_box) - len(piece.dst_box)
+    if extra < 0:
+        box, dst_box = box[-extra:], piece.dst_box[-extra:]
+        extra = 0
+    else:
+        dst_box = piece.dst_box
     out = [slice(lo, hi) for lo, hi in piece.src_box[:extra]]
-    for (lo, hi), (dlo, _), (slo, _) in zip(box, piece.dst_box, piece.src_box[extra:]):
+    for (lo, hi), (dlo, _), (slo, _) in zip(box, dst_box, piece.src_box[extra:]):
         out.append(slice(slo + lo - dlo, slo + hi - dlo))
     return tuple(out)
 

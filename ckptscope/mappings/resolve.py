@@ -90,6 +90,8 @@ def detect_arch(names: Iterable[str], cfg: ModelConfig) -> str:
     if cfg.arch:
         return cfg.arch
     joined = "\n".join(names)
+    if "post_layernorm." in joined or "pre_feedforward_layernorm." in joined:  # Gemma's sandwich norms
+        return "gemma3" if "q_norm." in joined or "q_layernorm." in joined else "gemma2"
     moe = cfg.is_moe or ".experts." in joined or "block_sparse_moe" in joined
     qk_norm = "q_norm." in joined or "q_layernorm." in joined
     bias = "q_proj.bias" in joined or "linear_qkv.bias" in joined

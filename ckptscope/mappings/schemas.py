@@ -92,6 +92,25 @@ QWEN_SHARED_EXPERT = (
     _layer("mlp.shared_expert_gate.weight", "mlp.shared_experts.gate_weight"),
 )
 
+GEMMA_NORMS = (
+    _layer("post_attention_layernorm.weight", "self_attention.linear_proj.post_layernorm.weight"),
+    _layer("pre_feedforward_layernorm.weight", ("mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight"),
+           local="pre_mlp_layernorm.weight"),
+    _layer("post_feedforward_layernorm.weight", "mlp.linear_fc2.post_layernorm.weight"),
+)
+"""Gemma 2/3 norm four times per layer (sandwich norms). HF's ``post_attention_layernorm`` is the norm
+*after* attention here, not the pre-MLP norm it is in Llama. Megatron-Bridge puts the two post-norms
+inside the row-parallel linears (``TERowParallelLinearLayerNorm.post_layernorm``, replicated) and the
+pre-MLP norm in the fused fc1 (src/megatron/bridge/models/gemma/gemma2_bridge.py and gemma3_bridge.py,
+``mapping_registry``; the module in src/megatron/bridge/models/gemma/modules.py). All four hold
+zero-centred weights (the model computes ``x * (1 + w)``): see ``mappings.config.ZERO_CENTRED_NORM``."""
+
+GEMMA_MLP = GEMMA_NORMS + (
+    _layer(("mlp.gate_proj.weight", "mlp.up_proj.weight"), "mlp.linear_fc1.weight", "gate_up"),
+    _layer("mlp.down_proj.weight", "mlp.linear_fc2.weight"),
+)
+"""GeGLU (gelu-tanh gate): the same ``[gate; up]`` fc1 layout as SwiGLU, only the activation differs."""
+
 SCHEMAS: dict[str, tuple[Rule, ...]] = {
     "llama": TOP + ATTENTION + DENSE_MLP,
     "mistral": TOP + ATTENTION + DENSE_MLP,
@@ -100,6 +119,8 @@ SCHEMAS: dict[str, tuple[Rule, ...]] = {
     "mixtral": TOP + ATTENTION + MIXTRAL_MOE,
     "qwen2_moe": TOP + ATTENTION + QKV_BIAS + QWEN_MOE + QWEN_SHARED_EXPERT,
     "qwen3_moe": TOP + ATTENTION + QK_NORM + QWEN_MOE,
+    "gemma2": TOP + ATTENTION + GEMMA_MLP,
+    "gemma3": TOP + ATTENTION + QK_NORM + GEMMA_MLP,
 }
 """Architecture name -> its rules. ``--arch`` accepts these keys."""
 

@@ -138,7 +138,7 @@ class Parallelism:
             etp=_int(args, "expert_tensor_parallel_size"),
             num_layers=_int(args, "num_layers", "encoder_num_layers"),
             num_experts=_int(args, "num_experts", "num_moe_experts"),
-            swiglu=bool(args.get("swiglu")),
+            swiglu=bool(args.get("swiglu") or args.get("gated_linear_unit")),  # GeGLU (Gemma) is gated too
         )
 
 

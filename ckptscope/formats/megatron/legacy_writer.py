@@ -57,12 +57,18 @@ if TYPE_CHECKING:  # pragma: no cover
 LEGACY_FILE = "model_optim_rng.pt"
 CHECKPOINT_VERSION = 3.0
 
+_ATTN_POST_NORM = "self_attention.linear_proj.post_layernorm.weight"
+_MLP_POST_NORM = "mlp.linear_fc2.post_layernorm.weight"
+"""Gemma's post-norms: a child module of the row-parallel linear (Megatron-Bridge), so after the linear's
+own parameters and ``_extra_state``. Megatron-Bridge builds Gemma with the TE spec only; a local-spec
+file holding them follows the same module order (not checked against a real writer)."""
 # Order of one layer in state_dict_for_save_checkpoint (module registration order: Attention builds
 # core_attention and linear_proj before SelfAttention adds linear_qkv and the q/k norms; parameters
 # before a module's _extra_state). Checked against megatron-core 0.16.1 for the local spec.
 _ATTN_LOCAL = (
     "input_layernorm.weight", "input_layernorm.bias",
     "self_attention.linear_proj.weight", "self_attention.linear_proj.bias", "self_attention.linear_proj._extra_state",
+    _ATTN_POST_NORM,
     "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias", "self_attention.linear_qkv._extra_state",
     "self_attention.q_layernorm.weight", "self_attention.q_layernorm.bias",
     "self_attention.k_layernorm.weight", "self_attention.k_layernorm.bias",
@@ -70,11 +76,12 @@ _ATTN_LOCAL = (
 _MLP_LOCAL = (
     "pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias",
     "mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc1._extra_state",
-    "mlp.linear_fc2.weight", "mlp.linear_fc2.bias", "mlp.linear_fc2._extra_state",
+    "mlp.linear_fc2.weight", "mlp.linear_fc2.bias", "mlp.linear_fc2._extra_state", _MLP_POST_NORM,
 )
 _ATTN_TE = (  # not checked against a real TE install (none here); from the TE module layouts
     "self_attention.core_attention._extra_state",
     "self_attention.linear_proj.weight", "self_attention.linear_proj.bias", "self_attention.linear_proj._extra_state",
+    _ATTN_POST_NORM,
     "self_attention.linear_qkv.layer_norm_weight", "self_attention.linear_qkv.layer_norm_bias",
     "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias", "self_attention.linear_qkv._extra_state",
     "self_attention.q_layernorm.weight", "self_attention.q_layernorm.bias",
@@ -83,7 +90,7 @@ _ATTN_TE = (  # not checked against a real TE install (none here); from the TE m
 _MLP_TE = (
     "mlp.linear_fc1.layer_norm_weight", "mlp.linear_fc1.layer_norm_bias",
     "mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc1._extra_state",
-    "mlp.linear_fc2.weight", "mlp.linear_fc2.bias", "mlp.linear_fc2._extra_state",
+    "mlp.linear_fc2.weight", "mlp.linear_fc2.bias", "mlp.linear_fc2._extra_state", _MLP_POST_NORM,
 )
 _ORDER_TOP = ("embedding.word_embeddings.weight", "embedding.position_embeddings.weight", None,
               "decoder.final_layernorm.weight", "decoder.final_layernorm.bias",

@@ -77,6 +77,10 @@ LAYER_LAYOUT: dict[str, str] = {  # canonical (TE) per-layer names; fc1 is GLU w
     "mlp.linear_fc1.bias": COLUMN,
     "mlp.linear_fc2.weight": ROW,
     "mlp.linear_fc2.bias": REPLICATED,
+    # Gemma 2/3 sandwich norms: Megatron-Bridge's TERowParallelLinearLayerNorm keeps a full norm inside the
+    # row-parallel linear (src/megatron/bridge/models/gemma/modules.py), so they are replicated
+    "self_attention.linear_proj.post_layernorm.weight": REPLICATED,
+    "mlp.linear_fc2.post_layernorm.weight": REPLICATED,
 }
 LOCAL_TO_TE = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_",
                "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
@@ -106,6 +110,12 @@ DIST_EXPERTS = "mlp.experts.experts."
 """torch_dist stacks every expert of a layer under one key with an expert axis after the layer axis
 (``[L, E, ...]``), SequentialMLP and grouped GEMM alike (FORMATS.md §4.5)."""
 MOE_PREFIXES = ("mlp.router.", "mlp.experts.", "mlp.shared_experts.")
+
+
+def is_gated(args: dict[str, Any]) -> bool:
+    """fc1 is ``[gate; up]`` (split per TP rank as two halves): Megatron-LM's ``--swiglu``, or a gated
+    MLP with another activation (``gated_linear_unit``, e.g. Gemma's GeGLU as Megatron-Bridge sets it)."""
+    return bool(args.get("swiglu") or args.get("gated_linear_unit"))
 
 
 def split_layer(name: str) -> tuple[int, str] | None:
@@ -217,7 +227,7 @@ class ModelTensors:
 
 def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
     """Validate names, shapes and layers before anything is produced or written."""
-    swiglu = bool(args.get("swiglu", False))
+    swiglu = is_gated(args)
     moe = any(split is not None and _is_moe_sub(split[1]) for split in (split_layer(t.name) for t in tensors))
     entries: list[Entry] = []
     seen: set[tuple[int | None, str]] = set()

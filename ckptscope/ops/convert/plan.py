@@ -20,6 +20,7 @@ from ckptscope.core.index import CheckpointIndex
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
 from ckptscope.mappings.config import (
+    ZERO_CENTRED_NORM,
     ModelConfig,
     from_hf_config,
     hf_shape_problems,
@@ -28,12 +29,14 @@ from ckptscope.mappings.config import (
     to_hf_config,
     to_megatron_args,
 )
+from ckptscope.mappings.fused_experts import fuse, has_fused_experts, unfuse
 from ckptscope.mappings.links import Box, Piece, Recipe
 from ckptscope.mappings.resolve import (
     MappedView,
     TensorShape,
     config_from_index,
     config_from_names,
+    detect_arch,
     naming_family,
     shapes_of,
 )
@@ -46,6 +49,9 @@ from ckptscope.ops.roots import resolve_root
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json", "chat_template.jinja")
 DTYPES = ("keep", "bfloat16", "float16", "float32")
+HF_EXPERT_LAYOUTS = ("per-expert", "fused")
+"""HF MoE expert layouts ``--hf-experts`` writes: ``save_pretrained``'s per-expert tensors (default),
+or transformers v5's fused ``mlp.experts.gate_up_proj`` / ``down_proj`` (mappings.fused_experts)."""
 DEFAULT_SHARD = 5 * 1000**3
 
 __all__ = ["Box", "ConvertPlan", "OutputTensor", "Recipe", "plan_convert", "target_family_for"]
@@ -182,7 +188,8 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
                  ckpt_format: str = "torch_dist", spec: str = "local", dtype: str = "keep",
                  hf_config: str | Path | None = None,
                  arch: str | None = None, max_shard_size: str | int = DEFAULT_SHARD,
-                 trust_pickle: bool = False, skip_unknown: bool = False) -> ConvertPlan:
+                 trust_pickle: bool = False, skip_unknown: bool = False,
+                 hf_experts: str = "per-expert") -> ConvertPlan:
     """Open SRC (metadata only), map its model to the target space and lay out the destination.
 
     Only the model is exported (``ops.model``): training state is left out and said so in the
@@ -202,6 +209,10 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         raise CkptError("--ckpt-format must be torch_dist or torch")
     if spec not in ("local", "te"):
         raise CkptError("--spec must be local or te")
+    if hf_experts not in HF_EXPERT_LAYOUTS:
+        raise CkptError(f"--hf-experts must be one of {', '.join(HF_EXPERT_LAYOUTS)}")
+    if hf_experts != "per-expert" and to != "hf":
+        raise CkptError("--hf-experts applies to --to hf")
     src_path = Path(resolve_root(src))
     reader = open_checkpoint(src_path, trust_pickle=trust_pickle)
     index = reader.index()
@@ -224,6 +235,10 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         if family == "mcore":
             view = map_to_hf(shapes, cfg, arch)
             notes.append(f"Megatron-Core names mapped to HF ({view.arch})")
+        elif family == "hf" and has_fused_experts(tensors):
+            arch_name = arch or detect_arch(tensors, cfg)
+            view = MappedView("hf", arch_name, cfg, unfuse(shapes, arch_name))
+            notes.append("transformers v5 fused expert tensors read per expert")
         elif family == "hf":
             view = _identity_view(tensors, cfg, arch or cfg.arch or "llama")
             notes.append("HF names kept; shards merged into whole tensors")
@@ -232,6 +247,8 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         if view.unmapped:
             raise CkptError(f"{len(view.unmapped)} tensors match no {view.arch} rule "
                             f"(first: {view.unmapped[0]}); pass --arch or report the layout")
+        if family == "mcore":
+            check_norm_convention(cfg, view.arch, src_path)
         if hf_cfg_dict is None and cfg.vocab_size is None and cfg.padded_vocab_size:
             cfg = ModelConfig(**{**cfg.to_dict(), "vocab_size": cfg.padded_vocab_size})
             notes.append(f"the true vocabulary size is unknown (args have only padded_vocab_size): all "
@@ -259,6 +276,11 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
                                                      "the config derived from the Megatron args")
             raise CkptError(f"the tensors do not fit {source}: {'; '.join(problems)}"
                             + ("" if hf_config else "; pass --hf-config DIR"), src_path)
+        if hf_experts == "fused":
+            if not any(".experts." in name for name in recipes):
+                raise CkptError("--hf-experts fused: this model has no routed experts", src_path)
+            recipes = fuse(recipes, view.arch)
+            notes.append("experts written as transformers v5 fused tensors (mlp.experts.gate_up_proj / down_proj)")
         recipes = entries.to_stored(recipes)
         out = [OutputTensor(n, r.shape, r.dtype if dtype == "keep" else dtype, r) for n, r in recipes.items()]
         plan = ConvertPlan(str(src), str(dst), "hf", reader, out, cfg, view.arch, hf_config=hf_cfg_dict,
@@ -274,6 +296,7 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
             raise CkptError(f"{len(hf_view.unmapped)} tensors match no {hf_view.arch} rule "
                             f"(first: {hf_view.unmapped[0]})")
         arch_name = hf_view.arch
+        check_norm_convention(cfg, arch_name, src_path)
         source_space = {n: r for n, r in hf_view.recipes.items()}
     elif family == "hf":
         arch_name = arch or cfg.arch or None
@@ -286,6 +309,10 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
             shapes = shapes_of(tensors)
             notes.append("tied embeddings: lm_head.weight " + ("shares the embedding's storage; not written" if shared
                          else "is stored apart but the config ties it (transformers ignores it on load); not written"))
+        if has_fused_experts(tensors):  # read per expert, then composed back onto the fused tensors
+            arch_name = arch_name or detect_arch(tensors, cfg)
+            source_space = unfuse(shapes, arch_name)
+            notes.append("transformers v5 fused expert tensors read per expert")
     else:
         raise CkptError(_unmapped_naming(family, tensors), src_path)
     if cfg.vocab_size is None:
@@ -321,6 +348,27 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
                        ckpt_format=ckpt_format, tp=tp, pp=pp, ep=ep, spec=spec, iteration=iteration,
                        notes=notes + view_notes(view) + [f"vocabulary {cfg.vocab_size} padded to {padded} rows"],
                        dropped=split_dropped + view.ignored)
+
+
+def check_norm_convention(cfg: ModelConfig, arch: str, src: Path) -> None:
+    """Refuse a Megatron source whose norm convention differs from the target arch's.
+
+    Gemma's HF norms compute ``x * (1 + w)``; Megatron-Core does so only with zero-centred gamma
+    (``apply_layernorm_1p``). Copying the weights across conventions would add or drop 1.0 on every
+    norm without a trace, so the args must say the same as the arch (MAPPING.md P2: such a model
+    still round-trips bit-exactly). Rewriting the values by 1.0 is not offered: it is not exact in
+    bf16, and a checkpoint that trained as one convention is rarely meant as the other.
+    """
+    wants = arch in ZERO_CENTRED_NORM
+    has = cfg.zero_centered_norm
+    if wants and has is not True:
+        said = "do not record it" if has is None else "say apply_layernorm_1p=False"
+        raise CkptError(f"{arch} stores zero-centred norm weights (x * (1 + w)), but this Megatron checkpoint's "
+                        f"args {said}: its norms would be off by 1.0 in HF. Convert only a checkpoint trained with "
+                        f"--apply-layernorm-1p (layernorm_zero_centered_gamma)", src)
+    if not wants and has:
+        raise CkptError(f"this Megatron checkpoint was trained with zero-centred norms (apply_layernorm_1p) but "
+                        f"{arch}'s HF norms are not: its norms would be off by 1.0; pass the right --arch", src)
 
 
 def _split_report(entries: ModelEntries, skip_unknown: bool, src: Path) -> tuple[list[str], list[str]]:

@@ -17,13 +17,15 @@ from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.names import select
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
-from ckptscope.mappings.config import ModelConfig
+from ckptscope.mappings.config import ZERO_CENTRED_NORM, ModelConfig
+from ckptscope.mappings.fused_experts import has_fused_experts, unfuse
 from ckptscope.mappings.gguf import gguf_as_hf
 from ckptscope.mappings.links import Piece, Recipe, box_text, full_box
 from ckptscope.mappings.resolve import (
     MappedView,
     config_from_index,
     config_from_names,
+    detect_arch,
     naming_family,
     shapes_of,
     to_hf,
@@ -179,6 +181,16 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
         ignored_a, ignored_b = [], []
         mapped_a = mapped_b = False
         used = "none" if same_stored else "names"
+        if not same_stored:  # transformers v5 fused experts are compared per expert, as save_pretrained writes
+            for label, fam, tensors, index in (("A", fam_a, ta, index_a), ("B", fam_b, tb, index_b)):
+                if fam == "hf" and has_fused_experts(tensors):
+                    fused_arch = arch or detect_arch(tensors, _side_config(index, tensors))
+                    recipes = unfuse(shapes_of(tensors), fused_arch)
+                    if label == "A":
+                        recipes_a, mapped_a = recipes, True
+                    else:
+                        recipes_b, mapped_b = recipes, True
+                    notes.append(f"{label}: transformers v5 fused expert tensors compared per expert ({fused_arch})")
         if {fam_a, fam_b} == {"hf", "mcore"} or (fam_a == fam_b == "mcore" and set(ta) != set(tb)):
             cfg = _side_config(index_a, ta).merged(_side_config(index_b, tb))
             if fam_a == "mcore":
@@ -189,6 +201,10 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
                 view = to_hf(shapes_of(tb), cfg, arch)
                 recipes_b, ignored_b, mapped_b = _with_unmapped(view, tb), view.ignored, True
                 notes += _view_notes("B", view)
+            if view.arch in ZERO_CENTRED_NORM and cfg.zero_centered_norm is not True:
+                notes.append(f"{view.arch} norms are zero-centred (x * (1 + w)) but the Megatron args do not record "
+                             f"apply_layernorm_1p: equal norm weights here are norms that differ by 1.0 in the "
+                             f"two models")
             used = "mcore->hf"
         elif {fam_a, fam_b} == {"hf", "gguf"}:
             if fam_a == "gguf":
