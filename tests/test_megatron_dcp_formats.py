@@ -256,3 +256,27 @@ def test_unreadable_dir_is_not_claimed(tmp_path):
     assert not MegatronDcpReader.supports(tmp_path)
     with pytest.raises(CkptError):
         open_checkpoint(tmp_path).index()
+
+
+def test_export_missing_a_layer_is_refused(roots, cli, tmp_path):
+    """What a pipeline-parallel save leaves (one stage's stage-local layers) must not export as a
+    model whose config promises every layer: transformers would re-initialise the rest silently."""
+    part = tmp_path / "one_layer"
+    assert cli("rename", str(roots["torch_dcp"] / ITER), str(part), "--drop", r"layers\.1\.").code == 0
+    result = cli("convert", str(part), str(tmp_path / "out"), "--to", "hf")
+    assert result.code == 2 and "decoder layers 0 but config.json implies 2" in result.err, result.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_pipeline_parallel_save_is_flagged(tmp_path):
+    import argparse
+
+    import torch.distributed.checkpoint as dcp
+
+    args = argparse.Namespace(num_layers=4, pipeline_model_parallel_size=2, ckpt_format="torch_dcp")
+    state = {"args": args, "checkpoint_version": 3.0, "iteration": 7,
+             "model": {"decoder.layers.0.mlp.linear_fc2.weight": torch.ones(2, 2)}}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path / "iter_0000007")))
+    index = open_checkpoint(tmp_path / "iter_0000007").index()
+    assert index.format == "megatron_dcp" and index.metadata["iteration"] == 7
+    assert any("pipeline parallelism 2" in w for w in index.warnings)

@@ -74,6 +74,10 @@ class MegatronDcpReader(DcpReader):
             megatron["args_ckpt_format"] = run_format
             index.warnings.append(f"the keys are laid out as {fmt}, the stored args say --ckpt-format {run_format} "
                                   "(a converted checkpoint keeps its source run's args)")
+        pp = args.get("pipeline_model_parallel_size") if isinstance(args, dict) else None
+        if isinstance(pp, int) and pp > 1:
+            index.warnings.append(f"saved with pipeline parallelism {pp}: Megatron keys {fmt} model layers by their "
+                                  "stage-local index, so the stages' layers share names (Megatron-LM issue 7452)")
         index.metadata["megatron"] = megatron
         if fmt == FSDP_DTENSOR:
             index.tensors, warnings = fuse_split_fc1(index.tensors)
