@@ -61,15 +61,22 @@ What Megatron-LM writes, from its source (NVIDIA/Megatron-LM at d98e8a64dd, 2026
   ``args.ckpt_format``); on disk the ``model.module.`` prefix and the ``_w``/``_v`` suffixes mark
   fsdp_dtensor.
 
-What runs for real here: megatron-core 0.16.1's ``GPTModel`` and its
-``state_dict_for_save_checkpoint()`` (gloo world of 1, CPU; ``make_mcore_pair_samples.cpu_megatron``
-stubs the torch.cuda calls), torch's Adam, and ``torch.distributed.checkpoint.save`` with its
-``FileSystemWriter`` exactly as ``save_checkpoint`` calls it. What is replicated from the source
-above, because it is not installed (megatron/training) or needs CUDA (Megatron-FSDP, torch FSDP2 on
-a CUDA mesh): the composition of the state dict, the fsdp_dtensor key renaming and SwiGLU split,
-the rng layout, the dir names and the tracker. On one rank, the FSDP DTensors Megatron saves are
-whole tensors: DCP writes a DTensor held entirely by one rank with the same metadata as a plain
-tensor (one chunk at offset 0), so the files here are what a one-GPU run leaves.
+What runs for real here. torch_dcp: 2 gloo ranks (data parallel 2, TP 1), each a megatron-core
+0.16.1 ``GPTModel`` wrapped in megatron-core's own ``TorchFullyShardedDataParallel`` (FSDP2
+``fully_shard``: every parameter becomes a DTensor sharded over the 2 ranks), torch's Adam over
+those DTensors, ``state_dict_for_save_checkpoint()`` and ``optimizer.state_dict()``, and the
+collective ``torch.distributed.checkpoint.save`` with its ``FileSystemWriter`` exactly as
+``save_checkpoint`` calls it: two ``.distcp`` files, two chunks per tensor. Two CPU-only
+substitutions, in the spawned ranks only: make_dist_samples' torch.cuda stubs, and the wrapper's
+"cuda" device mesh built as "cpu". fsdp_dtensor: the GPTModel and its
+``state_dict_for_save_checkpoint()`` are real (one rank in this process,
+``make_mcore_pair_samples.cpu_megatron`` stubs the torch.cuda calls), as are Adam and ``dcp.save``;
+Megatron-FSDP itself needs CUDA, so the wrapper prefixes, the SwiGLU split of the model and of
+the optimizer moments, ``param_to_group_meta`` and the rng wrapping are written here following
+the source above, and the DTensors Megatron-FSDP would shard are whole tensors (DCP writes a
+DTensor held entirely by one rank with the same metadata as a plain tensor: one chunk at offset 0).
+For both, what is replicated from megatron/training (not installed) is the composition of the
+state dict (``generate_state_dict``), the dir names and the tracker.
 """
 
 from __future__ import annotations
@@ -78,6 +85,7 @@ import argparse
 import random
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -87,6 +95,8 @@ if str(HERE) not in sys.path:
 import make_mcore_pair_samples as pair  # noqa: E402
 
 ITERATION = 3
+WORLD = 2
+"""Data-parallel ranks of the torch_dcp save (FSDP2 shards every parameter across them)."""
 TRACKER = "latest_checkpointed_iteration.txt"
 FLOPS = 4.2e9
 HF_NAME = "llama_gqa"
@@ -114,25 +124,30 @@ def _args(config, ckpt_format: str) -> argparse.Namespace:
     return args
 
 
-def _trained_model(hf_dir: Path, args: argparse.Namespace):
-    """The GPTModel holding ``hf_dir``'s weights (logits checked) and an Adam that took one step.
-
-    The step's parameter update is undone, so the optimizer has real moments and the weights stay
-    exactly the HF sample's."""
-    import torch
-
+def checked_model(hf_dir: Path, args: argparse.Namespace):
+    """A GPTModel holding ``hf_dir``'s weights, whose logits equal transformers' (asserted)."""
     model, hf_logits, mc_logits = pair.convert_and_check(hf_dir, args)
     pair._assert_logits_match(hf_logits, mc_logits, args, str(hf_dir))
+    return model
+
+
+def with_adam_moments(model, args: argparse.Namespace):
+    """An Adam over ``model``'s (possibly DTensor) parameters that took one step.
+
+    The step's parameter update is undone, so the optimizer has real moments and the weights stay
+    exactly the HF sample's. The gradient is that of ``sum((i + 1) * p**2)``, set directly: any
+    gradient gives real moments, and this one needs no forward pass (nor a CUDA RNG tracker)."""
+    import torch
+
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
     saved = {name: p.detach().clone() for name, p in model.named_parameters()}
-    # Any gradient gives real moments; this one needs no forward pass (and no CUDA RNG tracker).
-    loss = sum(((i + 1) * param.float() ** 2).sum() for i, (_, param) in enumerate(model.named_parameters()))
-    loss.backward()
+    for i, (_, param) in enumerate(model.named_parameters()):
+        param.grad = 2 * (i + 1) * param.detach().clone()
     optimizer.step()
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(saved[name])
-    return model, optimizer
+    return optimizer
 
 
 def _rng_state() -> list[dict]:
@@ -209,40 +224,107 @@ def fsdp_dtensor_state(model, optimizer, args: argparse.Namespace) -> dict:
 
 def _save(state: dict, root: Path) -> Path:
     """``torch.distributed.checkpoint.save(state_dict=..., storage_writer=FileSystemWriter(dir))`` into
-    ``root/iter_XXXXXXX``, then the tracker (rank 0, after the save)."""
+    ``root/iter_XXXXXXX`` (collective: every rank calls it), then rank 0 writes the tracker."""
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     ckpt_dir = root / f"iter_{ITERATION:07d}"
-    shutil.rmtree(ckpt_dir, ignore_errors=True)  # regenerate cleanly, never on top of an old save
-    ckpt_dir.mkdir(parents=True)
+    if dist.get_rank() == 0:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)  # regenerate cleanly, never on top of an old save
+        ckpt_dir.mkdir(parents=True)
+    dist.barrier()
     dcp.save(state_dict=state, storage_writer=dcp.FileSystemWriter(str(ckpt_dir)))
-    (root / TRACKER).write_text(str(ITERATION))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        (root / TRACKER).write_text(str(ITERATION))
     return root
 
 
-def _write(kind: str, out: Path) -> Path:
-    from transformers import AutoConfig
-
-    out = Path(out)
-    hf_dir = out / f"hf_{HF_NAME}"
+def _hf_dir(out: Path) -> Path:
+    hf_dir = Path(out) / f"hf_{HF_NAME}"
     if not (hf_dir / "config.json").exists():
-        pair.write_hf(HF_NAME, out)
-    args = _args(AutoConfig.from_pretrained(str(hf_dir)), kind)
-    pair.ensure_single_rank_world()
-    with pair.cpu_megatron():
-        model, optimizer = _trained_model(hf_dir, args)
-        state = (torch_dcp_state if kind == "torch_dcp" else fsdp_dtensor_state)(model, optimizer, args)
-        return _save(state, out / f"megatron_{kind}")
+        pair.write_hf(HF_NAME, Path(out))
+    return hf_dir
+
+
+def _fsdp2(model):
+    """megatron-core's own ``TorchFullyShardedDataParallel`` (FSDP2 ``fully_shard`` on every
+    TransformerLayer, the embedding, then the root) over the data-parallel group. It builds its
+    mesh with device type "cuda"; on this CPU-only machine the mesh is made "cpu" instead, which
+    changes where shards live, not what DCP writes."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.distributed import torch_fully_sharded_data_parallel as tfsdp
+    from torch.distributed.device_mesh import DeviceMesh
+
+    class _CpuMesh:
+        @staticmethod
+        def from_group(group, device_type):
+            return DeviceMesh.from_group(group, "cpu")
+
+    tfsdp.DeviceMesh = _CpuMesh
+    # Megatron-LM's config from args carries --transformer-impl local (the local spec's linears are
+    # inside the wrapped TransformerLayers and must not be wrapped again).
+    model.config.transformer_impl = "local"
+    return tfsdp.TorchFullyShardedDataParallel(model.config, DistributedDataParallelConfig(), model)
+
+
+def _torch_dcp_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    """One data-parallel rank of the torch_dcp save; ``out`` is "<start.pt>|<root>" where start.pt
+    holds the args and the checked GPTModel's parameters (so ranks need no transformers)."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed as dist
+    from make_dist_samples import _init_gloo, _stub_cuda
+
+    _init_gloo(rank, world_size, init_file)
+    _stub_cuda()
+    start, root = out.split("|")
+    loaded = torch.load(start, weights_only=False)  # written by write_torch_dcp just before
+    args = loaded["args"]
+    pair._prepare_megatron(1)
+    model = pair.build_gpt_model(args)
+    pair.load_params(model, loaded["params"])
+    model = _fsdp2(model)
+    optimizer = with_adam_moments(model, args)
+    _save(torch_dcp_state(model, optimizer, args), Path(root))
+    dist.destroy_process_group()
 
 
 def write_torch_dcp(out: Path) -> Path:
-    """``megatron_torch_dcp/``: a ``--ckpt-format torch_dcp`` save root of hf_llama_gqa's weights."""
-    return _write("torch_dcp", out)
+    """``megatron_torch_dcp/``: a ``--ckpt-format torch_dcp`` save root of hf_llama_gqa's weights,
+    written by 2 gloo ranks (data parallel 2) through megatron-core's FSDP2 wrapper."""
+    import torch
+    from make_dist_samples import _spawn
+    from transformers import AutoConfig
+
+    hf_dir = _hf_dir(out)
+    args = _args(AutoConfig.from_pretrained(str(hf_dir)), "torch_dcp")
+    args.data_parallel_size = WORLD
+    pair.ensure_single_rank_world()
+    with pair.cpu_megatron():
+        params = {name: p.detach().clone() for name, p in checked_model(hf_dir, args).named_parameters()}
+    root = Path(out) / "megatron_torch_dcp"
+    with tempfile.TemporaryDirectory() as tmp:
+        start = Path(tmp) / "start.pt"
+        torch.save({"args": args, "params": params}, start)
+        _spawn(_torch_dcp_rank, f"{start}|{root}", world_size=WORLD)  # type: ignore[arg-type]
+    return root
 
 
 def write_fsdp_dtensor(out: Path) -> Path:
-    """``megatron_fsdp_dtensor/``: a ``--ckpt-format fsdp_dtensor`` save root of the same weights."""
-    return _write("fsdp_dtensor", out)
+    """``megatron_fsdp_dtensor/``: a ``--ckpt-format fsdp_dtensor`` save root of the same weights
+    (one rank, in this process: Megatron-FSDP itself needs CUDA, its layout is replicated)."""
+    from transformers import AutoConfig
+
+    hf_dir = _hf_dir(out)
+    args = _args(AutoConfig.from_pretrained(str(hf_dir)), "fsdp_dtensor")
+    pair.ensure_single_rank_world()
+    with pair.cpu_megatron():
+        model = checked_model(hf_dir, args)
+        optimizer = with_adam_moments(model, args)
+        return _save(fsdp_dtensor_state(model, optimizer, args), Path(out) / "megatron_fsdp_dtensor")
 
 
 WRITERS = {"megatron_torch_dcp": write_torch_dcp, "megatron_fsdp_dtensor": write_fsdp_dtensor}

@@ -9,14 +9,16 @@ loader (``dcp_to_torch_save``) for what is stored, transformers ``from_pretraine
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, load_sample_module
+from conftest import REPO
 from dist_reference import assert_no_torch_on_metadata_path
 
 from ckptscope.core.errors import CkptError
@@ -37,7 +39,9 @@ def roots(tmp_path_factory) -> dict[str, Path]:
     """Both save roots, freshly written next to a copy of the HF original they hold."""
     out = tmp_path_factory.mktemp("megatron_dcp")
     shutil.copytree(HF_SAMPLE, out / "hf_llama_gqa")
-    gen = load_sample_module("make_megatron_dcp_samples")
+    if str(REPO / "sample_ckpts") not in sys.path:  # importable by name, so spawned ranks can unpickle
+        sys.path.insert(0, str(REPO / "sample_ckpts"))
+    gen = importlib.import_module("make_megatron_dcp_samples")
     return {kind: gen.WRITERS[f"megatron_{kind}"](out) for kind in KINDS}
 
 
@@ -112,6 +116,10 @@ def test_detected_as_megatron_with_iteration_and_format(roots, kind):
     assert not index.issues and not index.warnings
     args = next(o.value for o in index.objects if o.name == "args")
     assert args["num_query_groups"] == 2 and args["ckpt_format"] == kind
+    model = [m for n, m in index.tensors.items() if n.startswith("model.")]
+    if kind == "torch_dcp":  # FSDP2 on 2 ranks: every parameter is a DTensor in two row shards
+        assert sorted(f.path for f in index.files) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+        assert all(len(m.chunks) == 2 and m.chunks[1].offsets[0] > 0 for m in model)
 
 
 @pytest.mark.parametrize("kind", KINDS)
