@@ -24,7 +24,7 @@ from dist_reference import assert_no_torch_on_metadata_path
 from ckptscope.core.errors import CkptError
 from ckptscope.core.tensor import Chunk, TensorMeta
 from ckptscope.formats import open_checkpoint
-from ckptscope.formats.megatron.dcp_layout import fuse_pair, fuse_split_fc1
+from ckptscope.formats.megatron.dcp_layout import ckpt_format_of, fuse_pair, fuse_split_fc1, split_fc1_pairs
 from ckptscope.formats.megatron.dcp_reader import MegatronDcpReader
 from ckptscope.formats.registry import detect_format
 from ckptscope.ops.model import model_entries
@@ -157,7 +157,18 @@ def test_model_and_optimizer_are_split(roots, kind, prefix):
 
 
 def test_metadata_path_imports_no_torch(roots):
-    assert_no_torch_on_metadata_path(roots["fsdp_dtensor"] / ITER, "model.module.decoder.layers.1.mlp.linear_fc1.weight")
+    fused = "model.module.decoder.layers.1.mlp.linear_fc1.weight"
+    assert_no_torch_on_metadata_path(roots["fsdp_dtensor"] / ITER, fused)
+
+
+def test_format_from_keys():
+    assert ckpt_format_of(["model.decoder.layers.0.mlp.linear_fc1.weight"]) == "torch_dcp"
+    assert ckpt_format_of(["model.module.decoder.final_layernorm.weight"]) == "fsdp_dtensor"
+    # a converter run with another --output-model-weight-prefix still splits SwiGLU fc1
+    fc1 = "w.decoder.layers.0.mlp.experts.linear_fc1.weight3"
+    split = [fc1 + "_w", fc1 + "_v"]
+    assert ckpt_format_of(split) == "fsdp_dtensor"
+    assert split_fc1_pairs(split) == {fc1: tuple(split)}
 
 
 def test_fuse_refuses_halves_that_do_not_stack():

@@ -38,6 +38,9 @@ FSDP_MODEL_PREFIX = "model.module."
 _SPLIT_FC1 = re.compile(r"(.*\.linear_fc1\.(?:weight|bias)\d*)_([wv])\Z")
 """``handle_swiglu_in_state_dict``'s split keys: dense, shared-expert, SequentialMLP
 (``local_experts.{e}.linear_fc1.weight``) and grouped (``experts.linear_fc1.weight{e}``) fc1."""
+FSDP_KEY_BYTES = re.compile(rb"model\.module\.|\.linear_fc1\.(?:weight|bias)\d*_[wv](?![A-Za-z0-9_])")
+"""The same evidence as ``ckpt_format_of``, found in the raw bytes of ``.metadata`` (keys are pickled
+verbatim), for callers that must not unpickle it."""
 
 
 def split_fc1_pairs(names: Mapping[str, TensorMeta] | list[str]) -> dict[str, tuple[str, str]]:
@@ -64,7 +67,8 @@ def fuse_pair(name: str, gate: TensorMeta, up: TensorMeta) -> TensorMeta | None:
         return None
     rows = gate.shape[0]
     chunks = gate.chunks + tuple(replace(c, offsets=(c.offsets[0] + rows,) + c.offsets[1:]) for c in up.chunks)
-    attrs = tuple((k, v) for k, v in gate.attrs if k != "dcp_key") + (("stored_as", f"{gate.name} (rows 0-{rows - 1}) + {up.name} (rows {rows}-{rows + up.shape[0] - 1})"),)
+    stored_as = f"{gate.name} (rows 0-{rows - 1}) + {up.name} (rows {rows}-{rows + up.shape[0] - 1})"
+    attrs = tuple((k, v) for k, v in gate.attrs if k != "dcp_key") + (("stored_as", stored_as),)
     return TensorMeta(name=name, dtype=gate.dtype, shape=(rows + up.shape[0],) + gate.shape[1:], chunks=chunks,
                       attrs=attrs)
 

@@ -18,7 +18,7 @@ from ckptscope.core.index import CheckpointIndex
 from ckptscope.formats.dcp.reader import METADATA_FILE, DcpReader, group_summary
 from ckptscope.formats.megatron.dcp_layout import (
     FSDP_DTENSOR,
-    FSDP_MODEL_PREFIX,
+    FSDP_KEY_BYTES,
     TORCH_DCP,
     ckpt_format_of,
     fuse_split_fc1,
@@ -44,7 +44,7 @@ def sniff_ckpt_format(path: Path) -> str | None:
                 mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
             if data.find(_SIGNATURE) < 0:
                 return None
-            return FSDP_DTENSOR if data.find(FSDP_MODEL_PREFIX.encode()) >= 0 else TORCH_DCP
+            return FSDP_DTENSOR if FSDP_KEY_BYTES.search(data) else TORCH_DCP
     except (OSError, ValueError):  # missing, unreadable or empty .metadata
         return None
 
