@@ -103,8 +103,9 @@ HF_NAME = "llama_gqa"
 FSDP_MODEL_PREFIX = "module."
 """What ``MegatronFSDP.state_dict`` puts before the GPTModel's names (``model.module.`` on disk)."""
 FSDP_PARAM_PREFIX = "module.module.module."
-"""``named_parameters()`` of adapter -> MegatronFSDP -> Float16Module -> GPTModel (and the
-checkpoint_inspector converter's default)."""
+"""``named_parameters()`` of adapter -> MegatronFSDP -> Float16Module -> GPTModel, as a bf16/fp16 run
+names optimizer state (an fp32 run has no Float16Module: two ``module.``), and the checkpoint_inspector
+converter's default. Only optimizer keys carry it; ckptscope reads any number of them."""
 SWIGLU_SUFFIXES = (".mlp.linear_fc1.weight", ".mlp.linear_fc1.bias")
 
 

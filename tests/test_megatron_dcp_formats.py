@@ -299,3 +299,18 @@ def test_pipeline_parallel_save_is_flagged(tmp_path):
     index = open_checkpoint(tmp_path / "iter_0000007").index()
     assert index.format == "megatron_dcp" and index.metadata["iteration"] == 7
     assert any("pipeline parallelism 2" in w for w in index.warnings)
+
+
+def test_converted_checkpoint_keeps_its_source_args(tmp_path):
+    """checkpoint_inspector's torch_dist -> fsdp_dtensor converter copies the torch_dist run's args:
+    the keys decide the format, the disagreement is shown."""
+    import argparse
+
+    import torch.distributed.checkpoint as dcp
+
+    state = {"args": argparse.Namespace(num_layers=1, ckpt_format="torch_dist"), "checkpoint_version": 3.0,
+             "iteration": 2, "model": {"module.decoder.final_layernorm.weight": torch.ones(4)}}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path / "iter_0000002")))
+    index = open_checkpoint(tmp_path / "iter_0000002").index()
+    assert index.metadata["megatron"] == {"ckpt_format": "fsdp_dtensor", "args_ckpt_format": "torch_dist"}
+    assert any("--ckpt-format torch_dist" in w for w in index.warnings)
