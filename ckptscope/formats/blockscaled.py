@@ -200,7 +200,8 @@ def dequantize_mxfp4(blocks: "np.ndarray", scales: "np.ndarray") -> "np.ndarray"
     values[..., 0::2] = lut[blocks & 0x0F]
     values[..., 1::2] = lut[blocks >> 4]
     exponent = scales.view(np.uint8).astype(np.int32) - 127
-    out = np.ldexp(values, exponent[..., None])
+    with np.errstate(over="ignore"):  # 6 * 2**127 is past float32's range: inf, as in transformers
+        out = np.ldexp(values, exponent[..., None])
     out[scales.view(np.uint8) == 255] = np.nan
     return out.reshape(*blocks.shape[:-2], blocks.shape[-2] * MX_GROUP)
 
