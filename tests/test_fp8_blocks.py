@@ -206,3 +206,23 @@ def test_convert_keeping_fp8_is_refused(fp8_dir, tmp_path):
         assert "block-scaled" in result.err and "--dtype bfloat16" in result.err
         assert "Traceback" not in result.err
         assert not (tmp_path / "out").exists()
+
+
+def test_check_and_rename_work_on_the_stored_tensors(fp8_dir, stored, tmp_path):
+    """Storage-level commands see the payload and its scales apart: check covers every byte, and a
+    rename carries both (bytes verbatim), so the output still reads as the same logical tensors."""
+    checked = run_cli("check", str(fp8_dir))
+    assert checked.code == 0 and "19 tensors" in checked.out, checked.out + checked.err
+    out = tmp_path / "renamed"
+    result = run_cli("rename", str(fp8_dir), str(out), "--sub", r"\.mlp\.", ".feed_forward.")
+    assert result.code == 0, result.err
+    written = load_file(str(out / "model.safetensors"))
+    assert len(written) == len(stored) == 19
+    for name, value in stored.items():
+        new = name.replace(".mlp.", ".feed_forward.")
+        assert written[new].dtype == value.dtype and torch.equal(written[new].view(torch.uint8),
+                                                                   value.view(torch.uint8)), name
+    renamed = open_checkpoint(out)
+    new_down = DOWN.replace(".mlp.", ".feed_forward.")
+    assert renamed.meta(new_down).quantization["scale"] == new_down + "_scale_inv"
+    assert np.array_equal(_bits(renamed.read(new_down)), _bits(open_checkpoint(fp8_dir).read(DOWN)))
