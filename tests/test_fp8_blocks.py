@@ -119,6 +119,9 @@ def test_inspect_json_and_human(fp8_dir):
     doc = json.loads(result.out)
     entry = next(t for t in doc["tensors"] if t["name"] == DOWN)
     assert entry["dtype"] == "float32" and entry["shape"] == [200, 300]
+    assert entry["nbytes"] == 200 * 300 + 2 * 3 * 4  # stored: fp8 payload + float32 scales
+    assert doc["metadata"]["bytes_per_dtype"]["fp8_block"] == sum(
+        t["nbytes"] for t in doc["tensors"] if "quantization" in t)
     assert entry["quantization"]["scheme"] == "fp8_block"
     assert entry["quantization"]["block"] == [128, 128]
     assert entry["quantization"]["scale"] == DOWN + "_scale_inv"

@@ -107,8 +107,7 @@ def _node_label(node: TreeNode, label: str, unit: str = "params") -> Text:
         if quant:
             stored = (f"{quant['payload_dtype']} {meta.attr('quant_block')} blocks" if quant["scheme"] == "fp8_block"
                       else f"mxfp4, {meta.attr('quant_block')} per e8m0 scale")
-            text.append(f"  = {stored} + {str(quant['scale']).rsplit('.', 1)[-1]}, stored "
-                        f"{human_bytes(int(quant['stored_bytes']))}", style="yellow")
+            text.append(f"  = {stored} + {str(quant['scale']).rsplit('.', 1)[-1]}", style="yellow")
         return text
     text.append(label, style="bold blue")
     if node.is_range:

@@ -89,7 +89,10 @@ class TensorMeta:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the logical tensor (not counting replicas or padding on disk)."""
+        """Bytes of the logical tensor (not counting replicas or padding on disk); for a block-scaled
+        tensor the bytes stored, payload and scales, not the float32 it reads as."""
+        if self.attrs and self.attr("quant_scheme") is not None:
+            return int(self.attr("stored_bytes") or 0)
         return self.dtype_info.nbytes(self.numel)
 
     @property
