@@ -118,3 +118,33 @@ def write_gpt_oss_experts(out: Path, *, experts: int = 2, hidden: int = 96, inte
     save_file({prefix + "gate_up_proj": gate_up.contiguous(), prefix + "down_proj": down.contiguous()},
               str(out / "original.safetensors"))
     return path
+
+
+def write_gpt_oss_mxfp4_dir(out: Path, *, hidden: int = 64, intermediate: int = 96) -> Path:
+    """A one-layer GPT-OSS HF dir as OpenAI ships it: the model built by transformers (random init,
+    bf16), its expert ``gate_up_proj`` / ``down_proj`` stored as MXFP4 ``_blocks`` + ``_scales`` of
+    the transposed ``[E, out, in]`` weights, everything else bf16, and ``quantization_config``
+    ``{"quant_method": "mxfp4"}`` with the release's ``modules_to_not_convert``."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    torch.manual_seed(2)
+    config = GptOssConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=1,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                          num_experts_per_tok=2, vocab_size=128, layer_types=["full_attention"])
+    model = GptOssForCausalLM(config).to(torch.bfloat16)
+    tensors = {}
+    for name, value in model.state_dict().items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            blocks, scales = quantize_mxfp4(value.transpose(1, 2).contiguous())
+            tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+        else:
+            tensors[name] = value.contiguous()
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = config.to_dict()
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out

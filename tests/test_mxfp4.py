@@ -1,6 +1,7 @@
 """GPT-OSS MXFP4 experts (``*_blocks`` + ``*_scales``): one logical tensor per pair, with the name and
 shape of transformers' unquantised parameter, read dequantised bit for bit as transformers'
-``integrations.mxfp4`` dequantises it (float32), region by region."""
+``integrations.mxfp4`` dequantises it (float32), region by region, and as transformers'
+``from_pretrained`` loads a GPT-OSS MXFP4 dir on CPU; convert to bf16 loads back in transformers."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.blockscaled_fixtures import write_gpt_oss_experts
+from tests.blockscaled_fixtures import write_gpt_oss_experts, write_gpt_oss_mxfp4_dir
 from tests.conftest import run_cli
 
 torch = pytest.importorskip("torch")
@@ -110,3 +111,35 @@ def test_inspect_json_stats_and_raw_diff(experts):
     assert raw.code == 0, raw.err
     names = {r["name"] for r in json.loads(raw.out)["tensors"]}
     assert PREFIX + "down_proj_blocks" in names and PREFIX + "down_proj_scales" in names
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_dir(tmp_path_factory) -> Path:
+    return write_gpt_oss_mxfp4_dir(tmp_path_factory.mktemp("gptoss") / "mxfp4")
+
+
+def test_transformers_from_pretrained_agrees(gpt_oss_dir, tmp_path):
+    """transformers loads the MXFP4 dir dequantised on CPU (no triton): its float32 experts are ours,
+    bit for bit; and our bf16 conversion loads as the same bf16 model transformers makes of it."""
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(gpt_oss_dir, dtype=torch.float32, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    state = model.state_dict()
+    reader = open_checkpoint(gpt_oss_dir)
+    for proj, shape in (("gate_up_proj", (4, 64, 192)), ("down_proj", (4, 96, 64))):
+        name = "model.layers.0.mlp.experts." + proj
+        assert reader.meta(name).shape == shape == tuple(state[name].shape)
+        assert np.array_equal(_bits(reader.read(name)), _bits(state[name].numpy())), name
+
+    out = tmp_path / "bf16"
+    result = run_cli("convert", str(gpt_oss_dir), str(out), "--to", "hf", "--dtype", "bfloat16")
+    assert result.code == 0, result.err
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    ours, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    theirs = AutoModelForCausalLM.from_pretrained(gpt_oss_dir, dtype=torch.bfloat16)
+    mine, reference = ours.state_dict(), theirs.state_dict()
+    assert set(mine) == set(reference)
+    for name, value in reference.items():
+        assert mine[name].dtype == torch.bfloat16 and torch.equal(mine[name], value), name
