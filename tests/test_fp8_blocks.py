@@ -229,3 +229,21 @@ def test_check_and_rename_work_on_the_stored_tensors(fp8_dir, stored, tmp_path):
     new_down = DOWN.replace(".mlp.", ".feed_forward.")
     assert renamed.meta(new_down).quantization["scale"] == new_down + "_scale_inv"
     assert np.array_equal(_bits(renamed.read(new_down)), _bits(open_checkpoint(fp8_dir).read(DOWN)))
+
+
+def test_convert_to_mcore_dequantised_loads_in_megatron(fp8_dir, tmp_path):
+    """FP8 -> Megatron-Core torch_dist (float32, dequantised) is loaded by megatron-core and gives the
+    logits transformers gives for the float32 HF conversion (whose values are checked bit for bit
+    against transformers' dequantisation above)."""
+    pytest.importorskip("megatron.core")
+    from tests.mcore_reference import hf_logits, iteration_dir, mcore_logits_from_dist, tokens_for
+
+    hf32, mcore = tmp_path / "hf32", tmp_path / "mcore"
+    for target, args in ((hf32, ["--to", "hf"]), (mcore, ["--to", "mcore", "--tp", "2"])):
+        result = run_cli("convert", str(fp8_dir), str(target), *args, "--dtype", "float32")
+        assert result.code == 0, result.err
+    tokens = tokens_for(260)
+    want = hf_logits(hf32, tokens)
+    got = mcore_logits_from_dist(iteration_dir(mcore), hf32, tokens)
+    assert torch.isfinite(got).all()
+    assert (got[..., :260] - want).abs().max().item() <= 1e-5
