@@ -139,12 +139,12 @@ def fold_block_scaled(index: CheckpointIndex) -> dict[str, BlockScaled]:
     if not found:
         return found
     rebuilt: dict[str, TensorMeta] = {}
-    hidden = {e.scale.name for e in found.values()} | {e.payload.name for e in found.values()}
+    owner = {e.payload.name: logical for logical, e in found.items()}
+    scales = {e.scale.name for e in found.values()}
     for name, meta in tensors.items():
-        owner = next((lg for lg, e in found.items() if e.payload.name == name), None) if name in hidden else None
-        if owner is not None:
-            rebuilt[owner] = _logical_meta(owner, found[owner])
-        elif name not in hidden:
+        if name in owner:
+            rebuilt[owner[name]] = _logical_meta(owner[name], found[owner[name]])
+        elif name not in scales:
             rebuilt[name] = meta
     tensors.clear()
     tensors.update(rebuilt)
@@ -167,7 +167,7 @@ def _logical_meta(name: str, entry: BlockScaled) -> TensorMeta:
              ("quant_payload", payload.name), ("quant_payload_dtype", payload_dtype),
              ("quant_payload_shape", str(list(payload.shape))), ("quant_scale", scale.name),
              ("quant_scale_dtype", scale_dtype), ("quant_scale_shape", str(list(scale.shape))),
-             ("stored_bytes", str(payload.nbytes + scale.nbytes)), ("values", "dequantised to float32 on read: " + values))
+             ("stored_bytes", str(payload.chunks[0].byte_length + scale.chunks[0].byte_length)), ("values", "dequantised to float32 on read: " + values))
     stored = payload.chunks[0]
     chunk = Chunk((0,) * len(shape), shape, stored.file, stored.byte_offset, stored.byte_length, Encoding.BLOCK_SCALED)
     return TensorMeta(name, "float32", shape, (chunk,), attrs)
