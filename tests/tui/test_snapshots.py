@@ -27,8 +27,9 @@ def driver(*keys: str, pause_after_typing: bool = False):
             if key == "enter" or pause_after_typing:
                 await pilot.pause(0.25)
             await settle(pilot, rounds=1)
-        await pilot.pause(0.3)  # the filter's typing delay
-        await settle(pilot)
+        for _ in range(2):  # the filter's typing delay, then its worker (twice: a loaded CI machine is slow)
+            await pilot.pause(0.3)
+            await settle(pilot)
 
     return run_before
 
