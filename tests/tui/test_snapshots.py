@@ -118,4 +118,14 @@ def test_shard_map_multi_chunk(snap_compare):
 )
 def test_sizes(name, path, keys, size, snap_compare, in_repo):
     """The layout adapts from an 80x24 terminal to a wide one: nothing cut that a user needs."""
-    assert snap_compare(make_app(path, keymap={}), terminal_size=size, run_before=driver(*keys))
+    base = driver(*keys)
+
+    async def run_before(pilot) -> None:
+        await base(pilot)
+        for _ in range(100):  # the convert form plans on a timer: wait until its plan is shown
+            if not getattr(pilot.app.screen, "planning", False):
+                break
+            await pilot.pause(0.1)
+            await settle(pilot)
+
+    assert snap_compare(make_app(path, keymap={}), terminal_size=size, run_before=run_before)
