@@ -32,13 +32,13 @@ from ckptscope.tui.converting import (
     DTYPES,
     FORMATS,
     ConvertSettings,
-    default_destination,
     plan_detail,
     plan_row,
     plan_summary,
     result_path,
     verify_text,
 )
+from ckptscope.tui.destinations import default_destination
 from ckptscope.tui.messages import (
     ConvertFailed,
     ConvertFinished,
