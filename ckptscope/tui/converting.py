@@ -49,6 +49,12 @@ class ConvertSettings:
     spec: str = "local"
     hf_config: str | None = None
     """Directory with the HF config.json to use (``--hf-config``); None: the source's own."""
+    arch: str | None = None
+    """``--arch``: the architecture when the checkpoint does not say; None: detected."""
+    max_shard_size: str = "5GB"
+    """``--max-shard-size`` of HF safetensors shards."""
+    hf_experts: str = "per-expert"
+    """``--hf-experts``: MoE experts per expert (save_pretrained) or fused 3-D (transformers v5)."""
 
     def label(self) -> str:
         if self.target == "hf":
