@@ -107,6 +107,8 @@ class BrowseScreen(RenameActions, Screen[None]):
                 tooltip="Shard map: next block of the leading axes"),
         Binding("i", "iterations", "iterations", show=False, id="browse.iterations",
                 tooltip="Pick another iteration of this save directory"),
+        Binding("backspace", "back_to_source", "back to source", id="browse.back",
+                tooltip="Back to the checkpoint this copy was written from, as you left it"),
         Binding("p", "pick_layer", "pick layer", id="browse.pick_layer",
                 tooltip="In a collapsed range: open one layer, or compare two layers"),
         Binding("y", "copy_name", "copy name", show=False, id="browse.copy_name",
@@ -122,9 +124,12 @@ class BrowseScreen(RenameActions, Screen[None]):
     ]
 
     def __init__(self, path: str, *, trust_pickle: bool = False, discover: bool = True,
-                 iterations_root: str | None = None) -> None:
+                 iterations_root: str | None = None, opened_from: str | None = None) -> None:
         super().__init__()
         self.path = path
+        self.opened_from = opened_from
+        """The checkpoint whose browser this one was opened over (a converted or renamed copy);
+        ``backspace`` goes back to it, as it was left."""
         self.trust_pickle = trust_pickle
         self.discover = discover
         """Look for iterations first (a save root); off once the user picked one."""
@@ -525,7 +530,13 @@ class BrowseScreen(RenameActions, Screen[None]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "pick_layer":  # in the footer only where it applies
             return self._panes_ready and self.query_one(TensorTree).range_at_cursor() is not None
+        if action == "back_to_source":
+            return self.opened_from is not None
         return True
+
+    def action_back_to_source(self) -> None:
+        if self.opened_from is not None:
+            self.app.pop_screen()
 
     def action_pick_layer(self) -> None:
         from ckptscope.tui.screens.layers import LayerPickScreen
