@@ -18,6 +18,7 @@ from ckptscope.core.dtypes import dtype_by_name
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.tensor import TensorMeta
+from ckptscope.core.units import plural
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
 from ckptscope.mappings.config import (
@@ -197,10 +198,10 @@ def _dequantised(tensors: dict[str, TensorMeta], dtype: str, hf_cfg: dict | None
         return hf_cfg, []
     schemes = ", ".join(sorted({str(tensors[n].attr("quant_scheme")) for n in scaled}))
     if dtype == "keep":
-        raise CkptError(f"{len(scaled)} tensors are block-scaled ({schemes}; first: {scaled[0]}): convert writes "
+        raise CkptError(f"{plural(len(scaled), 'tensor is', 'tensors are')} block-scaled ({schemes}; first: {scaled[0]}): convert writes "
                         f"them dequantised, pass --dtype bfloat16 (or float32, float16); keeping the quantised "
                         f"blocks and scales is not supported", src)
-    notes = [f"{len(scaled)} block-scaled tensors ({schemes}) dequantised exactly, then cast to {dtype}"]
+    notes = [f"{plural(len(scaled), 'block-scaled tensor')} ({schemes}) dequantised exactly, then cast to {dtype}"]
     if hf_cfg and "quantization_config" in hf_cfg:
         hf_cfg = {k: v for k, v in hf_cfg.items() if k != "quantization_config"}
         notes.append("config.json written without quantization_config (the weights are no longer quantised)")
@@ -269,7 +270,7 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         else:
             raise CkptError(_unmapped_naming(family, tensors), src_path)
         if view.unmapped:
-            raise CkptError(f"{len(view.unmapped)} tensors match no {view.arch} rule "
+            raise CkptError(f"{plural(len(view.unmapped), 'tensor matches', 'tensors match')} no {view.arch} rule "
                             f"(first: {view.unmapped[0]}); pass --arch or report the layout")
         if family == "mcore":
             check_norm_convention(cfg, view.arch, src_path)
@@ -317,7 +318,7 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
     if family == "mcore":
         hf_view = map_to_hf(shapes, cfg, arch)
         if hf_view.unmapped:
-            raise CkptError(f"{len(hf_view.unmapped)} tensors match no {hf_view.arch} rule "
+            raise CkptError(f"{plural(len(hf_view.unmapped), 'tensor matches', 'tensors match')} no {hf_view.arch} rule "
                             f"(first: {hf_view.unmapped[0]})")
         arch_name = hf_view.arch
         check_norm_convention(cfg, arch_name, src_path)
@@ -351,7 +352,7 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         view = map_to_mcore(hf_shapes, cfg_out, arch_name, local_spec=ckpt_format == "torch" and spec == "local")
         view.recipes = {n: compose(r, source_space) for n, r in view.recipes.items()}
     if view.unmapped:
-        raise CkptError(f"{len(view.unmapped)} tensors match no {view.arch} rule (first: {view.unmapped[0]})")
+        raise CkptError(f"{plural(len(view.unmapped), 'tensor matches', 'tensors match')} no {view.arch} rule (first: {view.unmapped[0]})")
     cfg_out = cfg_out.merged(ModelConfig(arch=view.arch))
     if cfg_out.tie_word_embeddings is None:
         cfg_out = ModelConfig(**{**cfg_out.to_dict(), "tie_word_embeddings": "output_layer.weight" not in view.recipes})
@@ -409,10 +410,10 @@ def _split_report(entries: ModelEntries, skip_unknown: bool, src: Path) -> tuple
     if entries.unknown:
         first = next(iter(entries.unknown))
         if not skip_unknown:
-            raise CkptError(f"{len(entries.unknown)} entries are neither model weights ({entries.naming} names"
+            raise CkptError(f"{plural(len(entries.unknown), 'entry is', 'entries are')} neither model weights ({entries.naming} names"
                             f"{' under ' + repr(entries.prefix) if entries.prefix else ''}) nor known training "
                             f"state (first: {first}); pass --skip-unknown to leave them out", src)
-        notes.append(f"{len(entries.unknown)} unknown entries left out (first: {first})")
+        notes.append(f"{plural(len(entries.unknown), 'unknown entry', 'unknown entries')} left out (first: {first})")
         dropped += list(entries.unknown)
     return notes, dropped
 
@@ -451,7 +452,7 @@ def compose(outer: Recipe, inner: dict[str, Recipe]) -> Recipe:
 
 
 def view_notes(view: MappedView) -> list[str]:
-    return [f"{len(view.ignored)} non-value entries skipped (_extra_state, inv_freq)"] if view.ignored else []
+    return [f"{plural(len(view.ignored), 'non-value entry', 'non-value entries')} skipped (_extra_state, inv_freq)"] if view.ignored else []
 
 
 def _shard(tensors: list[OutputTensor], limit: int) -> list[tuple[str, list[str]]]:
