@@ -22,7 +22,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.tensor import TensorMeta
-from ckptscope.tui.filtering import filter_tensors, leaf_chains
+from ckptscope.tui.filtering import chain_to, filter_tensors, leaf_chains
 from ckptscope.tui.messages import (
     FilterApplied,
     IndexLoaded,
@@ -55,6 +55,8 @@ FILTER_DELAY = 0.12
 CACHE_SIZE = 512
 """Stats and value peeks kept per screen (bounded, as toolong bounds its caches)."""
 REVEAL_ALL_UNDER = 60
+UNCOLLAPSED_MATCHES = 2000
+"""Filter results up to this many tensors are not collapsed into ranges, so n / N visit every match."""
 """Filter results with at most this many leaves are expanded fully."""
 
 
@@ -412,9 +414,13 @@ class BrowseScreen(RenameActions, Screen[None]):
             self._leaves, self._match = [], -1
             if self.module_tree is not None:
                 tree = self.query_one(TensorTree)
+                here = self.current.name if self.current is not None else None
                 tree.show_tree(self.module_tree)
                 if len(self.module_tree.folded_children()) <= 3:
                     tree.expand_to_depth(1)
+                chain = chain_to(self.module_tree, here) if here is not None else []
+                if chain:  # the cursor stays on the tensor the filter led to
+                    tree.call_after_refresh(tree.reveal, chain)
         self.query_one("#filter-status", Static).update("")
         self.query_one(TensorTree).focus()
 
@@ -448,7 +454,7 @@ class BrowseScreen(RenameActions, Screen[None]):
         kept = filter_tensors(self.index.tensors.values(), pattern)
         if get_current_worker().is_cancelled:
             return
-        tree = build_tree(kept)
+        tree = build_tree(kept, collapse=len(kept) > UNCOLLAPSED_MATCHES)  # every match its own row: n reaches it
         self.post_message(FilterApplied(pattern, tree, len(kept), leaf_chains(tree), jump))
 
     @on(FilterApplied)
@@ -496,8 +502,12 @@ class BrowseScreen(RenameActions, Screen[None]):
     # --- view --------------------------------------------------------------------------------
 
     def action_show_tab(self, tab: str) -> None:
+        """Show a tab; its table takes the keys (j/k, / to search it), esc comes back to the tree."""
         if self._panes_ready:
             self.query_one(TabbedContent).active = tab
+            table = {"objects": ObjectsTable, "files": FilesTable}.get(tab)
+            if table is not None:
+                self.query_one(table).focus()
 
     def action_expand_all(self) -> None:
         self.query_one(TensorTree).expand_to_depth(3)
