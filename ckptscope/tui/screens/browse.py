@@ -263,7 +263,7 @@ class BrowseScreen(RenameActions, Screen[None]):
         self.iterations_root = message.root
 
         def picked(path: str | None) -> None:
-            if path is not None:
+            if path is not None and path != self.path:  # the one already open: nothing to reload or lose
                 self.confirm_discard(lambda: self.load(path), f"open {path}")
 
         self.app.push_screen(IterationPickerScreen(message.root, message.iterations,
