@@ -558,8 +558,7 @@ async def test_slash_searches_the_focused_table_and_n_walks_matches(in_repo):
         await pilot.press("o")
         await settle(pilot)
         table = app.screen.query_one("#objects-table", DataTable)
-        table.focus()
-        await pilot.pause()
+        assert app.focused is table  # o hands the keys to the objects table
         await pilot.press("slash")
         await settle(pilot)
         await pilot.press(*"rng", "enter")
@@ -572,6 +571,8 @@ async def test_slash_searches_the_focused_table_and_n_walks_matches(in_repo):
         await pilot.press("N", "N")
         assert table.cursor_row == hits[-1]  # wraps around
         assert app.screen.query_one(TensorTree).has_focus is False  # the tree filter never opened
+        await pilot.press("escape")
+        assert isinstance(app.focused, TensorTree)  # esc: back to the tree
 
 
 @sync
@@ -603,17 +604,6 @@ async def test_filter_n_visits_every_match_and_esc_keeps_the_place(in_repo):
         assert here.path == seen[-1] or seen[-1] in [f"{m}.self_attn.k_proj.weight" for m in here.members] or \
             any(seen[-1].startswith(m + ".") for m in (here.members or (here.path,)))
 
-
-@sync
-async def test_o_shows_objects_and_its_table_takes_the_keys(in_repo):
-    app = make_app(Path("sample_ckpts/megatron_style.pt"), keymap={})
-    async with app.run_test(size=SIZE) as pilot:
-        await settle(pilot)
-        await pilot.press("o")
-        await settle(pilot)
-        assert app.focused is app.screen.query_one("#objects-table")
-        await pilot.press("escape")
-        assert isinstance(app.focused, TensorTree)
 
 
 @sync
