@@ -21,7 +21,9 @@ class DiffWithDialog(ModalScreen[str | None]):
     """Dismisses with the path of B (it exists), or None."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("enter", "compare", "compare", id="diff_with.compare", tooltip="Compare with the path typed"),
+        # priority: the input's own enter (hidden in the footer) would otherwise hide this one
+        Binding("enter", "compare", "compare", id="diff_with.compare", priority=True,
+                tooltip="Compare with the path typed"),
         Binding("escape", "cancel", "cancel", id="diff_with.cancel", tooltip="Close without comparing"),
     ]
 
@@ -47,7 +49,7 @@ class DiffWithDialog(ModalScreen[str | None]):
         self.action_compare()
 
     def action_compare(self) -> None:
-        """Named in the footer (the input's own enter key is hidden there); enter reaches the input first."""
+        """Enter: check the path typed, then compare with it."""
         value = self.query_one("#diff-with-path", Input).value.strip()
         status = self.query_one("#diff-with-status", Static)
         if not value:

@@ -28,6 +28,7 @@ from textual.worker import get_current_worker
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.units import plural
+from ckptscope.tui.widgets.column_fit import fit_column
 from ckptscope.tui.widgets.diff_table import NameCell
 from ckptscope.tui.widgets.table_search import SearchableTable, search_bindings
 from ckptscope.tui.widgets.vim_keys import table_keys
@@ -70,17 +71,6 @@ class TimelineComputed(Message):
     def __init__(self, result: TimelineResult | None, error: str = "") -> None:
         self.result, self.error = result, error
         super().__init__()
-
-
-def fit_column(table: DataTable[object], key: str, width: int) -> None:
-    """Set a fixed column's width after the fact (its cells are ``NameCell``s, drawn to fit)."""
-    column = table.columns.get(key)  # type: ignore[call-overload]
-    if column is None or column.width == width:
-        return
-    column.width, column.auto_width = width, False
-    table._clear_caches()
-    table._require_update_dimensions = True
-    table.refresh()
 
 
 class HeatTable(SearchableTable, DataTable[object]):

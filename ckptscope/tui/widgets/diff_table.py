@@ -22,6 +22,7 @@ from textual.widgets import DataTable
 
 from ckptscope.core.units import middle_ellipsis
 from ckptscope.tui.diff_rows import COLUMNS, row_cells
+from ckptscope.tui.widgets.column_fit import fit_column
 from ckptscope.tui.widgets.vim_keys import table_keys
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -98,14 +99,7 @@ class DiffTable(DataTable[object]):
     def fit_name_column(self) -> None:
         """Give the name column the width the other columns leave (a vertical scrollbar included),
         or on a narrow table the width its names need (see ``name_width``)."""
-        width = name_width(self.size.width, self.longest, self.cell_padding)
-        column = self.columns.get("name")  # type: ignore[call-overload]
-        if column is None or column.width == width:
-            return
-        column.width, column.auto_width = width, False
-        self._clear_caches()
-        self._require_update_dimensions = True
-        self.refresh()
+        fit_column(self, "name", name_width(self.size.width, self.longest, self.cell_padding))
 
     def set_sort(self, column: str | None, reverse: bool) -> None:
         """Mark the sorted column's header: ▼ largest (or last) first, ▲ smallest (or first) first."""

@@ -17,7 +17,8 @@ from textual.binding import BindingType
 from textual.widgets import DataTable, Static
 
 from ckptscope.core.index import CheckpointIndex
-from ckptscope.tui.widgets.diff_table import NameCell
+from ckptscope.core.units import middle_ellipsis
+from ckptscope.tui.widgets.column_fit import fit_column
 from ckptscope.tui.widgets.table_search import SearchableTable, search_bindings
 from ckptscope.tui.widgets.vim_keys import table_keys
 
@@ -84,6 +85,11 @@ def object_rows(index: CheckpointIndex) -> list[tuple[str, str, str]]:
     return rows[:MAX_ROWS]
 
 
+def _key_cell(key: str, width: int) -> Text:
+    """A key cut to ``width``: start and end kept (``args.`` or ``optimizer.`` and the last word)."""
+    return Text(middle_ellipsis(key, width), style="bold")
+
+
 class ObjectsTable(SearchableTable, DataTable[object]):
     """Key / type / value of every object and metadata entry; long keys and values are shortened in
     their cells and shown whole by ``ObjectDetail`` for the row under the cursor. ``/`` searches the
@@ -99,10 +105,11 @@ class ObjectsTable(SearchableTable, DataTable[object]):
     def show(self, index: CheckpointIndex) -> None:
         self.clear(columns=True)
         self.rows_full = object_rows(index)
-        self.add_column("key", width=self._key_width(), key="key")
+        width = self._key_width()
+        self.add_column("key", width=width, key="key")
         self.add_columns("type", "value")
         for key, kind, value in self.rows_full:
-            self.add_row(NameCell(key, "bold"), Text(kind, style="cyan"), _short(value))
+            self.add_row(_key_cell(key, width), Text(kind, style="cyan"), _short(value))
         if not self.rows_full:
             self.add_row(Text("no objects: this checkpoint holds only tensors", style="dim"), "", "")
 
@@ -112,14 +119,10 @@ class ObjectsTable(SearchableTable, DataTable[object]):
         return key_width(tab, max((len(key) for key, _, _ in self.rows_full), default=MIN_KEY_WIDTH))
 
     def on_resize(self, event: events.Resize) -> None:
-        column = self.columns.get("key")  # type: ignore[call-overload]
         width = self._key_width()
-        if column is None or column.width == width or not self.rows_full:
-            return
-        column.width, column.auto_width = width, False
-        self._clear_caches()
-        self._require_update_dimensions = True
-        self.refresh()
+        if self.rows_full and fit_column(self, "key", width):
+            for row, (key, _, _) in enumerate(self.rows_full):  # the cells hold keys cut to the old width
+                self.update_cell_at((row, 0), _key_cell(key, width))
 
     def row_text(self, row: int) -> str:
         full = self.full_row(row)
