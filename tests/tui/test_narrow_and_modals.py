@@ -8,7 +8,6 @@ file with nine dtypes."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Input
+from test_timeline_screen import hf_run, until  # noqa: F401 - hf_run: the Trainer-written run, a fixture
 from tui_helpers import settle, sync
 
 from ckptscope.ops.diff.engine import DiffOptions
@@ -44,15 +44,6 @@ def footer_text(app) -> str:
     return screen_text(app)[-1]
 
 
-async def until(pilot, condition, rounds: int = 300) -> None:
-    for _ in range(rounds):
-        await settle(pilot, rounds=1)
-        if condition():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("the screen never got there")
-
-
 async def diff_finished(pilot) -> DiffScreen:
     app = pilot.app
     await until(pilot, lambda: isinstance(app.screen, DiffScreen) and app.screen.progress.state == "finished")
@@ -64,10 +55,15 @@ async def diff_finished(pilot) -> DiffScreen:
 # --- 2: the diff at 80 columns ----------------------------------------------------------------
 
 
+def gqa_diff():
+    """The shipped HF and Megatron-Core saves of one model (names differ, values equal)."""
+    return make_diff_app("sample_ckpts/hf_llama_gqa", "sample_ckpts/mcore_llama_gqa",
+                         options=DiffOptions(device="cpu"), keymap={})
+
+
 @sync
 async def test_diff_at_80_columns_shows_whole_names_and_the_detail_inside_the_screen(in_repo):
-    app = make_diff_app("sample_ckpts/hf_llama_gqa", "sample_ckpts/mcore_llama_gqa",
-                        options=DiffOptions(device="cpu"), keymap={})
+    app = gqa_diff()
     async with app.run_test(size=NARROW) as pilot:
         screen = await diff_finished(pilot)
         for _ in range(7):
@@ -91,8 +87,7 @@ async def test_diff_at_80_columns_shows_whole_names_and_the_detail_inside_the_sc
 
 @sync
 async def test_diff_beside_the_table_on_a_wide_screen(in_repo):
-    app = make_diff_app("sample_ckpts/hf_llama_gqa", "sample_ckpts/mcore_llama_gqa",
-                        options=DiffOptions(device="cpu"), keymap={})
+    app = gqa_diff()
     async with app.run_test(size=WIDE) as pilot:
         screen = await diff_finished(pilot)
         table, box = screen.query_one("#diff-table"), screen.query_one("#diff-detail-box")
@@ -226,15 +221,6 @@ async def test_object_keys_get_the_room_the_tab_has(in_repo):
 
 
 # --- 20: the timeline at 80 columns ------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def hf_run(tmp_path_factory) -> Path:
-    samples = str(REPO / "sample_ckpts")
-    if samples not in sys.path:
-        sys.path.insert(0, samples)
-    gen = importlib.import_module("make_timeline_samples")
-    return gen.write_timeline_hf(tmp_path_factory.mktemp("timeline_narrow"))
 
 
 @sync
