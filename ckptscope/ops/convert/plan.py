@@ -31,7 +31,7 @@ from ckptscope.mappings.config import (
     to_hf_config,
     to_megatron_args,
 )
-from ckptscope.mappings.fused_experts import fuse, has_fused_experts, unfuse
+from ckptscope.mappings.fused_experts import fuse, has_fused_experts, stores_per_expert, unfuse
 from ckptscope.mappings.links import Box, Piece, Recipe
 from ckptscope.mappings.resolve import (
     MappedView,
@@ -260,9 +260,9 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         if family == "mcore":
             view = map_to_hf(shapes, cfg, arch)
             notes.append(f"Megatron-Core names mapped to HF ({view.arch})")
-        elif family == "hf" and has_fused_experts(tensors):
+        elif family == "hf" and has_fused_experts(tensors) and stores_per_expert(arch or detect_arch(tensors, cfg)):
             arch_name = arch or detect_arch(tensors, cfg)
-            view = MappedView("hf", arch_name, cfg, unfuse(shapes, arch_name))
+            view = MappedView("hf", arch_name, cfg, unfuse(shapes, arch_name, hidden=cfg.hidden_size))
             notes.append("transformers v5 fused expert tensors read per expert")
         elif family == "hf":
             view = _identity_view(tensors, cfg, arch or cfg.arch or "llama")
@@ -336,7 +336,7 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
                          else "is stored apart but the config ties it (transformers ignores it on load); not written"))
         if has_fused_experts(tensors):  # read per expert, then composed back onto the fused tensors
             arch_name = arch_name or detect_arch(tensors, cfg)
-            source_space = unfuse(shapes, arch_name)
+            source_space = unfuse(shapes, arch_name, hidden=cfg.hidden_size)
             notes.append("transformers v5 fused expert tensors read per expert")
     else:
         raise CkptError(_unmapped_naming(family, tensors), src_path)

@@ -192,11 +192,15 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
         ignored_a, ignored_b = [], []
         mapped_a = mapped_b = False
         used = "none" if same_stored else "names"
-        if not same_stored:  # transformers v5 fused experts are compared per expert, as save_pretrained writes
-            for label, fam, tensors, index in (("A", fam_a, ta, index_a), ("B", fam_b, tb, index_b)):
-                if fam == "hf" and has_fused_experts(tensors):
+        fused = {"A": fam_a == "hf" and has_fused_experts(ta), "B": fam_b == "hf" and has_fused_experts(tb)}
+        if set(ta) != set(tb) and fused["A"] != fused["B"]:
+            # transformers v5 fused experts on one side only: compared per expert, as save_pretrained
+            # writes them (two fused sides, or the same names, compare as they are)
+            for label, tensors, index in (("A", ta, index_a), ("B", tb, index_b)):
+                if fused[label]:
                     fused_arch = arch or detect_arch(tensors, _side_config(index, tensors))
-                    recipes = unfuse(shapes_of(tensors), fused_arch)
+                    recipes = unfuse(shapes_of(tensors), fused_arch,
+                                     hidden=_side_config(index, tensors).hidden_size)
                     if label == "A":
                         recipes_a, mapped_a = recipes, True
                     else:
@@ -259,6 +263,9 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
 
     names = list(side_a.recipes) + [n for n in side_b.recipes if n not in side_a.recipes]
     names = select(names, include, exclude)
+    if not names and (include or exclude):  # a typo in a pattern must not read as "identical"
+        raise CkptError(f"no tensor of either side matches --include {' '.join(include) or '(all)'}"
+                        f"{' --exclude ' + ' '.join(exclude) if exclude else ''}")
     pairs = [DiffPair(n, side_a.recipes.get(n), side_b.recipes.get(n)) for n in names]
     padding = []
     for label, side in (("a", side_a), ("b", side_b)):
