@@ -1,1 +1,8 @@
-"""HF <-> Megatron-Core name tables and reversible transforms (filled by the convert/diff issues)."""
+"""HF <-> Megatron-Core name tables and reversible transforms (filled by the convert/diff issues).
+
+Architectures with their own module register into the shared tables here, once, on first import.
+"""
+
+from ckptscope.mappings import gpt_oss as _gpt_oss
+
+_gpt_oss.register()

@@ -133,3 +133,9 @@ def stacked(links: list[Link], index: int, mname: str) -> list[Link]:
     """The same links for a Megatron tensor stacked on a new leading axis at ``index`` (experts)."""
     return [Link(mname, ((index, index + 1),) + link.mcore_box, link.hf, link.hf_box, link.transform)
             for link in links]
+
+
+def hf_stacked(links: list[Link], index: int) -> list[Link]:
+    """The same links for an HF tensor that stacks experts on a leading axis, at ``index`` (GPT-OSS)."""
+    return [Link(link.mcore, link.mcore_box, link.hf, ((index, index + 1),) + link.hf_box, link.transform)
+            for link in links]

@@ -59,6 +59,8 @@ CHECKPOINT_VERSION = 3.0
 
 _ATTN_POST_NORM = "self_attention.linear_proj.post_layernorm.weight"
 _MLP_POST_NORM = "mlp.linear_fc2.post_layernorm.weight"
+_SINKS = "self_attention.core_attention.softmax_offset"
+"""GPT-OSS's attention sinks: the first module Attention builds is core_attention, so they come first."""
 """Gemma's post-norms: a child module of the row-parallel linear (Megatron-Bridge), so after the linear's
 own parameters and ``_extra_state``. Megatron-Bridge builds Gemma with the TE spec only; a local-spec
 file holding them follows the same module order (not checked against a real writer)."""
@@ -66,7 +68,7 @@ file holding them follows the same module order (not checked against a real writ
 # core_attention and linear_proj before SelfAttention adds linear_qkv and the q/k norms; parameters
 # before a module's _extra_state). Checked against megatron-core 0.16.1 for the local spec.
 _ATTN_LOCAL = (
-    "input_layernorm.weight", "input_layernorm.bias",
+    "input_layernorm.weight", "input_layernorm.bias", _SINKS,
     "self_attention.linear_proj.weight", "self_attention.linear_proj.bias", "self_attention.linear_proj._extra_state",
     _ATTN_POST_NORM,
     "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias", "self_attention.linear_qkv._extra_state",
@@ -79,7 +81,7 @@ _MLP_LOCAL = (
     "mlp.linear_fc2.weight", "mlp.linear_fc2.bias", "mlp.linear_fc2._extra_state", _MLP_POST_NORM,
 )
 _ATTN_TE = (  # not checked against a real TE install (none here); from the TE module layouts
-    "self_attention.core_attention._extra_state",
+    _SINKS, "self_attention.core_attention._extra_state",
     "self_attention.linear_proj.weight", "self_attention.linear_proj.bias", "self_attention.linear_proj._extra_state",
     _ATTN_POST_NORM,
     "self_attention.linear_qkv.layer_norm_weight", "self_attention.linear_qkv.layer_norm_bias",
@@ -102,10 +104,11 @@ def _moe_mlp_order(local_experts: int) -> tuple[str, ...]:
     """A MoE layer's MLP part: the separate norm, then MoELayer's router (weight, then the expert_bias
     buffer), SequentialMLP's local experts, the shared experts (their own ``gate_weight`` before their
     linears). Checked against megatron-core 0.16.1 for the local spec; the TE spec has the same modules."""
-    order = ["pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias", "mlp.router.weight", "mlp.router.expert_bias"]
+    order = ["pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias", "mlp.router.weight", "mlp.router.bias",
+             "mlp.router.expert_bias"]
     for e in range(local_experts):
         for linear in ("linear_fc1", "linear_fc2"):
-            order += [f"{EXPERTS}{e}.{linear}.weight", f"{EXPERTS}{e}.{linear}{EXTRA}"]
+            order += [f"{EXPERTS}{e}.{linear}.weight", f"{EXPERTS}{e}.{linear}.bias", f"{EXPERTS}{e}.{linear}{EXTRA}"]
     order += ["mlp.shared_experts.gate_weight",
               "mlp.shared_experts.linear_fc1.weight", f"mlp.shared_experts.linear_fc1{EXTRA}",
               "mlp.shared_experts.linear_fc2.weight", f"mlp.shared_experts.linear_fc2{EXTRA}"]

@@ -81,6 +81,9 @@ LAYER_LAYOUT: dict[str, str] = {  # canonical (TE) per-layer names; fc1 is GLU w
     # row-parallel linear (src/megatron/bridge/models/gemma/modules.py), so they are replicated
     "self_attention.linear_proj.post_layernorm.weight": REPLICATED,
     "mlp.linear_fc2.post_layernorm.weight": REPLICATED,
+    # GPT-OSS's attention sinks: DotProductAttention's learnable softmax offset, one per head, so split
+    # over TP like the heads (its sharded_state_dict shards axis 0)
+    "self_attention.core_attention.softmax_offset": COLUMN,
 }
 LOCAL_TO_TE = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_",
                "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
@@ -97,6 +100,7 @@ MOE_LAYER_LAYOUT: dict[str, str] = {
     "pre_mlp_layernorm.weight": REPLICATED,
     "pre_mlp_layernorm.bias": REPLICATED,
     "mlp.router.weight": REPLICATED,
+    "mlp.router.bias": REPLICATED,  # with add_bias_linear (GPT-OSS)
     "mlp.router.expert_bias": REPLICATED,  # fp32 buffer, only with moe_router_enable_expert_bias
     "mlp.shared_experts.gate_weight": REPLICATED,  # [1, H], Qwen2-MoE's sigmoid gate
     "mlp.shared_experts.linear_fc1.weight": COLUMN,  # an MLP on the TP group: [gate; up] like a dense fc1
@@ -104,7 +108,8 @@ MOE_LAYER_LAYOUT: dict[str, str] = {
 }
 EXPERTS = "mlp.experts.local_experts."
 """SequentialMLP experts: ``mlp.experts.local_experts.{e}.linear_fc1.weight`` ([gate; up]) / ``linear_fc2``."""
-EXPERT_LAYOUT: dict[str, str] = {"linear_fc1.weight": COLUMN, "linear_fc2.weight": ROW}
+EXPERT_LAYOUT: dict[str, str] = {"linear_fc1.weight": COLUMN, "linear_fc2.weight": ROW,
+                                 "linear_fc1.bias": COLUMN, "linear_fc2.bias": REPLICATED}  # biases: GPT-OSS
 """Split over the expert TP group (``expert_tensor_parallel_size``, which defaults to TP)."""
 DIST_EXPERTS = "mlp.experts.experts."
 """torch_dist stacks every expert of a layer under one key with an expert axis after the layer axis
