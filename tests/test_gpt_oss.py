@@ -26,7 +26,7 @@ transformers = pytest.importorskip("transformers")
 from ckptscope.ops.convert.execute import execute_convert  # noqa: E402
 from ckptscope.ops.convert.plan import plan_convert  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
-from tests.mcore_reference import generators  # noqa: E402
+from tests.mcore_reference import allow_router_without_te, generators  # noqa: E402
 
 DIMS = dict(vocab_size=128, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=64,
@@ -158,13 +158,9 @@ def _mcore_model(args: dict):
 
 def _mcore_load(dist_dir):
     """(model state, logits) of a fresh megatron-core GPT-OSS that loaded ``dist_dir`` (parameters NaN first)."""
-    import megatron.core.transformer.moe.moe_utils as moe_utils
     from megatron.core import dist_checkpointing
 
-    # megatron-core 0.16.1's router bias path names te_general_gemm, which it only defines when
-    # TransformerEngine imports (moe_utils.router_gating_linear); None selects its plain torch path
-    if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
+    allow_router_without_te()
     gen = generators()
     iter_dir = dist_dir / "iter_0000000"
     args = vars(torch.load(iter_dir / "common.pt", map_location="cpu", weights_only=False)["args"])

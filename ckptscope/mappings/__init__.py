@@ -4,5 +4,7 @@ Architectures with their own module register into the shared tables here, once, 
 """
 
 from ckptscope.mappings import gpt_oss as _gpt_oss
+from ckptscope.mappings import llama4 as _llama4
 
 _gpt_oss.register()
+_llama4.register()

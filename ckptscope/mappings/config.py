@@ -75,10 +75,15 @@ LOCAL_EXPERTS_KEY: set[str] = {"mixtral"}
 """Archs whose HF config counts experts as ``num_local_experts`` (else ``num_experts``)."""
 MEGATRON_FACT_KEYS = ("softmax_type", "glu_linear_offset", "activation_func_clamp_value", "quick_geglu",
                       "add_bias_linear", "gated_linear_unit", "swiglu", "window_size", "window_attn_skip_freq",
-                      "position_embedding_type")
+                      "position_embedding_type", "rotary_interleaved", "qk_l2_norm", "no_rope_freq",
+                      "moe_layer_freq", "moe_apply_probs_on_input", "moe_router_score_function")
 """Megatron args that decide what a layer computes beyond the tensors (kept in ``megatron_facts``)."""
 MEGATRON_ARGS_HOOKS: dict[str, Callable[[ModelConfig, dict[str, Any]], None]] = {}
 """Arch -> edits of the Megatron args ``to_megatron_args`` writes (the arch's activation, attention)."""
+HF_READ_HOOKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+"""Arch -> ``ModelConfig`` fields read from its config.json where the generic reading is wrong."""
+EXPORT_NOTES: dict[str, Callable[[ModelConfig], list[str]]] = {}
+"""Arch -> what a Megatron-Core export cannot carry (said in the convert notes)."""
 HF_CONFIG_HOOKS: dict[str, Callable[[ModelConfig, dict[str, Any]], None]] = {}
 """Arch -> edits of the config.json ``to_hf_config`` derives."""
 MEGATRON_CHECKS: dict[str, Callable[[ModelConfig], list[str]]] = {}
@@ -187,7 +192,7 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
     qkv_bias = _first(text, "attention_bias")
     if qkv_bias is None and arch in ("qwen2", "qwen2_moe"):
         qkv_bias = True  # Qwen2's config has no flag: its q/k/v projections always carry biases
-    return ModelConfig(
+    return replace(ModelConfig(
         arch=arch,
         num_layers=_first(text, "num_hidden_layers"),
         hidden_size=hidden,
@@ -210,7 +215,7 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
         max_position_embeddings=_first(text, "max_position_embeddings"),
         dtype=_first(config, "torch_dtype", "dtype"),
         hf_extra={k: text[k] for k in HF_EXTRA_KEYS[arch] if k in text} if arch in HF_EXTRA_KEYS else None,
-    )
+    ), **(HF_READ_HOOKS[arch](text) if arch in HF_READ_HOOKS else {}))
 
 
 def from_megatron_args(args: dict[str, Any]) -> ModelConfig:

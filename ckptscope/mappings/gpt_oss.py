@@ -79,31 +79,16 @@ def _interleaved_links(cfg, mname, mshape, hf_names, hf_shapes):
             for j in range(half) for part in (0, 1)]
 
 
-def _transposed_shapes(cfg, mcore, hf):
-    """fc2 ``[H, I]`` <-> HF slice ``[I, H]``."""
-    shape = tuple(mcore if mcore is not None else hf[0])
-    if len(shape) != 2:
-        raise CkptError(f"a GPT-OSS expert down projection is 2-D, got {list(shape)}")
-    return (shape if mcore is not None else shape[::-1]), [shape[::-1] if mcore is not None else shape]
-
-
-def _transposed_links(cfg, mname, mshape, hf_names, hf_shapes):
-    rows, cols = mshape
-    return [Link(mname, ((h, h + 1), (0, cols)), hf_names[0], ((0, cols), (h, h + 1)), "transpose")
-            for h in range(rows)]
-
-
 TRANSFORMS = {
     "gate_up_interleaved_t": Transform("gate_up_interleaved_t", 1, _interleaved_t_shapes, _interleaved_t_links),
     "gate_up_interleaved": Transform("gate_up_interleaved", 1, _interleaved_shapes, _interleaved_links),
-    "transpose": Transform("transpose", 1, _transposed_shapes, _transposed_links),
 }
 
 
 # --- rules ----------------------------------------------------------------------------------------
 
 
-def _expert(hf: str, linear_param: str, transform: str) -> Rule:
+def fused_expert_rule(hf: str, linear_param: str, transform: str) -> Rule:
     """One fused HF expert tensor <-> expert ``{e}``'s Megatron tensor (SequentialMLP, torch_dist's
     stacked ``experts.experts`` and TEGroupedMLP spellings)."""
     linear, param = linear_param.split(".")
@@ -117,10 +102,10 @@ RULES: tuple[Rule, ...] = TOP + ATTENTION + QKV_BIAS + (
     _layer("post_attention_layernorm.weight", ("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight")),
     _layer("mlp.router.weight", "mlp.router.weight"),
     _layer("mlp.router.bias", "mlp.router.bias"),
-    _expert("mlp.experts.gate_up_proj", "linear_fc1.weight", "gate_up_interleaved_t"),
-    _expert("mlp.experts.gate_up_proj_bias", "linear_fc1.bias", "gate_up_interleaved"),
-    _expert("mlp.experts.down_proj", "linear_fc2.weight", "transpose"),
-    _expert("mlp.experts.down_proj_bias", "linear_fc2.bias", "identity"),
+    fused_expert_rule("mlp.experts.gate_up_proj", "linear_fc1.weight", "gate_up_interleaved_t"),
+    fused_expert_rule("mlp.experts.gate_up_proj_bias", "linear_fc1.bias", "gate_up_interleaved"),
+    fused_expert_rule("mlp.experts.down_proj", "linear_fc2.weight", "transpose"),
+    fused_expert_rule("mlp.experts.down_proj_bias", "linear_fc2.bias", "identity"),
 )
 """Attention with biases on q/k/v and o, sinks; a MoE MLP on every layer (router with bias, experts
 with biases). Norm names as Mixtral's MoE layers (``MOE_NORM``)."""

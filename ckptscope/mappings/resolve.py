@@ -92,6 +92,8 @@ def detect_arch(names: Iterable[str], cfg: ModelConfig) -> str:
     joined = "\n".join(names)
     if ".self_attn.sinks" in joined or ".core_attention.softmax_offset" in joined:  # attention sinks
         return "gpt_oss"
+    if ".feed_forward." in joined:  # Llama 4's HF module names
+        return "llama4"
     if "post_layernorm." in joined or "pre_feedforward_layernorm." in joined:  # Gemma's sandwich norms
         return "gemma3" if "q_norm." in joined or "q_layernorm." in joined else "gemma2"
     moe = cfg.is_moe or ".experts." in joined or "block_sparse_moe" in joined

@@ -225,14 +225,14 @@ def _layout(model: ModelTensors, tp: int, pp: int, ep: int, etp: int, args: dict
                         for p, x, name in places for t in range(tp)])
 
     extra = extra_state_value(spec)
-    order = _layer_order(spec, model.moe, local_experts)
+    orders = {moe: _layer_order(spec, moe, local_experts) for moe in (False, True)}
     for p, stage in enumerate(ranges):
         for x in range(ep):
             names: list[str] = []
             for top in _ORDER_TOP:
                 if top is None:
                     for local in range(len(stage)):
-                        for sub in order:
+                        for sub in orders[model.is_moe_layer(stage.start + local)]:
                             name = f"{LAYERS}{local}.{sub}"
                             if sub.endswith(EXTRA):
                                 module = sub[: -len(EXTRA)]
@@ -424,7 +424,7 @@ def write_torch_legacy(iter_dir: Path, tensors: list[OutTensor], *, args: dict, 
     if etp not in (1, tp):
         raise CkptError(f"expert_tensor_parallel_size={etp}: only 1 or the TP size ({tp}) is supported")
     model = analyse(tensors, args)
-    if ep > 1 and (not model.moe or model.num_experts % ep):
+    if ep > 1 and (not model.num_experts or model.num_experts % ep):
         raise CkptError(f"expert parallel size {ep} needs a MoE model whose expert count divides by it "
                         f"(got {model.num_experts} experts)")
     import torch

@@ -20,6 +20,7 @@ from ckptscope.core.index import CheckpointIndex
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
 from ckptscope.mappings.config import (
+    EXPORT_NOTES,
     MEGATRON_CHECKS,
     ZERO_CENTRED_NORM,
     ModelConfig,
@@ -341,6 +342,8 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
     args = to_megatron_args(cfg_out, tp=tp, pp=pp, ep=ep, ckpt_format=ckpt_format,
                             make_vocab_size_divisible_by=divisible)
     args["iteration"] = iteration
+    if view.arch in EXPORT_NOTES:
+        notes += EXPORT_NOTES[view.arch](cfg_out)
     out = [OutputTensor(n, r.shape, r.dtype if dtype == "keep" else dtype, r)
            for n, r in entries.to_stored(view.recipes).items()]
     if dtype != "keep":
