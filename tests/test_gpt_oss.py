@@ -23,10 +23,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from ckptscope.ops.convert.execute import execute_convert  # noqa: E402
-from ckptscope.ops.convert.plan import plan_convert  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
-from tests.mcore_reference import allow_router_without_te, generators  # noqa: E402
+from tests.arch_roundtrip import assert_round_trip, convert, eager_logits, hf_tensors, mcore_load, rewrite_args  # noqa: E402
 
 DIMS = dict(vocab_size=128, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=64,
@@ -54,50 +52,24 @@ def hf_dir(tmp_path_factory):
     return out
 
 
-def _hf_tensors(hf_dir):
-    from safetensors.torch import load_file
-
-    return load_file(hf_dir / "model.safetensors")
-
-
-def _logits(hf):
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32,
-                                                                     attn_implementation="eager",
-                                                                     output_loading_info=True)
-    assert not any(info.values()), info
-    with torch.no_grad():
-        return model.eval()(input_ids=TOKENS).logits
-
-
-def _convert(src, dst, **kw):
-    execute_convert(plan_convert(src, dst, **kw))
-    return dst
-
-
 @pytest.fixture(scope="module")
 def dist_dir(hf_dir):
-    return _convert(hf_dir, hf_dir.parent / "mcore_dist", to="mcore")
+    return convert(hf_dir, hf_dir.parent / "mcore_dist", to="mcore")
 
 
 @pytest.fixture(scope="module")
 def hf_logits(hf_dir):
-    return _logits(hf_dir)
+    return eager_logits(hf_dir, TOKENS)
 
 
 @pytest.mark.parametrize("fmt,tp,ep", [("torch_dist", 1, 1), ("torch", 2, 2)])
-def test_round_trip_gives_bitwise_equal_logits_and_config(hf_dir, hf_logits, tmp_path, fmt, tp, ep):
-    mcore = _convert(hf_dir, tmp_path / "mcore", to="mcore", ckpt_format=fmt, tp=tp, ep=ep)
-    back = _convert(mcore, tmp_path / "hf", to="hf")  # no --hf-config: everything from the Megatron args
-    assert torch.equal(_logits(back), hf_logits)
-    src, got = (json.loads((d / "config.json").read_text()) for d in (hf_dir, back))
-    for key in CARRIED:
-        assert got.get(key) == src.get(key), key
-    assert got["architectures"] == ["GptOssForCausalLM"]
+def test_round_trip_gives_bitwise_equal_logits_and_config(hf_dir, tmp_path, fmt, tp, ep):
+    assert_round_trip(hf_dir, tmp_path, TOKENS, CARRIED, "GptOssForCausalLM", ckpt_format=fmt, tp=tp, ep=ep)
 
 
 @pytest.mark.parametrize("fmt", ["torch_dist", "torch"])
 def test_diff_across_naming_is_clean(hf_dir, dist_dir, tmp_path, fmt):
-    mcore = dist_dir if fmt == "torch_dist" else _convert(hf_dir, tmp_path / "leg", to="mcore", ckpt_format="torch",
+    mcore = dist_dir if fmt == "torch_dist" else convert(hf_dir, tmp_path / "leg", to="mcore", ckpt_format="torch",
                                                           tp=2, ep=2)
     result = run_cli("diff", str(hf_dir), str(mcore), "--plain")
     assert result.code == 0, result.out + result.err
@@ -110,7 +82,7 @@ def test_diff_reports_a_swapped_gate_and_up_column(hf_dir, dist_dir, tmp_path):
 
     broken = tmp_path / "broken"
     shutil.copytree(hf_dir, broken)
-    state = _hf_tensors(hf_dir)
+    state = hf_tensors(hf_dir)
     gate_up = state["model.layers.1.mlp.experts.gate_up_proj"].clone()
     gate_up[2, :, [6, 7]] = gate_up[2, :, [7, 6]]
     state["model.layers.1.mlp.experts.gate_up_proj"] = gate_up
@@ -157,24 +129,8 @@ def _mcore_model(args: dict):
 
 
 def _mcore_load(dist_dir):
-    """(model state, logits) of a fresh megatron-core GPT-OSS that loaded ``dist_dir`` (parameters NaN first)."""
-    from megatron.core import dist_checkpointing
-
-    allow_router_without_te()
-    gen = generators()
-    iter_dir = dist_dir / "iter_0000000"
-    args = vars(torch.load(iter_dir / "common.pt", map_location="cpu", weights_only=False)["args"])
-    gen.ensure_single_rank_world()
-    with gen.cpu_megatron():
-        model = _mcore_model(args)
-        with torch.no_grad():
-            for param in model.parameters():
-                param.fill_(float("nan"))
-        wanted = model.sharded_state_dict()
-        loaded = dist_checkpointing.load({"model": wanted}, str(iter_dir), strict="assume_ok_unexpected")
-        model.load_state_dict(loaded["model"], strict=True)
-        logits = gen.mcore_model_logits(model, TOKENS)[..., :DIMS["vocab_size"]]
-        return model.state_dict(), wanted, logits
+    """(model state, sharded state dict, logits) of a fresh megatron-core GPT-OSS that loaded ``dist_dir``."""
+    return mcore_load(dist_dir, _mcore_model, TOKENS, DIMS["vocab_size"])
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +161,7 @@ def test_megatron_core_holds_sinks_biases_and_deinterleaved_experts(hf_dir, mcor
     """What megatron-core loaded, against the HF tensors as GptOssExperts uses them (``x @ W + b``, gate
     at even and up at odd columns): one assertion per pitfall, independent of ckptscope's reader."""
     state, _, _ = mcore_loaded
-    hf = _hf_tensors(hf_dir)
+    hf = hf_tensors(hf_dir)
     for i in range(DIMS["num_hidden_layers"]):
         h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
         assert torch.equal(state[m + "self_attention.core_attention.softmax_offset"], hf[h + "self_attn.sinks"])
@@ -248,8 +204,8 @@ def test_a_symmetric_interleave_mistake_round_trips_but_megatron_core_catches_it
     for name in ("gate_up_interleaved_t", "gate_up_interleaved"):
         monkeypatch.setitem(transforms.TRANSFORMS, name,
                             dataclasses.replace(transforms.TRANSFORMS[name], links=_contiguous_halves(name)))
-    mcore = _convert(hf_dir, tmp_path / "mcore", to="mcore")
-    assert torch.equal(_logits(_convert(mcore, tmp_path / "hf", to="hf")), hf_logits)
+    mcore = convert(hf_dir, tmp_path / "mcore", to="mcore")
+    assert torch.equal(eager_logits(convert(mcore, tmp_path / "hf", to="hf"), TOKENS), hf_logits)
     _, _, logits = _mcore_load(mcore)
     assert (logits - hf_logits).abs().max().item() > 1e-3
 
@@ -258,8 +214,8 @@ def test_tp2_ep2_files_split_experts_sinks_and_biases_as_megatron_does(hf_dir, t
     """Per-rank files against the HF tensors: expert e lives on EP rank e // 2 as local expert e % 2, its
     fc1 rows and bias split as [gate_t; up_t] over TP (the de-interleaved halves), fc2 by columns with a
     whole bias; the sinks split by heads like the attention."""
-    mcore = _convert(hf_dir, tmp_path / "mcore", to="mcore", ckpt_format="torch", tp=2, ep=2)
-    hf = _hf_tensors(hf_dir)
+    mcore = convert(hf_dir, tmp_path / "mcore", to="mcore", ckpt_format="torch", tp=2, ep=2)
+    hf = hf_tensors(hf_dir)
     half = I // 2
     for tp_rank in (0, 1):
         rows = slice(tp_rank * half, (tp_rank + 1) * half)
@@ -283,27 +239,13 @@ def test_tp2_ep2_files_split_experts_sinks_and_biases_as_megatron_does(hf_dir, t
 # --- refusals --------------------------------------------------------------------------------------
 
 
-def _rewrite_args(dist_dir, tmp_path, **changes):
-    copy = tmp_path / "edited"
-    shutil.copytree(dist_dir, copy)
-    path = copy / "iter_0000000" / "common.pt"
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    for key, value in changes.items():
-        if value is None:
-            delattr(state["args"], key)
-        else:
-            setattr(state["args"], key, value)
-    torch.save(state, path)
-    return copy
-
-
 @pytest.mark.parametrize("changes,word", [(dict(glu_linear_offset=0.0), "glu_linear_offset"),
                                           (dict(activation_func_clamp_value=None), "activation_func_clamp_value"),
                                           (dict(softmax_type="vanilla"), "softmax_type"),
                                           (dict(quick_geglu=None), "quick_geglu")],
                          ids=["no-up-offset", "no-clamp", "no-sinks", "silu-gate"])
 def test_export_refuses_megatron_args_that_compute_something_else(dist_dir, tmp_path, changes, word):
-    edited = _rewrite_args(dist_dir, tmp_path, **changes)
+    edited = rewrite_args(dist_dir, tmp_path, **changes)
     for to in ("hf", "mcore"):
         result = run_cli("convert", str(edited), str(tmp_path / f"out_{to}"), "--to", to)
         assert result.code == 2 and word in result.err and "Traceback" not in result.err, result.err

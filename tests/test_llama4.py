@@ -13,17 +13,14 @@ on every layer, ``nope`` has a NoPE layer and no q/k norm.
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from ckptscope.ops.convert.execute import execute_convert  # noqa: E402
-from ckptscope.ops.convert.plan import plan_convert  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
-from tests.mcore_reference import allow_router_without_te, generators  # noqa: E402
+from tests.arch_roundtrip import assert_round_trip, convert, eager_logits, hf_tensors, mcore_load, megatron_args, rewrite_args  # noqa: E402
 
 DIMS = dict(vocab_size=128, hidden_size=64, intermediate_size=32, intermediate_size_mlp=48, num_hidden_layers=4,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=1,
@@ -53,49 +50,23 @@ def hf_dir(request, tmp_path_factory):
     return out
 
 
-def _hf_tensors(hf_dir):
-    from safetensors.torch import load_file
-
-    return load_file(hf_dir / "model.safetensors")
-
-
-def _logits(hf):
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32,
-                                                                     attn_implementation="eager",
-                                                                     output_loading_info=True)
-    assert not any(info.values()), info
-    with torch.no_grad():
-        return model.eval()(input_ids=TOKENS).logits
-
-
-def _convert(src, dst, **kw):
-    execute_convert(plan_convert(src, dst, **kw))
-    return dst
-
-
 @pytest.fixture(scope="module")
 def dist_dir(hf_dir):
-    return _convert(hf_dir, hf_dir.parent / "mcore_dist", to="mcore")
+    return convert(hf_dir, hf_dir.parent / "mcore_dist", to="mcore")
 
 
 @pytest.fixture(scope="module")
 def hf_logits(hf_dir):
-    return _logits(hf_dir)
+    return eager_logits(hf_dir, TOKENS)
 
 
 @pytest.mark.parametrize("fmt,tp,ep", [("torch_dist", 1, 1), ("torch", 2, 2)])
-def test_round_trip_gives_bitwise_equal_logits_and_config(hf_dir, hf_logits, tmp_path, fmt, tp, ep):
-    mcore = _convert(hf_dir, tmp_path / "mcore", to="mcore", ckpt_format=fmt, tp=tp, ep=ep)
-    back = _convert(mcore, tmp_path / "hf", to="hf")  # no --hf-config: everything from the Megatron args
-    assert torch.equal(_logits(back), hf_logits)
-    src, got = (json.loads((d / "config.json").read_text()) for d in (hf_dir, back))
-    for key in CARRIED:
-        assert got.get(key) == src.get(key), key
-    assert got["architectures"] == ["Llama4ForCausalLM"]
+def test_round_trip_gives_bitwise_equal_logits_and_config(hf_dir, tmp_path, fmt, tp, ep):
+    assert_round_trip(hf_dir, tmp_path, TOKENS, CARRIED, "Llama4ForCausalLM", ckpt_format=fmt, tp=tp, ep=ep)
 
 
 def test_diff_across_naming_is_clean(hf_dir, dist_dir, tmp_path):
-    legacy = _convert(hf_dir, tmp_path / "leg", to="mcore", ckpt_format="torch", tp=2, ep=2)
+    legacy = convert(hf_dir, tmp_path / "leg", to="mcore", ckpt_format="torch", tp=2, ep=2)
     for mcore in (dist_dir, legacy):
         result = run_cli("diff", str(hf_dir), str(mcore), "--plain")
         assert result.code == 0, result.out + result.err
@@ -103,7 +74,7 @@ def test_diff_across_naming_is_clean(hf_dir, dist_dir, tmp_path):
 
 
 def test_megatron_args_say_which_layers_are_moe(dist_dir):
-    args = vars(torch.load(dist_dir / "iter_0000000" / "common.pt", map_location="cpu", weights_only=False)["args"])
+    args = megatron_args(dist_dir)
     assert args["moe_layer_freq"] == [0, 1, 0, 1]
     assert args["ffn_hidden_size"] == DIMS["intermediate_size_mlp"]
     assert args["moe_ffn_hidden_size"] == args["moe_shared_expert_intermediate_size"] == DIMS["intermediate_size"]
@@ -146,23 +117,7 @@ def _mcore_model(args: dict):
 @pytest.fixture(scope="module")
 def mcore_loaded(dist_dir):
     """(state, sharded state dict, logits) of a fresh megatron-core Llama 4 that loaded ``dist_dir``."""
-    from megatron.core import dist_checkpointing
-
-    allow_router_without_te()
-    gen = generators()
-    iter_dir = dist_dir / "iter_0000000"
-    args = vars(torch.load(iter_dir / "common.pt", map_location="cpu", weights_only=False)["args"])
-    gen.ensure_single_rank_world()
-    with gen.cpu_megatron():
-        model = _mcore_model(args)
-        with torch.no_grad():
-            for param in model.parameters():
-                param.fill_(float("nan"))
-        wanted = model.sharded_state_dict()
-        loaded = dist_checkpointing.load({"model": wanted}, str(iter_dir), strict="assume_ok_unexpected")
-        model.load_state_dict(loaded["model"], strict=True)
-        logits = gen.mcore_model_logits(model, TOKENS)[..., :DIMS["vocab_size"]]
-        return model.state_dict(), wanted, logits
+    return mcore_load(dist_dir, _mcore_model, TOKENS, DIMS["vocab_size"])
 
 
 def test_megatron_core_loads_it_and_computes_the_same_logits(mcore_loaded, hf_logits):
@@ -192,7 +147,7 @@ def test_megatron_core_holds_dense_moe_shared_and_router_where_hf_does(hf_dir, m
     """What megatron-core loaded, against the HF tensors as Llama 4 uses them: one assertion per pitfall,
     independent of ckptscope's reader."""
     state, _, _ = mcore_loaded
-    hf = _hf_tensors(hf_dir)
+    hf = hf_tensors(hf_dir)
     for i in (0, 2):  # dense layers: no router, no experts, the dense FFN
         h, m = f"model.layers.{i}.feed_forward.", f"decoder.layers.{i}.mlp."
         assert not any(k.startswith(m + "router") or k.startswith(m + "experts") for k in state)
@@ -217,8 +172,8 @@ def test_tp2_ep2_files_hold_dense_and_moe_layers_as_megatron_does(hf_dir, tmp_pa
     """Per-rank files against the HF tensors: a dense layer's fc1 and a MoE layer's shared-expert fc1 split
     as [gate_t; up_t]; expert e on EP rank e // 2 as local expert e % 2, its fc1 rows [gate_t; up_t] of
     the transposed HF slice."""
-    mcore = _convert(hf_dir, tmp_path / "mcore", to="mcore", ckpt_format="torch", tp=2, ep=2)
-    hf = _hf_tensors(hf_dir)
+    mcore = convert(hf_dir, tmp_path / "mcore", to="mcore", ckpt_format="torch", tp=2, ep=2)
+    hf = hf_tensors(hf_dir)
     inter, dense = DIMS["intermediate_size"], DIMS["intermediate_size_mlp"]
     for tp_rank in (0, 1):
         for ep_rank in (0, 1):
@@ -272,15 +227,7 @@ def test_export_refuses_more_than_one_expert_per_token(tmp_path):
 @pytest.mark.parametrize("key,value", [("rotary_interleaved", False), ("moe_apply_probs_on_input", None),
                                        ("moe_router_score_function", "softmax")])
 def test_megatron_source_that_computes_something_else_is_refused(dist_dir, tmp_path, key, value):
-    copy = tmp_path / "edited"
-    shutil.copytree(dist_dir, copy)
-    path = copy / "iter_0000000" / "common.pt"
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    if value is None:
-        delattr(state["args"], key)
-    else:
-        setattr(state["args"], key, value)
-    torch.save(state, path)
-    result = run_cli("convert", str(copy), str(tmp_path / "out"), "--to", "hf")
+    edited = rewrite_args(dist_dir, tmp_path, **{key: value})
+    result = run_cli("convert", str(edited), str(tmp_path / "out"), "--to", "hf")
     assert result.code == 2 and key in result.err, result.err
     assert not (tmp_path / "out").exists()

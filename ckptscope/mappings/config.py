@@ -88,6 +88,17 @@ HF_CONFIG_HOOKS: dict[str, Callable[[ModelConfig, dict[str, Any]], None]] = {}
 """Arch -> edits of the config.json ``to_hf_config`` derives."""
 MEGATRON_CHECKS: dict[str, Callable[[ModelConfig], list[str]]] = {}
 """Arch -> why a Megatron checkpoint of it would compute something else in HF (one line each)."""
+def fact_problems(cfg: ModelConfig, wanted: tuple[tuple[str, Any, str], ...]) -> list[str]:
+    """``MEGATRON_CHECKS`` helper: one line per ``(arg, value, why)`` the Megatron args do not say."""
+    facts = cfg.megatron_facts or {}
+    problems = []
+    for key, value, why in wanted:
+        if facts.get(key) != value:
+            said = "do not record" if key not in facts else f"say {facts[key]!r} for"
+            problems.append(f"its Megatron args {said} {key} ({why})")
+    return problems
+
+
 ARCH_FACTS: dict[str, list[str]] = {}
 """Arch -> model-level facts in words (``ckptscope archs``), for archs registered from their own module."""
 

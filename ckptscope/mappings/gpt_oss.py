@@ -30,6 +30,7 @@ with it is what marks such a rule).
 from __future__ import annotations
 
 from ckptscope.core.errors import CkptError
+from ckptscope.mappings.config import fact_problems
 from ckptscope.mappings.links import Link
 from ckptscope.mappings.schemas import ATTENTION, QKV_BIAS, TOP, Rule, _layer
 from ckptscope.mappings.transforms import Transform
@@ -183,7 +184,6 @@ def _megatron_args(cfg, args: dict) -> None:
 
 def _megatron_problems(cfg) -> list[str]:
     """Where a Megatron GPT-OSS checkpoint's args do not describe GPT-OSS's computation."""
-    facts = cfg.megatron_facts or {}
     limit = float((cfg.hf_extra or {}).get("swiglu_limit", 7.0))
     wanted = (("softmax_type", "learnable", "attention sinks need the learnable softmax offset"),
               ("add_bias_linear", True, "GPT-OSS's linears carry biases"),
@@ -191,12 +191,7 @@ def _megatron_problems(cfg) -> list[str]:
               ("quick_geglu", True, "the gate is x * sigmoid(1.702 x)"),
               ("glu_linear_offset", 1.0, "GPT-OSS computes (up + 1)"),
               ("activation_func_clamp_value", limit, f"GPT-OSS clamps at swiglu_limit={limit}"))
-    problems = []
-    for key, value, why in wanted:
-        if facts.get(key) != value:
-            said = "do not record" if key not in facts else f"say {facts[key]!r} for"
-            problems.append(f"its Megatron args {said} {key} (GPT-OSS needs {value!r}: {why})")
-    return problems
+    return fact_problems(cfg, wanted)
 
 
 def register() -> None:

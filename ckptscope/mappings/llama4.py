@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from ckptscope.core.errors import CkptError
+from ckptscope.mappings.config import fact_problems
 from ckptscope.mappings.gpt_oss import fused_expert_rule
 from ckptscope.mappings.schemas import ATTENTION, TOP, Rule, _layer
 
@@ -130,16 +131,10 @@ def _export_notes(cfg) -> list[str]:
 
 
 def _megatron_problems(cfg) -> list[str]:
-    facts = cfg.megatron_facts or {}
     wanted = (("rotary_interleaved", True, "Llama 4 rotates interleaved pairs"),
               ("moe_router_score_function", "sigmoid", "Llama 4's router scores are sigmoids"),
               ("moe_apply_probs_on_input", True, "Llama 4 scales the experts' input by the scores"))
-    problems = []
-    for key, value, why in wanted:
-        if facts.get(key) != value:
-            said = "do not record" if key not in facts else f"say {facts[key]!r} for"
-            problems.append(f"its Megatron args {said} {key} ({why})")
-    return problems
+    return fact_problems(cfg, wanted)
 
 
 def register() -> None:
