@@ -109,6 +109,11 @@ def _node_label(node: TreeNode, label: str, unit: str = "params") -> Text:
             text.append(f"  {ggml} ({human_bytes(int(meta.attr('stored_bytes') or 0))} stored)", style="magenta")
         if len(meta.chunks) > 1:
             text.append(f"  {len(meta.chunks)} chunks", style="dim")
+        quant = meta.quantization
+        if quant:
+            stored = (f"{quant['payload_dtype']} {meta.attr('quant_block')} blocks" if quant["scheme"] == "fp8_block"
+                      else f"mxfp4, {meta.attr('quant_block')} per e8m0 scale")
+            text.append(f"  = {stored} + {str(quant['scale']).rsplit('.', 1)[-1]}", style="yellow")
         return text
     text.append(label, style="bold blue")
     if node.is_range:
@@ -153,9 +158,9 @@ def objects_table(report: InspectReport) -> Table:
 def _preview(value: object, limit: int = 80) -> str:
     if isinstance(value, dict):
         keys = [k for k in value if k != "__class__"]
-        text = f"{{{len(keys)} keys: {', '.join(keys[:6])}{', ...' if len(keys) > 6 else ''}}}"
+        text = f"{{{plural(len(keys), 'key')}: {', '.join(keys[:6])}{', ...' if len(keys) > 6 else ''}}}"
     elif isinstance(value, list):
-        text = f"[{len(value)} items]"
+        text = f"[{plural(len(value), 'item')}]"
     else:
         text = repr(value) if not isinstance(value, str) else value
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -140,13 +140,18 @@ async def test_convert_megatron_to_hf_end_to_end(mcore_iter, tmp_path):
         assert "✓ wrote" in text_of(form.query_one("#convert-status", Static))
         assert form.written == str(dst)
 
-        # open result: the browser shows DST in place of the source
+        # open result: the written copy is browsed over the source's browser, which stays as it was
+        source_cursor = browser.query_one("#tree").cursor_line
         await pilot.press("ctrl+o")
         await settle(pilot)
         reopened = app.screen
         assert isinstance(reopened, BrowseScreen) and reopened is not browser
         assert reopened.path == str(dst)
         assert "model.layers.0.self_attn.q_proj.weight" in reopened.index.tensors
+        assert "back to source" in [b.description for _, b, on, _ in reopened.active_bindings.values() if on]
+        await pilot.press("backspace")
+        await settle(pilot)
+        assert app.screen is browser and browser.query_one("#tree").cursor_line == source_cursor
 
     got = load_file(str(dst / "model.safetensors"))
     assert set(got) == set(want)
@@ -309,3 +314,31 @@ async def test_hf_config_field_reaches_the_plan(tmp_path):
         await type_into(pilot, "#convert-hf-config", str(SAMPLES / "hf_llama_single"))
         assert form.plan is not None and form.plan.hf_config["num_key_value_heads"] == 2
         assert form.query_one("#convert-ep", Input).disabled  # ep and spec only mean something for mcore and form.query_one("#convert-spec", Select).disabled
+
+
+@sync
+async def test_shard_size_and_arch_fields_reach_the_written_checkpoint(mcore_iter, tmp_path):
+    """--max-shard-size and --arch have fields: a 100KB shard size writes several shards (the index
+    transformers reads names them), and an architecture that does not fit the tensors stops the plan."""
+    app = make_app(mcore_iter, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        form = await open_convert_form(pilot)
+        await choose(pilot, "#convert-target", "hf")
+        await type_into(pilot, "#convert-shard", "100KB")
+        assert form.plan is not None and len(form.plan.shards) > 1
+        await type_into(pilot, "#convert-dst", str(tmp_path / "out"))
+        await pilot.press("ctrl+s")
+        for _ in range(40):
+            await settle(pilot)
+            if form.stage == "done":
+                break
+            await pilot.pause(0.1)
+        index = (tmp_path / "out" / "model.safetensors.index.json").read_text()
+        shards = sorted(p.name for p in (tmp_path / "out").glob("*.safetensors"))
+        assert len(shards) == len(form.plan.shards) > 1 and all(s in index for s in shards)
+    app = make_app(mcore_iter, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        form = await open_convert_form(pilot)
+        await choose(pilot, "#convert-target", "hf")
+        await choose(pilot, "#convert-arch", "qwen3_moe")
+        assert form.plan is None and form.problem

@@ -17,6 +17,8 @@ from typing import Any
 from ckptscope.core.dtypes import dtype_by_name
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex
+from ckptscope.core.tensor import TensorMeta
+from ckptscope.core.units import plural
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
 from ckptscope.mappings.config import (
@@ -186,6 +188,28 @@ def _config_dirs(src: Path, index: CheckpointIndex, hf_config_dir: Path | None) 
     return [d for d in dirs if d.is_dir()]
 
 
+def _dequantised(tensors: dict[str, TensorMeta], dtype: str, hf_cfg: dict | None,
+                 src: Path) -> tuple[dict | None, list[str]]:
+    """Block-scaled sources (FP8 + ``weight_scale_inv``, MXFP4) are written dequantised, so a float
+    ``--dtype`` is required: ``keep`` would write the float32 reading (four times FP8's bytes), and
+    no target here has a layout for payload + scales (Megatron-Core saves no separate scale tensors;
+    splitting them for TP would need every cut on a block boundary). The written config loses its
+    ``quantization_config``: transformers would otherwise load bf16 weights as FP8."""
+    scaled = [n for n, t in tensors.items() if t.quantization]
+    if not scaled:
+        return hf_cfg, []
+    schemes = ", ".join(sorted({str(tensors[n].attr("quant_scheme")) for n in scaled}))
+    if dtype == "keep":
+        raise CkptError(f"{plural(len(scaled), 'tensor is', 'tensors are')} block-scaled ({schemes}; first: {scaled[0]}): convert writes "
+                        f"them dequantised, pass --dtype bfloat16 (or float32, float16); keeping the quantised "
+                        f"blocks and scales is not supported", src)
+    notes = [f"{plural(len(scaled), 'block-scaled tensor')} ({schemes}) dequantised exactly, then cast to {dtype}"]
+    if hf_cfg and "quantization_config" in hf_cfg:
+        hf_cfg = {k: v for k, v in hf_cfg.items() if k != "quantization_config"}
+        notes.append("config.json written without quantization_config (the weights are no longer quantised)")
+    return hf_cfg, notes
+
+
 def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: int = 1, ep: int = 1,
                  ckpt_format: str = "torch_dist", spec: str = "local", dtype: str = "keep",
                  hf_config: str | Path | None = None,
@@ -224,12 +248,13 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         raise CkptError("no model tensors to convert", src_path)
     split_notes, split_dropped = _split_report(entries, skip_unknown, src_path)
     hf_cfg_dict = _hf_config_from(Path(hf_config)) if hf_config else _source_hf_config(index)
+    hf_cfg_dict, quant_notes = _dequantised(tensors, dtype, hf_cfg_dict, src_path)
     cfg = config_from_index(index)
     if hf_cfg_dict:
         cfg = from_hf_config(hf_cfg_dict).merged(cfg)
     cfg = cfg.merged(config_from_names(shapes_of(tensors)))
     family = naming_family(tensors)
-    notes: list[str] = list(split_notes)
+    notes: list[str] = list(split_notes) + quant_notes
     iteration = index.iteration or 0
     shapes = shapes_of(tensors)
 
@@ -247,7 +272,7 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         else:
             raise CkptError(_unmapped_naming(family, tensors), src_path)
         if view.unmapped:
-            raise CkptError(f"{len(view.unmapped)} tensors match no {view.arch} rule "
+            raise CkptError(f"{plural(len(view.unmapped), 'tensor matches', 'tensors match')} no {view.arch} rule "
                             f"(first: {view.unmapped[0]}); pass --arch or report the layout")
         if family == "mcore":
             check_norm_convention(cfg, view.arch, src_path)
@@ -295,7 +320,7 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
     if family == "mcore":
         hf_view = map_to_hf(shapes, cfg, arch)
         if hf_view.unmapped:
-            raise CkptError(f"{len(hf_view.unmapped)} tensors match no {hf_view.arch} rule "
+            raise CkptError(f"{plural(len(hf_view.unmapped), 'tensor matches', 'tensors match')} no {hf_view.arch} rule "
                             f"(first: {hf_view.unmapped[0]})")
         arch_name = hf_view.arch
         check_norm_convention(cfg, arch_name, src_path)
@@ -329,7 +354,7 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         view = map_to_mcore(hf_shapes, cfg_out, arch_name, local_spec=ckpt_format == "torch" and spec == "local")
         view.recipes = {n: compose(r, source_space) for n, r in view.recipes.items()}
     if view.unmapped:
-        raise CkptError(f"{len(view.unmapped)} tensors match no {view.arch} rule (first: {view.unmapped[0]})")
+        raise CkptError(f"{plural(len(view.unmapped), 'tensor matches', 'tensors match')} no {view.arch} rule (first: {view.unmapped[0]})")
     cfg_out = cfg_out.merged(ModelConfig(arch=view.arch))
     if cfg_out.tie_word_embeddings is None:
         cfg_out = ModelConfig(**{**cfg_out.to_dict(), "tie_word_embeddings": "output_layer.weight" not in view.recipes})
@@ -392,10 +417,10 @@ def _split_report(entries: ModelEntries, skip_unknown: bool, src: Path) -> tuple
     if entries.unknown:
         first = next(iter(entries.unknown))
         if not skip_unknown:
-            raise CkptError(f"{len(entries.unknown)} entries are neither model weights ({entries.naming} names"
+            raise CkptError(f"{plural(len(entries.unknown), 'entry is', 'entries are')} neither model weights ({entries.naming} names"
                             f"{' under ' + repr(entries.prefix) if entries.prefix else ''}) nor known training "
                             f"state (first: {first}); pass --skip-unknown to leave them out", src)
-        notes.append(f"{len(entries.unknown)} unknown entries left out (first: {first})")
+        notes.append(f"{plural(len(entries.unknown), 'unknown entry', 'unknown entries')} left out (first: {first})")
         dropped += list(entries.unknown)
     return notes, dropped
 
@@ -430,7 +455,7 @@ def compose(outer: Recipe, inner: dict[str, Recipe]) -> Recipe:
 
 
 def view_notes(view: MappedView) -> list[str]:
-    return [f"{len(view.ignored)} non-value entries skipped (_extra_state, inv_freq)"] if view.ignored else []
+    return [f"{plural(len(view.ignored), 'non-value entry', 'non-value entries')} skipped (_extra_state, inv_freq)"] if view.ignored else []
 
 
 def _shard(tensors: list[OutputTensor], limit: int) -> list[tuple[str, list[str]]]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.names import select
+from ckptscope.core.units import plural
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
 from ckptscope.mappings.config import ZERO_CENTRED_NORM, ModelConfig
@@ -149,7 +150,7 @@ def _add_tied(recipes: dict[str, Recipe], other: dict[str, Recipe], cfg: ModelCo
 
 def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", include: tuple[str, ...] = (),
               exclude: tuple[str, ...] = (), arch: str | None = None, trust_pickle: bool = False,
-              training_state: bool = False, compare_unknown: bool = True) -> DiffPlan:
+              training_state: bool = False, compare_unknown: bool = True, raw: bool = False) -> DiffPlan:
     """Open both checkpoints (metadata only) and pair their models' tensors.
 
     Each side is split into its model and its training state (``ops.model``): the models are
@@ -157,13 +158,23 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
     ``model.model.x`` with ``model.x``); ``training_state`` adds optimizer, scheduler, rng ...
     tensors, compared by stored name. Entries that are neither are compared by stored name too
     (unless ``compare_unknown`` is off: ``verify --skip-unknown``), so nothing goes unseen.
+    Block-scaled tensors (FP8 + ``weight_scale_inv``, MXFP4) are compared dequantised, or with
+    ``raw`` as stored: payload and scales each bit for bit.
     """
     if mapping not in ("auto", "none"):
         raise CkptError(f"--map must be auto or none, not {mapping!r}")
     reader_a = open_checkpoint(resolve_root(path_a), trust_pickle=trust_pickle)
     reader_b = open_checkpoint(resolve_root(path_b), trust_pickle=trust_pickle)
+    if raw:
+        reader_a.show_stored_quantization()
+        reader_b.show_stored_quantization()
     index_a, index_b = reader_a.index(), reader_b.index()
     notes: list[str] = []
+    for label, index in (("A", index_a), ("B", index_b)):
+        schemes = sorted({str(t.attr("quant_scheme")) for t in index.tensors.values() if t.attr("quant_scheme")})
+        if schemes:
+            notes.append(f"{label}: block-scaled tensors ({', '.join(schemes)}) are compared as their dequantised "
+                         f"values; --raw compares the stored payload and scales")
     entries_a, entries_b = model_entries(index_a), model_entries(index_b)
 
     if mapping == "none":
@@ -227,13 +238,13 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
     for label, entries, recipes in (("A", entries_a, recipes_a), ("B", entries_b, recipes_b)):
         extra = dict(entries.unknown) if compare_unknown else {}
         if entries.unknown and compare_unknown:
-            notes.append(f"{label}: {len(entries.unknown)} entries are neither model weights nor known training "
+            notes.append(f"{label}: {plural(len(entries.unknown), 'entry is', 'entries are')} neither model weights nor known training "
                          f"state (first: {next(iter(entries.unknown))}); compared by stored name")
         state = entries.training_tensors()
         if training_state:
             extra.update(state)
         elif state:
-            notes.append(f"{label}: {len(state)} training-state tensors not compared "
+            notes.append(f"{label}: {plural(len(state), 'training-state tensor')} not compared "
                          f"({', '.join(sorted(entries.training))}; --training-state adds them)")
         for name, recipe in identity_recipes(extra).items():
             recipes.setdefault(name, recipe)
@@ -284,5 +295,5 @@ def _with_unmapped(view: MappedView, tensors: dict) -> dict[str, Recipe]:
 def _view_notes(label: str, view: MappedView) -> list[str]:
     notes = [f"{label}: Megatron-Core names mapped to HF ({view.arch})"]
     if view.unmapped:
-        notes.append(f"{label}: {len(view.unmapped)} tensors match no {view.arch} rule; compared by name")
+        notes.append(f"{label}: {plural(len(view.unmapped), 'tensor matches', 'tensors match')} no {view.arch} rule; compared by name")
     return notes
