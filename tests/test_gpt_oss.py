@@ -9,8 +9,8 @@ GPT-OSS's settings (``softmax_type="learnable"``, ``add_bias_linear``, ``quick_g
 ``dist_checkpointing.load`` (parameters NaN first) and its logits match transformers' within 1e-5.
 That is what catches symmetric mistakes a round trip cannot (MAPPING.md P2): a test below converts with
 the interleave replaced by ``[gate; up]`` and shows the round trip still passes while megatron-core
-disagrees. The layer window (``window_size`` / ``window_attn_skip_freq``) is written to the args but not
-exercised: the test sequence is shorter than the window.
+disagrees. The sliding window (4 tokens, shorter than the test sequence) reaches megatron-core through the
+exported ``window_size`` / ``window_attn_skip_freq``; only its mask helper is replaced by a CPU copy.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from tests.conftest import run_cli  # noqa: E402
 from tests.arch_roundtrip import assert_round_trip, convert, eager_logits, hf_tensors, mcore_load, rewrite_args  # noqa: E402
 
 DIMS = dict(vocab_size=128, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=64,
+            num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
             max_position_embeddings=256)
-"""GQA (2 groups of 2 heads), 4 experts (top 2), one sliding and one full layer; the default YaRN RoPE."""
+"""GQA (2 groups of 2 heads), 4 experts (top 2), one sliding (4 tokens) and one full layer; the default YaRN RoPE."""
 TOKENS = torch.tensor([[5, 17, 99, 3, 42, 7, 12, 100, 9, 1, 77, 12], [2, 8, 19, 120, 127, 4, 60, 33, 5, 91, 6, 0]])
 CARRIED = ("model_type", "swiglu_alpha", "swiglu_limit", "sliding_window", "layer_types", "rope_parameters",
            "attention_bias", "num_local_experts", "num_experts_per_tok", "intermediate_size", "head_dim",
@@ -121,6 +121,8 @@ def _mcore_model(args: dict):
                 "yarn_beta_slow", "yarn_correction_range_round_to_int"):
         setattr(config, key, args[key])
     config.yarn_mscale = config.yarn_mscale_all_dim = None
+    config.window_size = tuple(args["window_size"]) if args["window_size"] else None
+    config.window_attn_skip_freq = args["window_attn_skip_freq"]
     spec = get_gpt_layer_local_spec(num_experts=args["num_experts"], moe_grouped_gemm=False, normalization="RMSNorm")
     return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=args["padded_vocab_size"],
                     max_sequence_length=args["max_position_embeddings"],
@@ -128,9 +130,19 @@ def _mcore_model(args: dict):
                     position_embedding_type=args["position_embedding_type"], rotary_base=args["rotary_base"]).eval()
 
 
+def _cpu_sliding_window_mask(sq, skv, window_size):
+    """megatron.core.transformer.utils.get_sliding_window_causal_mask allocates on "cuda"; the same mask on CPU
+    (True = masked: keys before ``i - window_size[0]`` or after ``i + window_size[1]``)."""
+    keep = torch.ones(sq, skv, dtype=torch.bool)
+    return ~torch.tril(torch.triu(keep, diagonal=skv - sq - window_size[0]), diagonal=skv - sq + window_size[1])
+
+
 def _mcore_load(dist_dir):
     """(model state, sharded state dict, logits) of a fresh megatron-core GPT-OSS that loaded ``dist_dir``."""
-    return mcore_load(dist_dir, _mcore_model, TOKENS, DIMS["vocab_size"])
+    from unittest import mock
+
+    with mock.patch("megatron.core.fusions.fused_softmax.get_sliding_window_causal_mask", _cpu_sliding_window_mask):
+        return mcore_load(dist_dir, _mcore_model, TOKENS, DIMS["vocab_size"])
 
 
 @pytest.fixture(scope="module")
