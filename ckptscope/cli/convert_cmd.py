@@ -50,7 +50,10 @@ def print_plan(plan, as_json: bool) -> None:
     for note in plan.notes:
         click.echo(f"note: {note}")
     for t in data["tensors"]:
-        sources = " + ".join(_source_text(s) for s in t["sources"])
+        shown = t["sources"] if len(t["sources"]) <= 8 else t["sources"][:3]  # transposed tensors: a piece per row
+        sources = " + ".join(_source_text(s) for s in shown)
+        if len(shown) < len(t["sources"]):
+            sources += f" + ... ({len(t['sources'])} pieces)"
         extra = f" [{', '.join(t['transforms'])}]"
         zero = f" zero rows {t['zero_rows']}" if t["zero_rows"] else ""
         click.echo(f"  {t['name']} {tuple(t['shape'])} {t['dtype']} <- {sources}{extra}{zero}")

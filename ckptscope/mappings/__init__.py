@@ -1,1 +1,10 @@
-"""HF <-> Megatron-Core name tables and reversible transforms (filled by the convert/diff issues)."""
+"""HF <-> Megatron-Core name tables and reversible transforms (filled by the convert/diff issues).
+
+Architectures with their own module register into the shared tables here, once, on first import.
+"""
+
+from ckptscope.mappings import gpt_oss as _gpt_oss
+from ckptscope.mappings import llama4 as _llama4
+
+_gpt_oss.register()
+_llama4.register()

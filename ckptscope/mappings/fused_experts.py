@@ -32,8 +32,16 @@ V5_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {"mixtral": ((".block_spars
 _FUSED = re.compile(r"model\.layers\.(\d+)\.(mlp\.experts\.(?:gate_up_proj|down_proj))\Z")
 
 
+NATIVE_FUSED_MARKERS = (".self_attn.sinks", ".mlp.experts.gate_up_proj_bias")
+"""Names only GPT-OSS has: there the fused tensors are the checkpoint's own layout, read by its schema's
+rules (mappings.gpt_oss), not transformers v5's fusing of a per-expert checkpoint."""
+
+
 def has_fused_experts(names: Iterable[str]) -> bool:
-    """Whether any name is one of transformers v5's fused expert tensors."""
+    """Whether any name is one of transformers v5's fused expert tensors (of a per-expert arch)."""
+    names = list(names)
+    if any(name.endswith(NATIVE_FUSED_MARKERS) for name in names):
+        return False
     return any(_FUSED.match(name) for name in names)
 
 

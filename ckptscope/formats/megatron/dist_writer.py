@@ -108,13 +108,15 @@ def _dist_key(entry: Entry, model: ModelTensors, spec: str) -> tuple[str, tuple[
     """The torch_dist key of one tensor and the axes prepended to it: (key, offsets, global sizes)."""
     if entry.layer is None:
         return entry.sub, (), ()
+    # dense and MoE layers mixed: megatron-core saves per-layer keys without the layer axis
+    layers = f"{LAYERS}{entry.layer}." if model.moe_layers is not None else LAYERS
+    axis, size = ((), ()) if model.moe_layers is not None else ((entry.layer,), (model.num_layers,))
     if entry.expert is not None:
-        return (LAYERS + DIST_EXPERTS + entry.expert_sub, (entry.layer, entry.expert),
-                (model.num_layers, model.num_experts))
+        return layers + DIST_EXPERTS + entry.expert_sub, axis + (entry.expert,), size + (model.num_experts,)
     sub = entry.sub
-    if model.moe and spec == "local" and sub.startswith(MOE_NORM):  # the local spec's keys map still applies
-        sub = LOCAL_TO_TE[MOE_NORM] + sub[len(MOE_NORM):]
-    return LAYERS + sub, (entry.layer,), (model.num_layers,)
+    if model.is_moe_layer(entry.layer) and spec == "local" and sub.startswith(MOE_NORM):
+        sub = LOCAL_TO_TE[MOE_NORM] + sub[len(MOE_NORM):]  # the local spec's keys map still applies
+    return layers + sub, axis, size
 
 
 def _chunks(entry: Entry, model: ModelTensors, spec: str = "local") -> list[_Chunk]:
@@ -137,17 +139,30 @@ def _extra_state_objects(model: ModelTensors) -> list[str]:
     """ShardedObject keys of the layers' linears' ``_extra_state``, in the order megatron-core's
     sharded state dict lists them: per layer the attention linears, then the dense ``linear_fc1`` /
     ``linear_fc2``, or each routed expert's (``shard_{i}.{e}_{L}.{E}``) and the shared experts'."""
-    subs = set(model.layer_subs)
     layers, experts = model.num_layers, model.num_experts
-    modules: list[tuple[str, str]] = [(m, f"{m}._extra_state/shard_{{i}}_{layers}") for m in LINEARS]
+    if model.moe_layers is None:
+        subs = set(model.layer_subs)
+        return [LAYERS + key.format(i=i) for i in range(layers) for key in _extra_keys(subs, experts, layers)]
+    out = []  # per-layer keys without the layer axis (non-homogeneous layers)
+    for i in range(layers):
+        subs = set(model.moe_layer_subs if i in model.moe_layers else model.layer_subs)
+        out += [f"{LAYERS}{i}." + key for key in _extra_keys(subs, experts, None)]
+    return out
+
+
+def _extra_keys(subs: set[str], experts: int, layers: int | None) -> list[str]:
+    """One layer's ``_extra_state`` ShardedObject keys: ``{i}`` is its place on the ``layers``-long layer
+    axis, or (``layers`` None) there is no layer axis and a non-expert object is ``shard_0_1``."""
+    axis, size = ("{i}.", f"{layers}.") if layers is not None else ("", "")
+    whole = f"shard_{{i}}_{layers}" if layers is not None else "shard_0_1"
+    modules: list[tuple[str, str]] = [(m, f"{m}._extra_state/{whole}") for m in LINEARS]
     for e in range(experts):
         for linear in ("linear_fc1", "linear_fc2"):
-            key = f"{DIST_EXPERTS}{linear}._extra_state/shard_{{i}}.{e}_{layers}.{experts}"
-            modules.append((f"{EXPERTS}{e}.{linear}", key))
+            modules.append((f"{EXPERTS}{e}.{linear}",
+                            f"{DIST_EXPERTS}{linear}._extra_state/shard_{axis}{e}_{size}{experts}"))
     for m in ("mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2"):
-        modules.append((m, f"{m}._extra_state/shard_{{i}}_{layers}"))
-    present = [key for module, key in modules if f"{module}.weight" in subs]
-    return [LAYERS + key.format(i=i) for i in range(layers) for key in present]
+        modules.append((m, f"{m}._extra_state/{whole}"))
+    return [key for module, key in modules if f"{module}.weight" in subs]
 
 
 class _DataFile:

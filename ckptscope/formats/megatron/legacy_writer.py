@@ -59,6 +59,8 @@ CHECKPOINT_VERSION = 3.0
 
 _ATTN_POST_NORM = "self_attention.linear_proj.post_layernorm.weight"
 _MLP_POST_NORM = "mlp.linear_fc2.post_layernorm.weight"
+_SINKS = "self_attention.core_attention.softmax_offset"
+"""GPT-OSS's attention sinks: the first module Attention builds is core_attention, so they come first."""
 """Gemma's post-norms: a child module of the row-parallel linear (Megatron-Bridge), so after the linear's
 own parameters and ``_extra_state``. Megatron-Bridge builds Gemma with the TE spec only; a local-spec
 file holding them follows the same module order (not checked against a real writer)."""
@@ -66,7 +68,7 @@ file holding them follows the same module order (not checked against a real writ
 # core_attention and linear_proj before SelfAttention adds linear_qkv and the q/k norms; parameters
 # before a module's _extra_state). Checked against megatron-core 0.16.1 for the local spec.
 _ATTN_LOCAL = (
-    "input_layernorm.weight", "input_layernorm.bias",
+    "input_layernorm.weight", "input_layernorm.bias", _SINKS,
     "self_attention.linear_proj.weight", "self_attention.linear_proj.bias", "self_attention.linear_proj._extra_state",
     _ATTN_POST_NORM,
     "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias", "self_attention.linear_qkv._extra_state",
@@ -79,7 +81,7 @@ _MLP_LOCAL = (
     "mlp.linear_fc2.weight", "mlp.linear_fc2.bias", "mlp.linear_fc2._extra_state", _MLP_POST_NORM,
 )
 _ATTN_TE = (  # not checked against a real TE install (none here); from the TE module layouts
-    "self_attention.core_attention._extra_state",
+    _SINKS, "self_attention.core_attention._extra_state",
     "self_attention.linear_proj.weight", "self_attention.linear_proj.bias", "self_attention.linear_proj._extra_state",
     _ATTN_POST_NORM,
     "self_attention.linear_qkv.layer_norm_weight", "self_attention.linear_qkv.layer_norm_bias",
@@ -102,10 +104,11 @@ def _moe_mlp_order(local_experts: int) -> tuple[str, ...]:
     """A MoE layer's MLP part: the separate norm, then MoELayer's router (weight, then the expert_bias
     buffer), SequentialMLP's local experts, the shared experts (their own ``gate_weight`` before their
     linears). Checked against megatron-core 0.16.1 for the local spec; the TE spec has the same modules."""
-    order = ["pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias", "mlp.router.weight", "mlp.router.expert_bias"]
+    order = ["pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias", "mlp.router.weight", "mlp.router.bias",
+             "mlp.router.expert_bias"]
     for e in range(local_experts):
         for linear in ("linear_fc1", "linear_fc2"):
-            order += [f"{EXPERTS}{e}.{linear}.weight", f"{EXPERTS}{e}.{linear}{EXTRA}"]
+            order += [f"{EXPERTS}{e}.{linear}.weight", f"{EXPERTS}{e}.{linear}.bias", f"{EXPERTS}{e}.{linear}{EXTRA}"]
     order += ["mlp.shared_experts.gate_weight",
               "mlp.shared_experts.linear_fc1.weight", f"mlp.shared_experts.linear_fc1{EXTRA}",
               "mlp.shared_experts.linear_fc2.weight", f"mlp.shared_experts.linear_fc2{EXTRA}"]
@@ -222,14 +225,14 @@ def _layout(model: ModelTensors, tp: int, pp: int, ep: int, etp: int, args: dict
                         for p, x, name in places for t in range(tp)])
 
     extra = extra_state_value(spec)
-    order = _layer_order(spec, model.moe, local_experts)
+    orders = {moe: _layer_order(spec, moe, local_experts) for moe in (False, True)}
     for p, stage in enumerate(ranges):
         for x in range(ep):
             names: list[str] = []
             for top in _ORDER_TOP:
                 if top is None:
                     for local in range(len(stage)):
-                        for sub in order:
+                        for sub in orders[model.is_moe_layer(stage.start + local)]:
                             name = f"{LAYERS}{local}.{sub}"
                             if sub.endswith(EXTRA):
                                 module = sub[: -len(EXTRA)]
@@ -421,7 +424,7 @@ def write_torch_legacy(iter_dir: Path, tensors: list[OutTensor], *, args: dict, 
     if etp not in (1, tp):
         raise CkptError(f"expert_tensor_parallel_size={etp}: only 1 or the TP size ({tp}) is supported")
     model = analyse(tensors, args)
-    if ep > 1 and (not model.moe or model.num_experts % ep):
+    if ep > 1 and (not model.num_experts or model.num_experts % ep):
         raise CkptError(f"expert parallel size {ep} needs a MoE model whose expert count divides by it "
                         f"(got {model.num_experts} experts)")
     import torch

@@ -81,6 +81,9 @@ LAYER_LAYOUT: dict[str, str] = {  # canonical (TE) per-layer names; fc1 is GLU w
     # row-parallel linear (src/megatron/bridge/models/gemma/modules.py), so they are replicated
     "self_attention.linear_proj.post_layernorm.weight": REPLICATED,
     "mlp.linear_fc2.post_layernorm.weight": REPLICATED,
+    # GPT-OSS's attention sinks: DotProductAttention's learnable softmax offset, one per head, so split
+    # over TP like the heads (its sharded_state_dict shards axis 0)
+    "self_attention.core_attention.softmax_offset": COLUMN,
 }
 LOCAL_TO_TE = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_",
                "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
@@ -97,6 +100,7 @@ MOE_LAYER_LAYOUT: dict[str, str] = {
     "pre_mlp_layernorm.weight": REPLICATED,
     "pre_mlp_layernorm.bias": REPLICATED,
     "mlp.router.weight": REPLICATED,
+    "mlp.router.bias": REPLICATED,  # with add_bias_linear (GPT-OSS)
     "mlp.router.expert_bias": REPLICATED,  # fp32 buffer, only with moe_router_enable_expert_bias
     "mlp.shared_experts.gate_weight": REPLICATED,  # [1, H], Qwen2-MoE's sigmoid gate
     "mlp.shared_experts.linear_fc1.weight": COLUMN,  # an MLP on the TP group: [gate; up] like a dense fc1
@@ -104,7 +108,8 @@ MOE_LAYER_LAYOUT: dict[str, str] = {
 }
 EXPERTS = "mlp.experts.local_experts."
 """SequentialMLP experts: ``mlp.experts.local_experts.{e}.linear_fc1.weight`` ([gate; up]) / ``linear_fc2``."""
-EXPERT_LAYOUT: dict[str, str] = {"linear_fc1.weight": COLUMN, "linear_fc2.weight": ROW}
+EXPERT_LAYOUT: dict[str, str] = {"linear_fc1.weight": COLUMN, "linear_fc2.weight": ROW,
+                                 "linear_fc1.bias": COLUMN, "linear_fc2.bias": REPLICATED}  # biases: GPT-OSS
 """Split over the expert TP group (``expert_tensor_parallel_size``, which defaults to TP)."""
 DIST_EXPERTS = "mlp.experts.experts."
 """torch_dist stacks every expert of a layer under one key with an expert axis after the layer axis
@@ -223,12 +228,22 @@ class ModelTensors:
     moe: bool = False
     """Every layer is a MoE layer (router, experts, maybe shared experts)."""
     num_experts: int = 0
+    moe_layers: frozenset[int] | None = None
+    """Set when only some layers are MoE (Megatron's ``moe_layer_freq``; Llama 4): those layers. Then
+    ``layer_subs`` are a dense layer's names and ``moe_layer_subs`` a MoE layer's, and megatron-core
+    saves per-layer torch_dist keys (``TransformerBlock.sharded_state_dict``, non-homogeneous layers)."""
+    moe_layer_subs: list[str] = field(default_factory=list)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe if self.moe_layers is None else layer in self.moe_layers
 
 
 def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
     """Validate names, shapes and layers before anything is produced or written."""
     swiglu = is_gated(args)
-    moe = any(split is not None and _is_moe_sub(split[1]) for split in (split_layer(t.name) for t in tensors))
+    moe_layers = {split[0] for split in (split_layer(t.name) for t in tensors)
+                  if split is not None and _is_moe_sub(split[1])}
+    moe = bool(moe_layers)
     entries: list[Entry] = []
     seen: set[tuple[int | None, str]] = set()
     per_layer: dict[int, dict[str, Entry]] = {}
@@ -241,7 +256,7 @@ def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
             layer, sub = None, out.name
             layout = TOP_LAYOUT.get(sub)
         else:
-            layer, sub = split[0], canonical_sub(split[1], moe)
+            layer, sub = split[0], canonical_sub(split[1], split[0] in moe_layers)
             layout = _layer_layout(sub)
             expert = split_expert(sub)
             if layout == COLUMN and _is_fc1(sub) and swiglu:
@@ -269,18 +284,25 @@ def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
     expected = args.get("num_layers")
     if expected is not None and int(expected) != num_layers:
         raise CkptError(f"args say num_layers={expected} but the tensors hold {num_layers} layers")
-    subs = list(per_layer[0]) if per_layer else []
+    mixed = moe and len(moe_layers) < num_layers
+    if mixed:
+        _check_moe_layer_freq(sorted(moe_layers), num_layers, args)
+    firsts = {kind: min(i for i in per_layer if (i in moe_layers) == kind) for kind in (False, True)
+              if any((i in moe_layers) == kind for i in per_layer)}
     for i, layer in per_layer.items():
+        reference = firsts[i in moe_layers]
+        subs = per_layer[reference]
         if set(layer) != set(subs):
             differ = ", ".join(sorted(set(subs) ^ set(layer)))
-            raise CkptError(f"layer {i} does not hold the same tensors as layer 0 ({differ}); "
-                            "Megatron stacks homogeneous layers only")
+            raise CkptError(f"layer {i} does not hold the same tensors as layer {reference} ({differ}); "
+                            "Megatron stacks homogeneous layers only (besides dense and MoE layers)")
         for sub, entry in layer.items():
-            first = per_layer[0][sub]
+            first = subs[sub]
             if (entry.out.shape, entry.dtype) != (first.out.shape, first.dtype):
-                raise CkptError(f"{entry.out.name}: {entry.out.shape} {entry.dtype.name} differs from layer 0's "
-                                f"{first.out.shape} {first.dtype.name}")
-    num_experts = _check_moe(per_layer[0] if per_layer else {}, args) if moe else 0
+                raise CkptError(f"{entry.out.name}: {entry.out.shape} {entry.dtype.name} differs from layer "
+                                f"{reference}'s {first.out.shape} {first.dtype.name}")
+    subs = list(per_layer[firsts[False]]) if False in firsts else list(per_layer[0]) if per_layer else []
+    num_experts = _check_moe(per_layer[firsts[True]], args) if moe else 0
     names = {e.sub for e in entries if e.layer is None}
     if "untie_embeddings_and_output_weights" in args:
         tied = not args["untie_embeddings_and_output_weights"]
@@ -293,7 +315,25 @@ def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
         raise CkptError("embeddings are untied but output_layer.weight is missing")
     if "embedding.word_embeddings.weight" not in names:
         raise CkptError("embedding.word_embeddings.weight is missing")
+    if mixed:
+        return ModelTensors(entries, num_layers, tied, subs, False, num_experts, frozenset(moe_layers),
+                            list(per_layer[firsts[True]]))
     return ModelTensors(entries, num_layers, tied, subs, moe, num_experts)
+
+
+def _check_moe_layer_freq(moe_layers: list[int], num_layers: int, args: dict[str, Any]) -> None:
+    """Dense and MoE layers mixed: the args must say which are which, as megatron-core builds them
+    from ``moe_layer_freq`` (a 0/1 list per layer, or every N-th layer)."""
+    freq = args.get("moe_layer_freq")
+    if isinstance(freq, int) and freq > 0:
+        pattern = [1 if i % freq == 0 else 0 for i in range(num_layers)]
+    elif isinstance(freq, (list, tuple)) and len(freq) == num_layers:
+        pattern = [int(bool(x)) for x in freq]
+    else:
+        raise CkptError(f"MoE tensors on layers {moe_layers} only: the args must say moe_layer_freq (a 0/1 "
+                        f"list of {num_layers} layers), got {freq!r}")
+    if [i for i, x in enumerate(pattern) if x] != moe_layers:
+        raise CkptError(f"moe_layer_freq={freq!r} puts MoE on other layers than the tensors do ({moe_layers})")
 
 
 def _check_moe(layer: dict[str, Entry], args: dict[str, Any]) -> int:
@@ -302,8 +342,7 @@ def _check_moe(layer: dict[str, Entry], args: dict[str, Any]) -> int:
     stacks them under one key). Layer 0 stands for all: ``analyse`` checked the layers are alike."""
     dense = sorted(sub for sub in layer if sub.startswith("mlp.") and sub in LAYER_LAYOUT)
     if dense:
-        raise CkptError(f"{', '.join(dense)}: a dense MLP next to MoE tensors; MoE on only some layers "
-                        "(moe_layer_freq) is not supported")
+        raise CkptError(f"{', '.join(dense)}: a dense MLP next to MoE tensors in one layer")
     experts: dict[int, dict[str, Entry]] = {}
     for entry in layer.values():
         if entry.expert is not None:

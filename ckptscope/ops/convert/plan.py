@@ -22,6 +22,8 @@ from ckptscope.core.units import plural
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
 from ckptscope.mappings.config import (
+    EXPORT_NOTES,
+    MEGATRON_CHECKS,
     ZERO_CENTRED_NORM,
     ModelConfig,
     from_hf_config,
@@ -32,7 +34,7 @@ from ckptscope.mappings.config import (
     to_megatron_args,
 )
 from ckptscope.mappings.fused_experts import fuse, has_fused_experts, stores_per_expert, unfuse
-from ckptscope.mappings.links import Box, Piece, Recipe
+from ckptscope.mappings.links import Box, Piece, Recipe, map_box
 from ckptscope.mappings.resolve import (
     MappedView,
     TensorShape,
@@ -365,6 +367,8 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
     args = to_megatron_args(cfg_out, tp=tp, pp=pp, ep=ep, ckpt_format=ckpt_format,
                             make_vocab_size_divisible_by=divisible)
     args["iteration"] = iteration
+    if view.arch in EXPORT_NOTES:
+        notes += EXPORT_NOTES[view.arch](cfg_out)
     out = [OutputTensor(n, r.shape, r.dtype if dtype == "keep" else dtype, r)
            for n, r in entries.to_stored(view.recipes).items()]
     if dtype != "keep":
@@ -394,6 +398,9 @@ def check_norm_convention(cfg: ModelConfig, arch: str, src: Path) -> None:
     if not wants and has:
         raise CkptError(f"this Megatron checkpoint was trained with zero-centred norms (apply_layernorm_1p) but "
                         f"{arch}'s HF norms are not: its norms would be off by 1.0; pass the right --arch", src)
+    problems = MEGATRON_CHECKS[arch](cfg) if arch in MEGATRON_CHECKS else []
+    if problems:  # the arch computes something its Megatron args do not describe (GPT-OSS's activation)
+        raise CkptError(f"this Megatron checkpoint would not compute {arch}: " + "; ".join(problems), src)
 
 
 def _split_report(entries: ModelEntries, skip_unknown: bool, src: Path) -> tuple[list[str], list[str]]:
@@ -441,13 +448,9 @@ def compose(outer: Recipe, inner: dict[str, Recipe]) -> Recipe:
                     break
                 lo_hi.append((lo, hi))
             else:
-                extra = len(sub.src_box) - len(sub.dst_box)
-                src_box = tuple(sub.src_box[:extra]) + tuple(
-                    (s0 + lo - d0, s0 + hi - d0) for (lo, hi), (d0, _), (s0, _) in
-                    zip(lo_hi, sub.dst_box, sub.src_box[extra:]))
-                dst_box = tuple((o0 + lo - p0, o0 + hi - p0) for (lo, hi), (p0, _), (o0, _) in
-                                zip(lo_hi, piece.src_box, piece.dst_box))
-                pieces.append(Piece(dst_box, sub.source, src_box))
+                box = tuple(lo_hi)
+                pieces.append(Piece(map_box(box, piece.src_box, piece.dst_box), sub.source,
+                                    map_box(box, sub.dst_box, sub.src_box)))
     return Recipe(outer.name, outer.shape, outer.dtype, pieces, outer.transforms, fill=outer.fill)
 
 
