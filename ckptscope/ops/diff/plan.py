@@ -9,6 +9,8 @@ presented as HF tensors through the mapping layer, so a fused ``linear_qkv`` is 
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -193,11 +195,12 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
         mapped_a = mapped_b = False
         used = "none" if same_stored else "names"
         fused = {"A": fam_a == "hf" and has_fused_experts(ta), "B": fam_b == "hf" and has_fused_experts(tb)}
-        if set(ta) != set(tb) and fused["A"] != fused["B"]:
-            # transformers v5 fused experts on one side only: compared per expert, as save_pretrained
-            # writes them (two fused sides, or the same names, compare as they are)
-            for label, tensors, index in (("A", ta, index_a), ("B", tb, index_b)):
-                if fused[label]:
+        per_expert = {"A": fam_a == "mcore" or _names_experts(ta), "B": fam_b == "mcore" or _names_experts(tb)}
+        if set(ta) != set(tb):
+            # transformers v5 fused experts against a side that names experts one by one: compared per
+            # expert, as save_pretrained writes them (two fused sides, or no per-expert side, as they are)
+            for label, other, tensors, index in (("A", "B", ta, index_a), ("B", "A", tb, index_b)):
+                if fused[label] and per_expert[other] and not has_fused_experts(tb if label == "A" else ta):
                     fused_arch = arch or detect_arch(tensors, _side_config(index, tensors))
                     recipes = unfuse(shapes_of(tensors), fused_arch,
                                      hidden=_side_config(index, tensors).hidden_size)
@@ -275,6 +278,15 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
                 padding.append({"side": label, "name": name, "source": source,
                                 "rows": [box[0][0], box[0][1]], "box": box})
     return DiffPlan(side_a, side_b, pairs, used, notes, padding)
+
+
+def _names_experts(names) -> bool:
+    """Whether an HF-named side names routed experts one by one (``...experts.3.gate_proj``); a
+    Megatron-Core side always maps to per-expert HF names."""
+    return any(_PER_EXPERT.search(name) for name in names)
+
+
+_PER_EXPERT = re.compile(r"\.experts\.\d+\.")
 
 
 def _gguf_recipes(label: str, index: CheckpointIndex, tensors: dict, notes: list[str]) -> dict[str, Recipe]:
