@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ckptscope.core.dtypes import dtype_by_name
+from ckptscope.core.errors import CkptError
 from ckptscope.mappings.links import materialize
 from ckptscope.ops.convert.plan import ConvertPlan, OutputTensor
 
@@ -22,6 +23,34 @@ if TYPE_CHECKING:  # pragma: no cover
 
 Progress = Callable[[str, int], None]
 """``progress(tensor_name, nbytes_written)``."""
+
+FAIL_ENV = "CKPTSCOPE_FAIL_ON_TENSOR"
+"""Tests only: a tensor name; writing it fails as a real error would (``ops.parallel`` failure tests)."""
+_current: dict[str, str] = {"name": ""}
+
+
+def note_tensor(name: str) -> None:
+    """Record the tensor a writer starts on (a failure names it: ``current_tensor``); honour ``FAIL_ENV``."""
+    import os
+
+    _current["name"] = name
+    if name and os.environ.get(FAIL_ENV) == name:
+        raise CkptError(f"failure injected by {FAIL_ENV}")
+
+
+def current_tensor() -> str:
+    """The tensor the last ``note_tensor`` named ('' before any)."""
+    return _current["name"]
+
+
+def tracked(name: str, fn: Callable):
+    """``fn`` wrapped to call ``note_tensor(name)`` first (a writer's produce or runs callback)."""
+
+    def call():
+        note_tensor(name)
+        return fn()
+
+    return call
 
 
 def produce(plan: ConvertPlan, tensor: OutputTensor):
