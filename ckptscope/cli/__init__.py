@@ -147,6 +147,9 @@ def inspect(path: str, as_json: bool, include: tuple[str, ...], exclude: tuple[s
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point."""
+    from ckptscope.cli import parallel
+
+    parallel.ARGV = list(argv) if argv is not None else sys.argv[1:]
     try:
         cli.main(args=list(argv) if argv is not None else None, prog_name="ckptscope", standalone_mode=False)
     except click.exceptions.Abort:

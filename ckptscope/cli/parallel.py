@@ -1,0 +1,33 @@
+"""The CLI side of running on many processes: ``--workers P`` (relaunch this command under torch's
+launcher) and who prints (rank 0 only; see ops/parallel)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+ARGV: list[str] = []
+"""The command line ``main`` was given (what ``--workers`` relaunches, minus itself)."""
+
+workers_option = click.option(
+    "--workers", type=click.IntRange(min=1), default=1, show_default=True,
+    help="Run on P processes of this node (the same as `torchrun --standalone --nproc-per-node P -m ckptscope ...`).")
+
+
+def group():
+    """The torchrun group when torchrun launched this process with more than one rank, else None."""
+    from ckptscope.ops.parallel.group import current
+
+    found = current()
+    return found if found is not None and found.world > 1 else None
+
+
+def relaunch_if_asked(workers: int) -> None:
+    """With ``--workers P`` > 1 outside torchrun: run the command on P ranks and exit with their code."""
+    from ckptscope.ops.parallel.group import launched_by_torchrun
+
+    if workers > 1 and not launched_by_torchrun():
+        from ckptscope.ops.parallel.launch import run_workers
+
+        sys.exit(run_workers(workers, ARGV))
