@@ -218,3 +218,24 @@ def test_failure_stops_every_rank_and_leaves_nothing(work):
     rerun = one([*args, "--workers", "2"])
     assert rerun.returncode == 0, rerun.stderr
     assert leftovers(work, dst.name) == [dst.name]
+
+
+def test_a_rank_that_dies_stops_the_others(work):
+    """Node 1's rank is killed outright (SIGKILL) in the middle of its share: node 0's rank loses
+    contact at its next collective, says so in one line, removes the staging dir and exits 2; a
+    rerun writes what one process writes."""
+    from ckptscope.ops.convert.hf_target import hf_shard_bytes
+    from ckptscope.ops.convert.plan import plan_convert
+
+    dst = work / "hf_kill"
+    args = ["convert", str(work / "hf"), str(dst), "--to", "hf", "--max-shard-size", "40MB"]
+    plan = plan_convert(work / "hf", dst, to="hf", max_shard_size="40MB")
+    rank1 = assign(hf_shard_bytes(plan), 2)[1]
+    victim = dict(plan.shards)[rank1[0]][-1]
+    nodes = two_nodes(args, CKPTSCOPE_FAIL_ON_TENSOR=f"{victim}:kill", CKPTSCOPE_DIST_TIMEOUT="60")
+    assert all(r.returncode != 0 for r in nodes)
+    lines = [line for line in nodes[0].stderr.splitlines() if line.startswith("ckptscope: error:")]
+    assert len(lines) == 1 and "rank 0: lost contact with the other ranks" in lines[0], nodes[0].stderr[-2000:]
+    assert leftovers(work, dst.name) == []
+    reference = written(lambda: one(args), dst)
+    assert written(lambda: two_nodes(args), dst) == reference

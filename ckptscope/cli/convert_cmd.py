@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from ckptscope.cli.parallel import group, relaunch_if_asked, workers_option
+from ckptscope.cli.parallel import group, not_first_rank, relaunch_if_asked, workers_option
 from ckptscope.cli.roots_view import iteration_option, resolve_path
 from ckptscope.core.errors import CkptError
 
@@ -84,6 +84,8 @@ def run_convert(src: str, dst: str, *, to: str, tp: int = 1, pp: int = 1, ep: in
     if ranks is not None and ranks.rank != 0:
         quiet = True
     if dry_run:
+        if not_first_rank():  # under torchrun every rank plans; one prints
+            return
         print_plan(plan, as_json)
         return
     if ranks is None:
@@ -212,7 +214,7 @@ def verify(src, via, tp, pp, ep, spec, ckpt_format, arch, hf_config, as_json, sk
     report = verify_round_trip(resolve_path(src, iteration), via=via, tp=tp, pp=pp, ep=ep, spec=spec,
                                ckpt_format=ckpt_format, arch=arch, hf_config=hf_config, skip_unknown=skip_unknown,
                                group=ranks)
-    if ranks is not None:
+    if ranks is not None:  # settled by verify_round_trip: SIGTERM no longer cuts rank 0's report short
         identical = ranks.broadcast(report.identical if report is not None else None, "sharing the verdict")
         if report is None:
             sys.exit(0 if identical else EXIT_DIFFERENT)

@@ -164,6 +164,7 @@ def diff(a: str, b: str, as_json: bool, plain: bool, mapping: str, atol: float, 
         report, identical = diff_parallel(plan, options, ranks)
         if report is not None:
             click.echo(json.dumps(report.to_json(), allow_nan=False)) if as_json else print_report(report, top)
+        ranks.settle()
         sys.exit(0 if identical else EXIT_DIFFERENT)
     engine = DiffEngine(plan, options)
     with byte_progress("diff", plan.bytes_to_read(), quiet=as_json, count=len(plan.pairs), noun="pairs") as update:

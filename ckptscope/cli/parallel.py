@@ -23,6 +23,15 @@ def group():
     return found if found is not None and found.world > 1 else None
 
 
+def not_first_rank() -> bool:
+    """Launched by torchrun as a rank other than 0 (read from the environment: no torch import)."""
+    import os
+
+    from ckptscope.ops.parallel.group import launched_by_torchrun
+
+    return launched_by_torchrun() and os.environ.get("RANK") != "0"
+
+
 def relaunch_if_asked(workers: int) -> None:
     """With ``--workers P`` > 1 outside torchrun: run the command on P ranks and exit with their code."""
     from ckptscope.ops.parallel.group import launched_by_torchrun

@@ -25,7 +25,8 @@ Progress = Callable[[str, int], None]
 """``progress(tensor_name, nbytes_written)``."""
 
 FAIL_ENV = "CKPTSCOPE_FAIL_ON_TENSOR"
-"""Tests only: a tensor name; writing it fails as a real error would (``ops.parallel`` failure tests)."""
+"""Tests only: a tensor name; writing it fails as a real error would (``ops.parallel`` failure
+tests). ``NAME:kill`` kills the process outright instead (SIGKILL: a rank that dies)."""
 _current: dict[str, str] = {"name": ""}
 
 
@@ -34,7 +35,12 @@ def note_tensor(name: str) -> None:
     import os
 
     _current["name"] = name
-    if name and os.environ.get(FAIL_ENV) == name:
+    target, _, mode = os.environ.get(FAIL_ENV, "").partition(":")
+    if name and target == name:
+        if mode == "kill":
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
         raise CkptError(f"failure injected by {FAIL_ENV}")
 
 

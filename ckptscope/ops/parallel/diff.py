@@ -8,6 +8,7 @@ makes, so it prints the same JSON. Every rank gets the verdict, to exit with the
 from __future__ import annotations
 
 from ckptscope.core.dtypes import dtype_by_name
+from ckptscope.core.errors import CkptError
 from ckptscope.ops.convert.streaming import note_tensor
 from ckptscope.ops.diff.engine import DiffEngine, DiffOptions, DiffReport
 from ckptscope.ops.diff.plan import DiffPair, DiffPlan
@@ -23,7 +24,16 @@ def pair_bytes(pair: DiffPair) -> int:
 
 
 def diff_parallel(plan: DiffPlan, options: DiffOptions, group: Group) -> tuple[DiffReport | None, bool]:
-    """(the report on rank 0, None elsewhere; whether the checkpoints are identical, on every rank)."""
+    """(the report on rank 0, None elsewhere; whether the checkpoints are identical, on every rank).
+    The caller prints, then calls ``group.settle()`` before exiting."""
+    try:
+        return _diff(plan, options, group)
+    except CkptError:
+        group.settle()
+        raise
+
+
+def _diff(plan: DiffPlan, options: DiffOptions, group: Group) -> tuple[DiffReport | None, bool]:
     engine = DiffEngine(plan, options)
     sizes = {i: pair_bytes(pair) for i, pair in enumerate(plan.pairs)}
     mine = set(assign(sizes, group.world)[group.rank])

@@ -51,7 +51,7 @@ class Group:
         try:
             return fn()
         except Exception as exc:  # gloo: a peer closed its connection, or the timeout passed
-            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            detail = _short(exc)
             raise CkptError(f"rank {self.rank}: lost contact with the other ranks while {what} (a rank died or "
                             f"did not answer within {self.timeout:g}s, see {TIMEOUT_ENV}): {detail}") from None
 
@@ -73,13 +73,17 @@ class Group:
         return box[0]
 
     def settle(self) -> None:
-        """After a failure every rank knows of: wait until all ranks have cleaned up (best effort: a
-        rank that died is not waited for). torchrun stops every rank as soon as one exits non-zero,
-        so none may exit before rank 0 has removed what it must."""
+        """Once every rank knows the outcome: wait until all have cleaned up (best effort: a rank
+        that died is not waited for), then ignore SIGTERM. torchrun stops the other ranks as soon
+        as one exits non-zero (diff's 1, an error's 2); from here each rank only prints its line
+        or report and exits with the agreed code, which a SIGTERM must not cut short."""
+        import signal
+
         try:
             self._dist.barrier()
         except Exception:  # noqa: BLE001 -- the failure itself is what gets reported
             pass
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def agree(self, fn: Callable[[], T], what: str, tensor: Callable[[], str] | None = None) -> T:
         """Run ``fn`` on this rank, then stop every rank with the first failing rank's one line if any
@@ -100,6 +104,16 @@ class Group:
         if first is not None:
             raise CkptError(first)
         return value  # type: ignore[return-value]
+
+
+def _short(exc: Exception) -> str:
+    """gloo's message without its source location and advice: ``Read error [127.0.0.1]:5432:
+    Connection reset by peer``."""
+    import re
+
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", text)
+    return text.split(". This is typically")[0]
 
 
 _group: Group | None = None

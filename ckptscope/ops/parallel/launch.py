@@ -36,7 +36,6 @@ def run_workers(workers: int, argv: Sequence[str]) -> int:
     try:
         elastic_launch(config, sys.executable)("-m", "ckptscope", *strip_workers(argv))
     except ChildFailedError as exc:
-        codes = {rank: failure.exitcode for rank, failure in exc.failures.items()}
-        code = codes.get(0) or next(iter(sorted(codes.items())))[1]
-        return code if code and code > 0 else 2
+        codes = [failure.exitcode for _, failure in sorted(exc.failures.items())]
+        return next((code for code in codes if code > 0), 2)  # the ranks' agreed code; a signal: 2
     return 0
