@@ -117,16 +117,55 @@ def digests(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def written(run, dst: Path) -> dict[str, str]:
-    """Run ``run()`` into ``dst`` (removed first), return its file digests, remove it again."""
+def written(run, dst: Path, check=None) -> dict[str, str]:
+    """Run ``run()`` into ``dst`` (removed first), ``check(dst)``, return its file digests, remove it again."""
     shutil.rmtree(dst, ignore_errors=True)
     results = run()
     for result in results if isinstance(results, list) else [results]:
         assert result.returncode == 0, result.stderr[-3000:]
     out = digests(dst)
     assert out
+    if check:
+        check(dst)
     shutil.rmtree(dst)
     return out
+
+
+def loads_with_torch_dcp(hf: Path):
+    """torch's own DCP reader (no process group) gives back the HF tensors (embedding, a layer of
+    the stacked q projection rows) from the torch_dist save."""
+    def check(root: Path) -> None:
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint import FileSystemReader, load
+
+        iter_dir = root / "iter_0000000"
+        md = FileSystemReader(str(iter_dir)).read_metadata()
+        keys = ("embedding.word_embeddings.weight", "decoder.layers.mlp.linear_fc2.weight")
+        stored = {k: torch.empty(tuple(md.state_dict_metadata[k].size), dtype=md.state_dict_metadata[k].properties.dtype)
+                  for k in keys}
+        load(stored, checkpoint_id=str(iter_dir), no_dist=True)
+        source = load_file(str(hf / "model.safetensors"))
+        assert torch.equal(stored[keys[0]], source["model.embed_tokens.weight"])
+        for i in range(LAYERS):
+            assert torch.equal(stored[keys[1]][i], source[f"model.layers.{i}.mlp.down_proj.weight"])
+
+    return check
+
+
+def loads_with_transformers(hf: Path):
+    """transformers loads the merged shards with nothing missing or unexpected, equal to the source."""
+    def check(root: Path) -> None:
+        transformers = pytest.importorskip("transformers")
+        from safetensors.torch import load_file
+
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(str(root), output_loading_info=True,
+                                                                       torch_dtype=torch.bfloat16)
+        assert not info["missing_keys"] and not info["unexpected_keys"], info
+        source = load_file(str(hf / "model.safetensors"))
+        state = model.state_dict()
+        assert all(torch.equal(state[name], value) for name, value in source.items())
+
+    return check
 
 
 def leftovers(parent: Path, name: str) -> list[str]:
@@ -162,7 +201,7 @@ def test_torch_dist_same_bytes_on_one_two_ranks_and_two_nodes(work):
     rss_ok(rss, 2)
     rss = work / "rss_nodes"
     rss.mkdir()
-    assert written(lambda: two_nodes(args, CKPTSCOPE_RSS_DIR=str(rss)), dst) == reference
+    assert written(lambda: two_nodes(args, CKPTSCOPE_RSS_DIR=str(rss)), dst, loads_with_torch_dcp(work / "hf")) == reference
     rss_ok(rss, 2)
 
 
@@ -178,7 +217,7 @@ def test_legacy_tp2_and_merge_back(work):
     margs = ["merge", str(legacy), str(merged), "--max-shard-size", "40MB"]
     reference = written(lambda: one(margs), merged)
     assert "model.safetensors.index.json" in reference and len(reference) > 4
-    assert written(lambda: standalone(margs), merged) == reference
+    assert written(lambda: standalone(margs), merged, loads_with_transformers(work / "hf")) == reference
 
 
 def test_diff_prints_the_same_json_and_exit_code(work):
