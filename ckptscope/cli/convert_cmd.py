@@ -93,8 +93,14 @@ def run_convert(src: str, dst: str, *, to: str, tp: int = 1, pp: int = 1, ep: in
         with context:
             execute_convert(plan, overwrite=overwrite, progress=step)
     else:  # this rank's files only; rank 0 finishes the output (ops/parallel/convert.py)
-        from ckptscope.ops.parallel.convert import execute_convert_parallel, share
+        from ckptscope.ops.parallel.convert import execute_convert_parallel, output_files, share
 
+        files = len(output_files(plan))
+        if files < ranks.world and ranks.rank == 0:
+            knob = "--max-shard-size" if plan.target == "hf" else "--num-files" if plan.ckpt_format != "torch" else ""
+            click.echo(f"note: {ranks.world} ranks share {files} output file(s): {ranks.world - files} have nothing to "
+                       f"write" + (f" (a smaller {knob} gives more files)" if knob == "--max-shard-size" else
+                                   f" (raise {knob})" if knob else ""), err=True)
         context, step = _progress(0, share(plan, ranks)[1], quiet or as_json)
         with context:
             execute_convert_parallel(plan, ranks, overwrite=overwrite, progress=step)
