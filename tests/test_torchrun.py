@@ -206,18 +206,24 @@ def test_torch_dist_same_bytes_on_one_two_ranks_and_two_nodes(work):
 
 
 def test_legacy_tp2_and_merge_back(work):
-    """HF -> legacy TP2 files, and that back to sharded HF: 2 ranks write what one process writes."""
+    """HF -> legacy TP2 files, and that back to sharded HF: 2 ranks write what one process writes
+    (neither format records its own path, so each run has its own destination)."""
+    def convert(dst: Path) -> list[str]:
+        return ["convert", str(work / "hf"), str(dst), "--to", "mcore", "--ckpt-format", "torch", "--tp", "2"]
+
     legacy = work / "legacy"
-    args = ["convert", str(work / "hf"), str(legacy), "--to", "mcore", "--ckpt-format", "torch", "--tp", "2"]
-    reference = written(lambda: one(args), legacy)
+    assert one(convert(legacy)).returncode == 0  # kept as the merge's source
+    reference = digests(legacy)
     assert sum(f.endswith("model_optim_rng.pt") for f in reference) == 2
-    assert written(lambda: standalone(args), legacy) == reference
-    assert one(args).returncode == 0  # kept as the merge's source
-    merged = work / "merged"
-    margs = ["merge", str(legacy), str(merged), "--max-shard-size", "40MB"]
-    reference = written(lambda: one(margs), merged)
+    assert written(lambda: standalone(convert(work / "legacy_2")), work / "legacy_2") == reference
+
+    def merge(dst: Path) -> list[str]:
+        return ["merge", str(legacy), str(dst), "--max-shard-size", "40MB"]
+
+    reference = written(lambda: one(merge(work / "merged")), work / "merged")
     assert "model.safetensors.index.json" in reference and len(reference) > 4
-    assert written(lambda: standalone(margs), merged, loads_with_transformers(work / "hf")) == reference
+    assert written(lambda: standalone(merge(work / "merged_2")), work / "merged_2",
+                   loads_with_transformers(work / "hf")) == reference
 
 
 def test_diff_prints_the_same_json_and_exit_code(work):

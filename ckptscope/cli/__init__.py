@@ -151,6 +151,15 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     parallel.ARGV = list(argv) if argv is not None else sys.argv[1:]
     try:
+        _main(argv)
+    except SystemExit as exc:
+        parallel.leave(exc.code)
+        raise
+    parallel.leave(0)
+
+
+def _main(argv: Sequence[str] | None) -> None:
+    try:
         cli.main(args=list(argv) if argv is not None else None, prog_name="ckptscope", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("ckptscope: aborted", err=True)

@@ -40,3 +40,11 @@ def relaunch_if_asked(workers: int) -> None:
         from ckptscope.ops.parallel.launch import run_workers
 
         sys.exit(run_workers(workers, ARGV))
+
+
+def leave(code: object) -> None:
+    """A rank of a torchrun group ends here with ``code`` (see ``ops.parallel.group.exit_rank``);
+    without a group this does nothing and the interpreter exits as usual."""
+    from ckptscope.ops.parallel.group import exit_rank
+
+    exit_rank(code)

@@ -139,16 +139,42 @@ def current() -> Group | None:
     return _group
 
 
-def _leave(dist: Any, rank: int) -> None:
-    """Leave the group before the interpreter exits (gloo's threads abort the process otherwise);
-    report the peak RSS when ``RSS_ENV`` asks."""
-    if os.environ.get(RSS_ENV):
-        import json
-        import resource
+def exit_rank(code: object) -> None:
+    """End this rank now with ``code`` (``SystemExit.code``: None is 0), once the command is done
+    and every rank knows the outcome: report the peak RSS if asked, flush, ``os._exit``.
 
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-        with open(os.path.join(os.environ[RSS_ENV], f"rank{rank}.json"), "w") as handle:
-            json.dump({"rank": rank, "max_rss_bytes": peak}, handle)
+    The interpreter's own shutdown is skipped on purpose: tearing down gloo's process group there
+    (its C++ threads, while the peers exit at their own pace) sometimes aborts the process
+    ("terminate called without an active exception"), which would turn exit 0 into a crash."""
+    if _group is None:
+        return
+    import sys
+
+    _report_rss(_group.rank)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
+
+
+def _report_rss(rank: int) -> None:
+    """The peak RSS in ``RSS_ENV``/rank{R}.json when that variable asks for it."""
+    if not os.environ.get(RSS_ENV):
+        return
+    import json
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    with open(os.path.join(os.environ[RSS_ENV], f"rank{rank}.json"), "w") as handle:
+        json.dump({"rank": rank, "max_rss_bytes": peak}, handle)
+
+
+def _leave(dist: Any, rank: int) -> None:
+    """Leave the group before the interpreter exits, when ``exit_rank`` did not end the process
+    (an exit outside ``cli.main``); report the peak RSS when ``RSS_ENV`` asks."""
+    _report_rss(rank)
     try:
         if dist.is_initialized():
             dist.destroy_process_group()
