@@ -394,7 +394,8 @@ def _restamp_serialization_id(path: Path) -> None:
 
 
 def write_torch_legacy(iter_dir: Path, tensors: list[OutTensor], *, args: dict, iteration: int, tp: int, pp: int,
-                       ep: int = 1, spec: str = "local", progress: Progress | None = None) -> None:
+                       ep: int = 1, spec: str = "local", progress: Progress | None = None,
+                       files: set[str] | None = None) -> None:
     """Write a Megatron ``--ckpt-format torch`` iteration dir into ``iter_dir``.
 
     One ``mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt`` per (tp, pp, ep) rank holding ``{"args":
@@ -410,7 +411,56 @@ def write_torch_legacy(iter_dir: Path, tensors: list[OutTensor], *, args: dict, 
     ``E/ep`` local experts per EP rank file (MAPPING.md §6.2). No optimizer or RNG state, as
     Megatron's converters write it (load with ``--no-load-optim --no-load-rng`` or ``--finetune``).
     Each tensor is produced once, in list order; ``progress(nbytes)`` follows each.
+
+    ``files``: write only these rank files (names relative to ``iter_dir``, as ``legacy_file_bytes``
+    lists them); tensors none of them holds are not produced. Each file's bytes do not depend on
+    which others are written, so processes can share the work file by file (``ops.parallel``).
     """
+    iter_dir = Path(iter_dir)
+    model, ranks, targets, header = _prepare(iter_dir, tensors, args=args, iteration=iteration, tp=tp, pp=pp,
+                                             ep=ep, spec=spec)
+    if files is not None:
+        ranks = [rank for rank in ranks if str(rank.path.relative_to(iter_dir)) in files]
+        kept = {id(rank) for rank in ranks}
+        targets = [[place for place in places if id(place.rank) in kept] for places in targets]
+    iter_dir.mkdir(parents=True, exist_ok=True)
+    for rank in ranks:
+        _save_skeleton(rank, header)
+    try:
+        for rank in ranks:
+            rank.fd = os.open(rank.path, os.O_RDWR)
+        for entry, places in zip(model.entries, targets):
+            if not places:
+                continue
+            _fill(entry, places)
+            if progress:
+                progress(entry.nbytes)
+    finally:
+        for rank in ranks:
+            if rank.fd >= 0:
+                os.close(rank.fd)
+                rank.fd = -1
+    for rank in ranks:
+        slots = [slot for slot in rank.model.values() if isinstance(slot, _Slot)]
+        for slot in slots:
+            if slot.written != slot.nbytes:  # unreachable: every slot has exactly one source tensor
+                raise RuntimeError(f"{rank.path}: {slot.record} got {slot.written} of {slot.nbytes} bytes")
+        _patch_crcs(rank.path, [(slot.record, slot.offset + slot.nbytes, slot.crc) for slot in slots if slot.nbytes])
+        _restamp_serialization_id(rank.path)
+
+
+def legacy_file_bytes(tensors: list[OutTensor], *, args: dict, tp: int, pp: int, ep: int = 1,
+                      spec: str = "local") -> dict[str, int]:
+    """Tensor bytes of every rank file ``write_torch_legacy`` would write (relative name -> bytes),
+    from metadata alone: what a split of the work between processes balances."""
+    _, ranks, _, _ = _prepare(Path("."), tensors, args=args, iteration=0, tp=tp, pp=pp, ep=ep, spec=spec)
+    return {str(rank.path): sum(slot.dtype.nbytes(_numel(slot.shape)) for slot in rank.model.values()
+                                if isinstance(slot, _Slot)) for rank in ranks}
+
+
+def _prepare(iter_dir: Path, tensors: list[OutTensor], *, args: dict, iteration: int, tp: int, pp: int, ep: int,
+             spec: str) -> tuple[ModelTensors, list[_RankFile], list[list[_Place]], dict[str, Any]]:
+    """Check the options and lay out every rank file: (model, rank files, places per entry, header)."""
     check_spec(spec)
     if tp < 1 or pp < 1 or ep < 1:
         raise CkptError(f"tensor, pipeline and expert parallel sizes must be >= 1, got tp={tp}, pp={pp}, ep={ep}")
@@ -433,26 +483,5 @@ def write_torch_legacy(iter_dir: Path, tensors: list[OutTensor], *, args: dict, 
         raise CkptError("args must not hold tensors")
     iter_dir = Path(iter_dir)
     ranks, targets = _layout(model, tp, pp, ep, etp, args, spec, iter_dir)
-    iter_dir.mkdir(parents=True, exist_ok=True)
     header = {"args": argparse.Namespace(**args), "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration}
-    for rank in ranks:
-        _save_skeleton(rank, header)
-    try:
-        for rank in ranks:
-            rank.fd = os.open(rank.path, os.O_RDWR)
-        for entry, places in zip(model.entries, targets):
-            _fill(entry, places)
-            if progress:
-                progress(entry.nbytes)
-    finally:
-        for rank in ranks:
-            if rank.fd >= 0:
-                os.close(rank.fd)
-                rank.fd = -1
-    for rank in ranks:
-        slots = [slot for slot in rank.model.values() if isinstance(slot, _Slot)]
-        for slot in slots:
-            if slot.written != slot.nbytes:  # unreachable: every slot has exactly one source tensor
-                raise RuntimeError(f"{rank.path}: {slot.record} got {slot.written} of {slot.nbytes} bytes")
-        _patch_crcs(rank.path, [(slot.record, slot.offset + slot.nbytes, slot.crc) for slot in slots if slot.nbytes])
-        _restamp_serialization_id(rank.path)
+    return model, ranks, targets, header

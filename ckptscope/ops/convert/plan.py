@@ -118,6 +118,9 @@ class ConvertPlan:
     spec: str = "local"
     """Megatron-Core layer spec the output is named for: ``local`` or ``te`` (Transformer Engine)."""
     iteration: int = 0
+    num_files: int = 2
+    """torch_dist data files (``__0_K.distcp``): the output layout depends on this, never on how
+    many processes write it (megatron-core 0.16 writes 2 per rank; any count loads)."""
     shards: list[tuple[str, list[str]]] = field(default_factory=list)
     copies: list[tuple[Path, str]] = field(default_factory=list)
     """Files copied verbatim (tokenizer, generation config): (source path, destination name)."""
