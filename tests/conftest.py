@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -42,7 +43,14 @@ class CliResult:
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> CliResult:
-    """Run the real console entry point in a subprocess: real exit codes, real stdout/stderr."""
+    """Run the real console entry point in a subprocess: real exit codes, real stdout/stderr.
+
+    Without ``env`` the child gets this process's environment minus COLUMNS / LINES: some test
+    dependency sets COLUMNS=80 at the C level (invisible in os.environ, inherited by children), and
+    the CLI honours COLUMNS, so reports would depend on which tests ran first. Piped and without
+    COLUMNS, as in a user's ``| grep``, reports are 160 wide (cli/console.py)."""
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     proc = subprocess.run([sys.executable, "-m", "ckptscope", *args], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=120)
     return CliResult(proc.returncode, proc.stdout, proc.stderr)

@@ -159,12 +159,12 @@ def test_truncated_distcp(tmp_path, cli):
     [problem] = doc["problems"]
     assert problem["kind"] == "truncated" and problem["file"] == victim
     assert set(problem["tensor"].split(", ")) == cut
-    assert f"has {size} bytes" in problem["detail"] and f"need {need}" in problem["detail"]
+    assert f"has {size:,} bytes" in problem["detail"] and f"need {need:,}" in problem["detail"]
 
     human = cli("check", str(path))
     assert human.code == 1
     [line] = problem_lines(human)
-    assert line.startswith(f"truncated: {victim} [") and str(size) in line and str(need) in line
+    assert line.startswith(f"truncated: {victim} [") and f"{size:,}" in line and f"{need:,}" in line
     assert human.out.strip().splitlines()[-1].startswith("1 problem in 17 tensors")
 
     inspected = cli("inspect", str(path))  # still readable, with a warning
@@ -295,7 +295,7 @@ def test_hf_truncated_shard(samples, tmp_path, cli):
     [problem] = doc["problems"]
     assert problem["kind"] == "truncated" and problem["file"] == shard.name
     assert set(problem["tensor"].split(", ")) == {n for n, end in spans.items() if end > keep}
-    assert f"has {keep} bytes" in problem["detail"] and f"need {max(spans.values())}" in problem["detail"]
+    assert f"has {keep:,} bytes" in problem["detail"] and f"need {max(spans.values()):,}" in problem["detail"]
 
 
 # --- unreadable ------------------------------------------------------------------------------------

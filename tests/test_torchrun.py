@@ -284,3 +284,21 @@ def test_a_rank_that_dies_stops_the_others(work):
     assert leftovers(work, dst.name) == []
     reference = written(lambda: one(args), dst)
     assert written(lambda: two_nodes(args), dst) == reference
+
+
+def test_moe_legacy_tp2_ep2_same_bytes_on_two_ranks(tmp_path):
+    """Expert-parallel rank files (TP 2 x EP 2, a Mixtral written by transformers' save_pretrained):
+    2 ranks write exactly what one process writes."""
+    samples = str(REPO / "sample_ckpts")
+    if samples not in sys.path:
+        sys.path.insert(0, samples)
+    import make_moe_samples
+
+    hf = make_moe_samples.write_hf_moe("mixtral", tmp_path)
+
+    def convert(dst: Path) -> list[str]:
+        return ["convert", str(hf), str(dst), "--to", "mcore", "--ckpt-format", "torch", "--tp", "2", "--ep", "2"]
+
+    reference = written(lambda: one(convert(tmp_path / "ep1")), tmp_path / "ep1")
+    assert sum("model_optim_rng.pt" in f for f in reference) == 4  # mp_rank_TT_EEE for TT, EEE in 0..1
+    assert written(lambda: standalone(convert(tmp_path / "ep2")), tmp_path / "ep2") == reference

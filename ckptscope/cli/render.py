@@ -33,7 +33,10 @@ def dtype_style(dtype: str) -> str:
 
 def print_inspect(report: InspectReport, *, collapse: bool = True, console: Console | None = None,
                   max_children: int | None = MAX_CHILDREN) -> None:
-    console = console or Console(highlight=False)
+    if console is None:
+        from ckptscope.cli.console import stdout_console
+
+        console = stdout_console()
     console.print(summary_table(report))
     if report.index.tensors:
         console.print(render_tree(report, collapse=collapse, max_children=max_children))

@@ -105,13 +105,15 @@ def iteration_cell(info: IterationInfo) -> str:
 
 def print_iterations(resolved: Resolved, console: Console | None = None) -> None:
     """The iterations of a save root, with the opened one marked, before the usual inspect view."""
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     from ckptscope.core.units import human_bytes, human_time, plural
 
-    console = console or Console(highlight=False)
+    if console is None:
+        from ckptscope.cli.console import stdout_console
+
+        console = stdout_console()
     found = resolved.iterations or []
     complete = sum(1 for i in found if i.complete)
     if resolved.layout:

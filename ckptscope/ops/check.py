@@ -404,7 +404,7 @@ def file_problems(tensors: Iterable[TensorMeta], root: Path) -> tuple[list[Probl
         elif size < ends[rel]:
             cut = tuple(name for name, end in names.items() if end > size)
             problems.append(Problem("truncated", rel, cut,
-                                    f"the file has {plural(size, 'byte')}, its chunks need {ends[rel]} "
+                                    f"the file has {plural(size, 'byte')}, its chunks need {ends[rel]:,} "
                                     f"({plural(ends[rel] - size, 'byte')} missing; {plural(len(cut), 'tensor')} cut)"))
     return problems, set(ends), chunks
 
