@@ -9,6 +9,7 @@ One neutral record lets the transforms stay free of either spelling, and derived
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -68,6 +69,17 @@ its per-layer pattern, local/global RoPE, the attention scale). They travel verb
 args under ``hf_config_extra`` so a round trip HF -> Megatron -> HF gives the same model."""
 
 
+ARCH_FACTS: dict[str, list[str]] = {}
+"""Further model-level facts per arch, registered by the arch's own module (mappings/deepseek.py)."""
+MEGATRON_ARGS_HOOKS: dict[str, Callable[["ModelConfig"], dict[str, Any]]] = {}
+"""arch -> the Megatron args it needs beyond the common ones (MLA dimensions, MoE layer pattern, MTP)."""
+HF_CONFIG_HOOKS: dict[str, Callable[["ModelConfig", dict[str, Any]], None]] = {}
+"""arch -> finishes (in place) the config.json ``to_hf_config`` derived; may refuse."""
+MLA_ARCHS: set[str] = set()
+"""Multi-latent-attention archs: their attention tensors are not ``heads x head_dim`` (``hf_shape_problems``
+leaves them be) and their local spec has no torch_dist keys map (the Megatron names follow ``--spec``)."""
+
+
 def arch_facts(arch: str) -> list[str]:
     """Model-level facts of ``arch`` a conversion carries beside the tensors (``ckptscope archs``)."""
     facts = []
@@ -78,7 +90,7 @@ def arch_facts(arch: str) -> list[str]:
         facts.append("the embedding output is multiplied by sqrt(hidden_size) (kept with the arch, no weight change)")
     if arch in HF_EXTRA_KEYS:
         facts.append("config keys carried in Megatron args (hf_config_extra): " + ", ".join(HF_EXTRA_KEYS[arch]))
-    return facts
+    return facts + ARCH_FACTS.get(arch, [])
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,8 @@ class ModelConfig:
     """What the *Megatron* side records (``apply_layernorm_1p``); HF configs leave it unknown."""
     hf_extra: dict[str, Any] | None = None
     """Arch-specific HF config keys (``HF_EXTRA_KEYS``), verbatim."""
+    mtp_num_layers: int | None = None
+    """Multi-token-prediction layers the *tensors* hold (Megatron's ``mtp_num_layers``)."""
 
     def merged(self, other: "ModelConfig") -> "ModelConfig":
         """Fill this config's unknowns from ``other`` (this side wins where both know)."""
@@ -159,7 +173,10 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
     head_dim = _first(text, "head_dim")
     if head_dim is None and heads and hidden:
         head_dim = hidden // heads
-    num_experts = _first(text, "num_local_experts", "num_experts")
+    num_experts = _first(text, "num_local_experts", "num_experts", "n_routed_experts")
+    shared_experts = _first(text, "shared_expert_intermediate_size")
+    if shared_experts is None and _first(text, "n_shared_experts") and _first(text, "moe_intermediate_size"):
+        shared_experts = text["n_shared_experts"] * text["moe_intermediate_size"]  # DeepSeek: n copies, one MLP
     rope = text.get("rope_parameters")  # transformers >= 5 keeps rope_theta there (flat for one RoPE)
     rope_theta = _first(text, "rope_theta") or (rope.get("rope_theta") if isinstance(rope, dict) else None)
     qkv_bias = _first(text, "attention_bias")
@@ -181,7 +198,7 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
         num_experts=num_experts,
         moe_ffn_hidden_size=_first(text, "moe_intermediate_size") or (_first(text, "intermediate_size")
                                                                       if arch == "mixtral" else None),
-        shared_expert_ffn_hidden_size=_first(text, "shared_expert_intermediate_size"),
+        shared_expert_ffn_hidden_size=shared_experts,
         moe_router_topk=_first(text, "num_experts_per_tok"),
         norm_epsilon=_first(text, "rms_norm_eps"),
         rope_theta=rope_theta,
@@ -227,6 +244,7 @@ def from_megatron_args(args: dict[str, Any]) -> ModelConfig:
         dtype=dtype,
         zero_centered_norm=bool(zero_centred) if zero_centred is not None else None,
         hf_extra=dict(extra) if extra else None,
+        mtp_num_layers=args.get("mtp_num_layers"),
     )
 
 
@@ -278,6 +296,8 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
             out.pop("rope_theta")  # transformers >= 5 keeps RoPE (local and global) in rope_parameters
         out.update(extra)
         out["model_type"] = HF_MODEL_TYPE_BY_ARCH.get(arch, arch)
+    if arch in HF_CONFIG_HOOKS:
+        HF_CONFIG_HOOKS[arch](cfg, out)
     return out
 
 
@@ -329,6 +349,8 @@ def to_megatron_args(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1,
         if cfg.shared_expert_ffn_hidden_size:
             args["moe_shared_expert_intermediate_size"] = cfg.shared_expert_ffn_hidden_size
             args["moe_shared_expert_gate"] = cfg.arch == "qwen2_moe"  # Qwen2-MoE gates its shared expert
+    if cfg.arch in MEGATRON_ARGS_HOOKS:
+        args.update(MEGATRON_ARGS_HOOKS[cfg.arch](cfg))
     return args
 
 
@@ -392,8 +414,9 @@ def hf_shape_problems(hf_config: dict[str, Any], shapes: dict[str, tuple[int, ..
     """
     cfg = from_hf_config(hf_config)
     problems: dict[str, str] = {}
+    rules = [r for r in _HF_SHAPE_RULES if cfg.arch not in MLA_ARCHS or "self_attn." not in r[0]]
     for name, shape in shapes.items():
-        for suffix, rule in _HF_SHAPE_RULES:
+        for suffix, rule in rules:
             if name == suffix or name.endswith("." + suffix):
                 expected = rule(cfg)
                 if None not in expected and tuple(expected) != tuple(shape) and suffix not in problems:

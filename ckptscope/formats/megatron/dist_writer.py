@@ -66,7 +66,9 @@ from ckptscope.formats.megatron.model_layout import (
     LAYERS,
     LINEARS,
     LOCAL_TO_TE,
+    MLA_LINEARS,
     MOE_NORM,
+    REPLICATED,
     Entry,
     ModelTensors,
     OutTensor,
@@ -86,6 +88,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["OutTensor", "Progress", "legacy_rank_dir", "pipeline_layer_ranges", "write_torch_dist",
            "write_torch_legacy"]
 
+HETERO_LINEARS = MLA_LINEARS
+"""Replicated linears that still carry an ``_extra_state`` (MLA's duplicated down projections)."""
 COMMON_FILE = "common.pt"
 MARKER_FILE = "metadata.json"
 CHECKPOINT_VERSION = 3.0
@@ -106,6 +110,10 @@ class _Chunk:
 
 def _dist_key(entry: Entry, model: ModelTensors, spec: str) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
     """The torch_dist key of one tensor and the axes prepended to it: (key, offsets, global sizes)."""
+    if model.hetero:  # every layer its own key (non_homogeneous_layers); experts still stacked per layer
+        if entry.expert is not None:
+            return entry.owner + DIST_EXPERTS + entry.expert_sub, (entry.expert,), (model.num_experts,)
+        return entry.out.name, (), ()
     if entry.layer is None:
         return entry.sub, (), ()
     if entry.expert is not None:
@@ -136,7 +144,20 @@ def _chunks(entry: Entry, model: ModelTensors, spec: str = "local") -> list[_Chu
 def _extra_state_objects(model: ModelTensors) -> list[str]:
     """ShardedObject keys of the layers' linears' ``_extra_state``, in the order megatron-core's
     sharded state dict lists them: per layer the attention linears, then the dense ``linear_fc1`` /
-    ``linear_fc2``, or each routed expert's (``shard_{i}.{e}_{L}.{E}``) and the shared experts'."""
+    ``linear_fc2``, or each routed expert's (``shard_{i}.{e}_{L}.{E}``) and the shared experts'.
+    Heterogeneous models: one object per linear of each layer (``shard_0_1``), ``shard_{e}_{E}`` per expert."""
+    if model.hetero:
+        keys: list[str] = []
+        for entry in model.entries:
+            module, _, param = entry.out.name.rpartition(".")
+            if param != "weight" or entry.layout == REPLICATED and not module.endswith(HETERO_LINEARS):
+                continue
+            if entry.expert is not None:
+                key = f"{entry.owner}{DIST_EXPERTS}{entry.expert_sub.rpartition('.')[0]}._extra_state"
+                keys.append(f"{key}/shard_{entry.expert}_{model.num_experts}")
+            elif module.split(".")[-1].startswith(("linear_", "eh_proj")):
+                keys.append(f"{module}._extra_state/shard_0_1")
+        return keys
     subs = set(model.layer_subs)
     layers, experts = model.num_layers, model.num_experts
     modules: list[tuple[str, str]] = [(m, f"{m}._extra_state/shard_{{i}}_{layers}") for m in LINEARS]

@@ -81,6 +81,30 @@ LAYER_LAYOUT: dict[str, str] = {  # canonical (TE) per-layer names; fc1 is GLU w
     # row-parallel linear (src/megatron/bridge/models/gemma/modules.py), so they are replicated
     "self_attention.linear_proj.post_layernorm.weight": REPLICATED,
     "mlp.linear_fc2.post_layernorm.weight": REPLICATED,
+    # multi-latent attention (megatron-core multi_latent_attention.py). The TE spec builds the down projections
+    # as ``TELinear(parallel_mode="duplicated")``: whole on every TP rank; the up projections and the
+    # single ``linear_q_proj`` are column-parallel; the latent norms are fused into the up projections (TE)
+    # or the ``q_layernorm`` / ``kv_layernorm`` modules (local spec), replicated either way
+    "input_layernorm.weight": REPLICATED,
+    "self_attention.linear_q_proj.weight": COLUMN,
+    "self_attention.linear_q_down_proj.weight": REPLICATED,
+    "self_attention.linear_q_up_proj.weight": COLUMN,
+    "self_attention.linear_q_up_proj.layer_norm_weight": REPLICATED,
+    "self_attention.linear_kv_down_proj.weight": REPLICATED,
+    "self_attention.linear_kv_up_proj.weight": COLUMN,
+    "self_attention.linear_kv_up_proj.layer_norm_weight": REPLICATED,
+    "self_attention.kv_layernorm.weight": REPLICATED,
+}
+MLA_LINEARS = ("self_attention.linear_q_proj", "self_attention.linear_q_down_proj", "self_attention.linear_q_up_proj",
+               "self_attention.linear_kv_down_proj", "self_attention.linear_kv_up_proj", "self_attention.linear_proj")
+MLA_DOWN = ("self_attention.linear_q_down_proj.weight", "self_attention.linear_kv_down_proj.weight")
+MTP = "mtp.layers."
+MTP_LAYER = "transformer_layer."
+MTP_LAYOUT: dict[str, str] = {  # megatron-core multi_token_prediction.py, MultiTokenPredictionLayer
+    "enorm.weight": REPLICATED,
+    "hnorm.weight": REPLICATED,
+    "eh_proj.weight": COLUMN,  # column_parallel_linear, gather_output=False
+    "final_layernorm.weight": REPLICATED,
 }
 LOCAL_TO_TE = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_",
                "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
@@ -110,6 +134,26 @@ DIST_EXPERTS = "mlp.experts.experts."
 """torch_dist stacks every expert of a layer under one key with an expert axis after the layer axis
 (``[L, E, ...]``), SequentialMLP and grouped GEMM alike (FORMATS.md §4.5)."""
 MOE_PREFIXES = ("mlp.router.", "mlp.experts.", "mlp.shared_experts.")
+
+
+def is_heterogeneous(args: dict[str, Any]) -> bool:
+    """Layers that are not all alike (megatron-core ``TransformerBlock.sharded_state_dict``'s
+    ``non_homogeneous_layers``): a ``moe_layer_freq`` list or one above 1, MTP layers, or MLA (whose
+    names this writer takes verbatim: its two specs spell the latent norms differently, and the
+    mapping already chose). torch_dist then keys every layer on its own, with no layer axis."""
+    freq = args.get("moe_layer_freq")
+    return (isinstance(freq, (list, tuple)) or (isinstance(freq, int) and freq > 1)
+            or bool(args.get("mtp_num_layers")) or bool(args.get("multi_latent_attention")))
+
+
+def split_mtp(name: str) -> tuple[str, str] | None:
+    """``mtp.layers.0.transformer_layer.x.y`` -> ``("mtp.layers.0.", "transformer_layer.x.y")``; None otherwise."""
+    if not name.startswith(MTP):
+        return None
+    index, _, rest = name[len(MTP):].partition(".")
+    if not index.isdigit() or not rest:
+        return None
+    return f"{MTP}{index}.", rest
 
 
 def is_gated(args: dict[str, Any]) -> bool:
@@ -204,6 +248,9 @@ class Entry:
     """Global expert id of a routed expert's tensor; None for everything else."""
     expert_sub: str = ""
     """The expert's own suffix (``linear_fc1.weight``) when ``expert`` is set."""
+    owner: str = ""
+    """Heterogeneous models: the name up to the layer (``decoder.layers.3.``,
+    ``mtp.layers.0.transformer_layer.``, ``mtp.layers.0.``); ``sub`` follows it."""
 
     @property
     def nbytes(self) -> int:
@@ -223,10 +270,14 @@ class ModelTensors:
     moe: bool = False
     """Every layer is a MoE layer (router, experts, maybe shared experts)."""
     num_experts: int = 0
+    hetero: bool = False
+    """Layers differ (``is_heterogeneous``): every layer has its own torch_dist keys."""
 
 
 def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
     """Validate names, shapes and layers before anything is produced or written."""
+    if is_heterogeneous(args):
+        return _analyse_heterogeneous(tensors, args)
     swiglu = is_gated(args)
     moe = any(split is not None and _is_moe_sub(split[1]) for split in (split_layer(t.name) for t in tensors))
     entries: list[Entry] = []
@@ -294,6 +345,91 @@ def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
     if "embedding.word_embeddings.weight" not in names:
         raise CkptError("embedding.word_embeddings.weight is missing")
     return ModelTensors(entries, num_layers, tied, subs, moe, num_experts)
+
+
+def _place(name: str) -> tuple[int | None, str, str, str | None]:
+    """(decoder layer, owner prefix, sub, layout) of a name in a heterogeneous model."""
+    split = split_layer(name)
+    if split is not None:
+        return split[0], f"{LAYERS}{split[0]}.", split[1], _layer_layout(split[1])
+    mtp = split_mtp(name)
+    if mtp is not None:
+        prefix, rest = mtp
+        if rest.startswith(MTP_LAYER):
+            sub = rest[len(MTP_LAYER):]
+            return None, prefix + MTP_LAYER, sub, _layer_layout(sub)
+        return None, prefix, rest, MTP_LAYOUT.get(rest)
+    return None, "", name, TOP_LAYOUT.get(name)
+
+
+def _analyse_heterogeneous(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
+    """``analyse`` for models whose layers differ (dense and MoE layers, MLA, MTP layers): names are kept
+    as given, each layer (and each MTP layer's decoder layer) is checked on its own."""
+    swiglu = is_gated(args)
+    local_impl = args.get("transformer_impl") == "local"
+    entries: list[Entry] = []
+    seen: set[str] = set()
+    owners: dict[str, dict[str, Entry]] = {}
+    layers: set[int] = set()
+    for out in tensors:
+        dtype = dtype_by_name(out.dtype)
+        shape = tuple(int(s) for s in out.shape)
+        layer, owner, sub, layout = _place(out.name)
+        expert = split_expert(sub) if owner else None
+        if local_impl and sub.endswith(MLA_DOWN):  # ColumnParallelLinear in the local spec, TELinear duplicated in TE
+            layout = COLUMN
+        if layout == COLUMN and _is_fc1(sub) and swiglu:
+            layout = GLU
+        if layout is None:
+            raise CkptError(f"{out.name}: not a GPTModel tensor the Megatron writers know (dense, MoE, MLA or MTP)")
+        if any(s < 0 for s in shape) or (layout != REPLICATED and not shape) or (layout == ROW and len(shape) < 2):
+            raise CkptError(f"{out.name}: bad shape {shape}")
+        if out.name in seen:
+            raise CkptError(f"{out.name}: given twice")
+        seen.add(out.name)
+        if layout == GLU and shape[0] % 2:
+            raise CkptError(f"{out.name}: SwiGLU fc1 needs an even number of rows ([gate; up]), got {shape}")
+        entry = Entry(OutTensor(out.name, shape, dtype.name, out.produce, out.runs), dtype, layer,
+                      sub if owner else out.name, layout, expert[0] if expert else None, expert[1] if expert else "",
+                      owner)
+        entries.append(entry)
+        if layer is not None:
+            layers.add(layer)
+        if owner and (layer is not None or owner.endswith(MTP_LAYER)):
+            owners.setdefault(owner, {})[sub] = entry
+    num_layers = len(layers)
+    if sorted(layers) != list(range(num_layers)):
+        raise CkptError(f"layer indices must run 0..{num_layers - 1} without gaps, got {sorted(layers)}")
+    expected = args.get("num_layers")
+    if expected is not None and int(expected) != num_layers:
+        raise CkptError(f"args say num_layers={expected} but the tensors hold {num_layers} layers")
+    freq = args.get("moe_layer_freq")
+    counts = set()
+    for owner, layer in owners.items():
+        is_moe = any(_is_moe_sub(sub) for sub in layer)
+        index = split_layer(owner + "x")
+        if isinstance(freq, (list, tuple)) and index is not None and index[0] < len(freq) \
+                and bool(freq[index[0]]) != is_moe:
+            raise CkptError(f"{owner}: args say moe_layer_freq[{index[0]}]={freq[index[0]]} but the layer is "
+                            f"{'MoE' if is_moe else 'dense'}")
+        if is_moe:
+            counts.add(_check_moe(layer, args))
+    if len(counts) > 1:
+        raise CkptError(f"MoE layers hold different numbers of experts: {sorted(counts)}")
+    mtp = {e.owner for e in entries if e.owner.startswith(MTP) and not e.owner.endswith(MTP_LAYER)}
+    if args.get("mtp_num_layers") is not None and len(mtp) != int(args["mtp_num_layers"] or 0):
+        raise CkptError(f"args say mtp_num_layers={args['mtp_num_layers']} but the tensors hold {len(mtp)} MTP layers")
+    names = {e.sub for e in entries if e.layer is None and not e.owner}
+    tied = (not args["untie_embeddings_and_output_weights"] if "untie_embeddings_and_output_weights" in args
+            else "output_layer.weight" not in names)
+    if tied and "output_layer.weight" in names:
+        raise CkptError("embeddings are tied (untie_embeddings_and_output_weights is false) "
+                        "but output_layer.weight was given")
+    if not tied and "output_layer.weight" not in names:
+        raise CkptError("embeddings are untied but output_layer.weight is missing")
+    if "embedding.word_embeddings.weight" not in names:
+        raise CkptError("embedding.word_embeddings.weight is missing")
+    return ModelTensors(entries, num_layers, tied, [], bool(counts), counts.pop() if counts else 0, hetero=True)
 
 
 def _check_moe(layer: dict[str, Entry], args: dict[str, Any]) -> int:
