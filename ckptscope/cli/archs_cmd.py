@@ -32,7 +32,7 @@ def archs(name: str | None, as_json: bool) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
     for info in infos:
         types = ", ".join(info.model_types) or "-"
         console.print(Text.assemble((info.name, "bold"), f"  {info.hf_class}  (model_type: {types})"))

@@ -30,8 +30,8 @@ Megatron-Bridge ``src/megatron/bridge/models/deepseek/common.py``; transformers
   ``final_layernorm``) and a full decoder layer (= ``transformer_layer``). Its ``embed_tokens`` and
   ``shared_head.head`` are copies of the main embedding / head, which Megatron's MTP shares: they are
   not written to Megatron (said in the notes) and are re-created from the main tensors on export.
-  Inside the mapping the MTP layers are named ``model.mtp.{k}.…`` on the HF side (``hf_view``), so
-  their rules cannot be confused with the main layers'.
+  In the rules the MTP layers are ``model.layers.N+{k}.…`` on the HF side (``to_view`` / ``from_view``
+  rename to and from the stored index), so their rules cannot be confused with the main layers'.
 """
 
 from __future__ import annotations
@@ -47,8 +47,10 @@ from ckptscope.mappings.schemas import DENSE_MLP, L_HF, L_MC, SCHEMAS, Rule, _ex
 
 ARCH = "deepseek_v3"
 
-MTP_HF = "model.mtp.{i}."
-"""Mapping-internal HF prefix of MTP layer ``i`` (stored as ``model.layers.{num_hidden_layers + i}.``)."""
+MTP_HF = "model.layers.N+{i}."
+"""HF prefix of MTP layer ``i`` in the rules: stored as ``model.layers.{N + i}.`` with ``N`` =
+``num_hidden_layers``, which a name template cannot compute, so ``to_view`` / ``from_view`` rename
+between the two (``N+`` keeps the rules apart from the main layers' ``model.layers.{i}.``)."""
 MTP_MC = "mtp.layers.{i}."
 MTP_LAYER_MC = MTP_MC + "transformer_layer."
 MTP_SHARED = ("embed_tokens.weight", "shared_head.head.weight")
@@ -115,7 +117,7 @@ SCHEMAS[ARCH] = _TOP + LAYER + MTP
 # --- the MTP layers' stored HF names ---------------------------------------------------------------------
 
 _HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)\Z")
-_MTP_NAME = re.compile(r"model\.mtp\.(\d+)\.(.+)\Z")
+_MTP_NAME = re.compile(r"model\.layers\.N\+(\d+)\.(.+)\Z")
 
 
 def to_view(names: Mapping[str, object], num_layers: int | None) -> tuple[dict[str, str], list[str]]:
@@ -133,7 +135,7 @@ def to_view(names: Mapping[str, object], num_layers: int | None) -> tuple[dict[s
             if rest in MTP_SHARED:
                 shared.append(name)
             else:
-                renames[name] = f"model.mtp.{k}.{rest}"
+                renames[name] = MTP_HF.format(i=k) + rest
     return renames, shared
 
 
