@@ -9,20 +9,14 @@ layer 0 as the DeepSeek-V3 release stores it (``model.layers.{num_hidden_layers}
 main embedding and head, and a full MoE decoder layer).
 
 The Megatron side is judged by megatron-core 0.16.1 itself, on CPU: a ``GPTModel`` built from the
-checkpoint's own args with megatron-core's layer specs (``get_gpt_decoder_block_spec`` /
-``get_gpt_mtp_block_spec``, local implementations) loads the torch_dist output through
-``dist_checkpointing.load`` and its logits are compared with transformers'. Three shims make
-megatron-core run without TransformerEngine on CPU; none touches a weight or a name:
-``multi_latent_attention.HAVE_TE`` is set False (megatron-core's TE import shim leaves MagicMocks
-behind, which MLA's ``isinstance`` check trips over), ``moe_utils.te_general_gemm`` gets its None
-fallback, and MLA's core attention is megatron-core's own ``DotProductAttention`` minus the
-``k_channels`` / ``v_channels`` arguments only TE's attention takes (the local one computes with
-whatever head sizes q, k and v have, and MLA hands it its softmax scale).
+checkpoint's own args with megatron-core's layer specs (tests/mla_reference.py, which also says which
+three shims make it run without TransformerEngine) loads the torch_dist output through
+``dist_checkpointing.load`` and its logits are compared with transformers'; on 2 gloo ranks it loads
+the output into a TP=2 model and each rank's state must be the legacy TP=2 file of that rank.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 
@@ -38,6 +32,7 @@ from ckptscope.ops.convert.execute import execute_convert  # noqa: E402
 from ckptscope.ops.convert.plan import plan_convert  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
 from tests.mcore_reference import generators  # noqa: E402
+from tests.mla_reference import gpt_model, megatron_on_cpu  # noqa: E402
 
 DIMS = dict(vocab_size=300, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
             first_k_dense_replace=1, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=2,
@@ -145,74 +140,6 @@ def test_convert_says_what_the_mtp_layer_shares(hf_dir, tmp_path):
 # --- megatron-core itself ----------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _megatron_on_cpu():
-    """The three shims of the module docstring, undone afterwards."""
-    import megatron.core.transformer.moe.moe_utils as moe_utils
-    import megatron.core.transformer.multi_latent_attention as mla
-
-    saved = mla.HAVE_TE, moe_utils.__dict__.get("te_general_gemm", "missing")
-    mla.HAVE_TE = False
-    if saved[1] == "missing":
-        moe_utils.te_general_gemm = None
-    gen = generators()
-    gen.ensure_single_rank_world()
-    try:
-        with gen.cpu_megatron():
-            yield gen
-    finally:
-        mla.HAVE_TE = saved[0]
-        if saved[1] == "missing":
-            del moe_utils.te_general_gemm
-
-
-def _core_attention():
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
-
-    class CoreAttention(DotProductAttention):
-        def __init__(self, *args, k_channels=None, v_channels=None, **kwargs):
-            super().__init__(*args, **kwargs)
-
-    return CoreAttention
-
-
-def _gpt_model(args, *, mtp: bool):
-    """megatron-core's GPTModel for the checkpoint's own args, as Megatron-LM's
-    ``core_transformer_config_from_args`` would configure it (the fields a DeepSeek-V3 model uses)."""
-    import torch.nn.functional as F
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_mtp_block_spec
-    from megatron.core.transformer.transformer_config import MLATransformerConfig
-
-    config = MLATransformerConfig(
-        num_layers=args.num_layers, hidden_size=args.hidden_size, ffn_hidden_size=args.ffn_hidden_size,
-        num_attention_heads=args.num_attention_heads, kv_channels=args.kv_channels,
-        multi_latent_attention=args.multi_latent_attention, q_lora_rank=args.q_lora_rank,
-        kv_lora_rank=args.kv_lora_rank, qk_head_dim=args.qk_head_dim, qk_pos_emb_head_dim=args.qk_pos_emb_head_dim,
-        v_head_dim=args.v_head_dim, qk_layernorm=args.qk_layernorm, rope_type=args.rope_type,
-        rotary_base=args.rotary_base, rotary_interleaved=args.rotary_interleaved,
-        num_moe_experts=args.num_experts, moe_ffn_hidden_size=args.moe_ffn_hidden_size,
-        moe_shared_expert_intermediate_size=args.moe_shared_expert_intermediate_size,
-        moe_router_topk=args.moe_router_topk, moe_layer_freq=args.moe_layer_freq,
-        moe_router_enable_expert_bias=args.moe_router_enable_expert_bias,
-        moe_router_score_function=args.moe_router_score_function,
-        moe_router_topk_scaling_factor=args.moe_router_topk_scaling_factor,
-        moe_router_num_groups=args.moe_router_num_groups, moe_router_group_topk=args.moe_router_group_topk,
-        mtp_num_layers=args.mtp_num_layers if mtp else None, normalization=args.normalization,
-        layernorm_epsilon=args.norm_epsilon, gated_linear_unit=args.swiglu, activation_func=F.silu,
-        add_bias_linear=args.add_bias_linear, hidden_dropout=0.0, attention_dropout=0.0,
-        moe_token_dispatcher_type="allgather", use_cpu_initialization=True, perform_initialization=False,
-        params_dtype=torch.float32)
-    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=args.normalization)
-    for layer in spec.layer_specs:
-        layer.submodules.self_attention.submodules.core_attention = _core_attention()
-    mtp_spec = get_gpt_mtp_block_spec(config, spec.layer_specs[-1], use_transformer_engine=False) if mtp else None
-    return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=args.padded_vocab_size,
-                    max_sequence_length=args.max_position_embeddings,
-                    share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-                    position_embedding_type="rope", rotary_base=args.rotary_base, mtp_block_spec=mtp_spec).eval()
-
-
 def _args(dist_dir):
     return torch.load(dist_dir / "iter_0000000" / "common.pt", map_location="cpu", weights_only=False)["args"]
 
@@ -222,8 +149,8 @@ def mcore_model(dist_dir):
     """A GPTModel without MTP (whose forward needs labels) that loaded the torch_dist output."""
     from megatron.core import dist_checkpointing
 
-    with _megatron_on_cpu():
-        model = _gpt_model(_args(dist_dir), mtp=False)
+    with megatron_on_cpu():
+        model = gpt_model(_args(dist_dir), mtp=False)
         with torch.no_grad():
             for param in model.parameters():
                 param.fill_(float("nan"))  # anything the checkpoint does not provide shows as NaN logits
@@ -234,8 +161,8 @@ def mcore_model(dist_dir):
 
 
 def _mcore_logits(model):
-    with _megatron_on_cpu() as gen:
-        return gen.mcore_model_logits(model, TOKENS)[..., :DIMS["vocab_size"]]
+    with megatron_on_cpu():
+        return generators().mcore_model_logits(model, TOKENS)[..., :DIMS["vocab_size"]]
 
 
 def test_megatron_core_logits_equal_transformers(mcore_model, hf_logits):
@@ -266,8 +193,8 @@ def test_mtp_layer_loads_strictly_into_megatron_core(dist_dir, hf_dir):
 
     iter_dir = dist_dir / "iter_0000000"
     stored = FileSystemReader(str(iter_dir)).read_metadata().state_dict_metadata
-    with _megatron_on_cpu():
-        model = _gpt_model(_args(dist_dir), mtp=True)
+    with megatron_on_cpu():
+        model = gpt_model(_args(dist_dir), mtp=True)
         sharded = model.sharded_state_dict()
         wanted = {}
         for item in sharded.values():
@@ -391,8 +318,8 @@ def test_te_spec_keys_are_the_real_models_keys_in_te_spelling(hf_dir, tmp_path):
     args = _args(out)
     assert args.transformer_impl == "transformer_engine"
     expected = {}
-    with _megatron_on_cpu():
-        for key, value in _gpt_model(args, mtp=True).state_dict().items():
+    with megatron_on_cpu():
+        for key, value in gpt_model(args, mtp=True).state_dict().items():
             if "_extra_state" in key:
                 continue
             for local, te in TE_NAMES.items():
@@ -438,3 +365,27 @@ def test_rope_interleave_false_is_refused(hf_dir, tmp_path):
     result = run_cli("convert", str(edited), str(tmp_path / "out"), "--to", "mcore")
     assert result.code == 2 and "rope_interleave" in result.err, result.err
     assert not (tmp_path / "out").exists()
+
+
+def test_legacy_tp2_rank_files_equal_megatron_core_per_rank(hf_dir, tmp_path):
+    """megatron-core on 2 gloo ranks loads the torch_dist output into a TP=2 model with MTP (it reshards);
+    what each rank then holds (``state_dict_for_save_checkpoint()``) is what the legacy TP=2 file of that
+    rank must hold: the same names in the same order, the same values. This checks every MLA, MoE and
+    MTP split (local spec: the down projections are column-parallel too) against megatron-core."""
+    from tests.mla_reference import tp2_references
+
+    if json.loads((hf_dir / "config.json").read_text())["q_lora_rank"] is None:
+        pytest.skip("one variant is enough for the 2-rank reference (about 15 s)")
+    dist = _convert(hf_dir, tmp_path / "dist", to="mcore", tp=2)  # vocabulary padded for TP=2
+    legacy = _convert(hf_dir, tmp_path / "legacy", to="mcore", ckpt_format="torch", tp=2)
+    padded = _args(dist).padded_vocab_size
+    refs = tp2_references({"deepseek": dist / "iter_0000000"}, tmp_path / "refs", padded)
+    for rank in ("mp_rank_00", "mp_rank_01"):
+        mine = torch.load(legacy / "iter_0000000" / rank / "model_optim_rng.pt", weights_only=False)["model"]
+        expected = torch.load(refs / "deepseek" / rank / "reference.pt", weights_only=False)["model"]
+        assert list(mine) == list(expected), rank
+        for name, value in expected.items():
+            if value is None:
+                assert mine[name] is None, (rank, name)
+            else:
+                assert torch.equal(mine[name], value), (rank, name)
