@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from ckptscope.ops.convert.execute import execute_convert  # noqa: E402
 from ckptscope.ops.convert.plan import plan_convert  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
+from tests import mcore_reference  # noqa: E402
 from tests.mcore_reference import generators  # noqa: E402
 from tests.mla_reference import gpt_model, megatron_on_cpu  # noqa: E402
 
@@ -39,7 +40,7 @@ DIMS = dict(vocab_size=300, hidden_size=64, intermediate_size=96, moe_intermedia
             topk_group=1, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, qk_rope_head_dim=8,
             qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=64)
 """qk head 24 (16 nope + 8 rope) != v head 16; one dense layer, two MoE layers; 4 experts in 2 groups."""
-TOKENS = torch.tensor([[5, 17, 299, 3, 42, 7, 128, 250, 9, 1, 77, 12], [2, 8, 19, 150, 298, 4, 60, 33, 5, 91, 6, 0]])
+TOKENS = generators().tokens_for(DIMS["vocab_size"])
 MTP = "model.layers.3."
 
 
@@ -79,21 +80,19 @@ def hf_dir(request, tmp_path_factory):
     return _write_fixture(root / "hf", request.param)
 
 
+@pytest.fixture(scope="module")
+def dist_dir(hf_dir):
+    """The default conversion's output: torch_dist, local-spec names."""
+    return _convert(hf_dir, hf_dir.parent / "dist", to="mcore")
+
+
 def _convert(src, dst, **kw):
     execute_convert(plan_convert(src, dst, **kw))
     return dst
 
 
-@pytest.fixture(scope="module")
-def dist_dir(hf_dir):
-    return _convert(hf_dir, hf_dir.parent / "mcore_dist", to="mcore")
-
-
 def _logits(hf):
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32,
-                                                               attn_implementation="eager").eval()
-    with torch.no_grad():
-        return model(input_ids=TOKENS).logits
+    return mcore_reference.hf_logits(hf, TOKENS)  # transformers, fp32, eager attention
 
 
 @pytest.fixture(scope="module")

@@ -243,23 +243,30 @@ def _layout(model: ModelTensors, tp: int, pp: int, ep: int, etp: int, args: dict
                         names.append(top)
                 elif (p, x, top) in placed:
                     names.append(top)
-            unplaced = {name for (stage_index, ep_rank, name) in placed if (stage_index, ep_rank) == (p, x)}
-            unplaced -= set(names)
-            if unplaced:  # unreachable: every known tensor has its place in the orders above
-                raise CkptError(f"no place in the legacy state dict for {sorted(unplaced)}")
-            for t in range(tp):
-                rank = files[(p, x, t)]
-                for name in names:
-                    if name == "output_layer._extra_state":  # mcore's own linear in both specs
-                        rank.model[name] = None
-                    elif name.endswith(EXTRA):
-                        rank.model[name] = extra if extra is None else extra.clone()
-                    else:
-                        entry = placed[(p, x, name)]
-                        split = etp if entry.expert is not None else tp
-                        rank.model[name] = _Slot(_slice_shape(entry.out.shape, entry.layout, split, entry.out.name),
-                                                 entry.dtype)
+            _fill_stage(files, (p, x), names, placed, tp, etp, extra)
     return list(files.values()), targets
+
+
+def _fill_stage(files: dict, stage: tuple[int, int], names: list[str], placed: dict, tp: int, etp: int,
+                extra: Any) -> None:
+    """Put ``names`` (in order) into the TP files of one (pp, ep) stage: a ``_Slot`` per tensor, the
+    ``_extra_state`` values themselves; every tensor placed on the stage must be among the names."""
+    p, x = stage
+    unplaced = {name for (stage_index, ep_rank, name) in placed if (stage_index, ep_rank) == (p, x)} - set(names)
+    if unplaced:  # unreachable: every known tensor has its place in the orders
+        raise CkptError(f"no place in the legacy state dict for {sorted(unplaced)[:3]}")
+    for t in range(tp):
+        rank = files[(p, x, t)]
+        for name in names:
+            if name == "output_layer._extra_state":  # mcore's own linear in both specs
+                rank.model[name] = None
+            elif name.endswith(EXTRA):
+                rank.model[name] = extra if extra is None else extra.clone()
+            else:
+                entry = placed[(p, x, name)]
+                split = etp if entry.expert is not None else tp
+                rank.model[name] = _Slot(_slice_shape(entry.out.shape, entry.layout, split, entry.out.name),
+                                         entry.dtype)
 
 
 _MLA_LOCAL = (  # megatron-core 0.16.1 MLASelfAttention, local spec: state_dict() order checked on CPU
@@ -351,22 +358,7 @@ def _layout_heterogeneous(model: ModelTensors, tp: int, pp: int, ep: int, etp: i
                         names.append(name)
                 elif (p, x, name) in placed:
                     names.append(name)
-            unplaced = {name for (stage_index, ep_rank, name) in placed if (stage_index, ep_rank) == (p, x)}
-            unplaced -= set(names)
-            if unplaced:
-                raise CkptError(f"no place in the legacy state dict for {sorted(unplaced)[:3]}")
-            for t in range(tp):
-                rank = files[(p, x, t)]
-                for name in names:
-                    if name == "output_layer._extra_state":
-                        rank.model[name] = None
-                    elif name.endswith(EXTRA):
-                        rank.model[name] = extra if extra is None else extra.clone()
-                    else:
-                        entry = placed[(p, x, name)]
-                        split = etp if entry.expert is not None else tp
-                        rank.model[name] = _Slot(_slice_shape(entry.out.shape, entry.layout, split, entry.out.name),
-                                                 entry.dtype)
+            _fill_stage(files, (p, x), names, placed, tp, etp, extra)
     return list(files.values()), targets
 
 

@@ -146,14 +146,18 @@ def is_heterogeneous(args: dict[str, Any]) -> bool:
             or bool(args.get("mtp_num_layers")) or bool(args.get("multi_latent_attention")))
 
 
+def _split_indexed(name: str, prefix: str) -> tuple[int, str] | None:
+    """``{prefix}3.x.y`` -> ``(3, "x.y")``; None when ``name`` is not so."""
+    if not name.startswith(prefix):
+        return None
+    index, _, rest = name[len(prefix):].partition(".")
+    return (int(index), rest) if index.isdigit() and rest else None
+
+
 def split_mtp(name: str) -> tuple[str, str] | None:
     """``mtp.layers.0.transformer_layer.x.y`` -> ``("mtp.layers.0.", "transformer_layer.x.y")``; None otherwise."""
-    if not name.startswith(MTP):
-        return None
-    index, _, rest = name[len(MTP):].partition(".")
-    if not index.isdigit() or not rest:
-        return None
-    return f"{MTP}{index}.", rest
+    split = _split_indexed(name, MTP)
+    return (f"{MTP}{split[0]}.", split[1]) if split else None
 
 
 def is_gated(args: dict[str, Any]) -> bool:
@@ -164,12 +168,7 @@ def is_gated(args: dict[str, Any]) -> bool:
 
 def split_layer(name: str) -> tuple[int, str] | None:
     """``decoder.layers.3.x.y`` -> ``(3, "x.y")``; None for a top-level name."""
-    if not name.startswith(LAYERS):
-        return None
-    index, _, sub = name[len(LAYERS):].partition(".")
-    if not index.isdigit() or not sub:
-        return None
-    return int(index), sub
+    return _split_indexed(name, LAYERS)
 
 
 def te_sub(sub: str) -> str:
@@ -301,25 +300,14 @@ def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
             raise CkptError(f"{out.name}: not a dense GPTModel tensor the Megatron writers know, nor a MoE one "
                             "(router, SequentialMLP experts.local_experts.{e}, shared_experts); other layer "
                             "types are not supported")
-        if any(s < 0 for s in shape) or (layout != REPLICATED and not shape) or (layout == ROW and len(shape) < 2):
-            raise CkptError(f"{out.name}: bad shape {shape}")
-        if (layer, sub) in seen:
-            raise CkptError(f"{out.name}: given twice")
-        seen.add((layer, sub))
-        if layout == GLU and shape[0] % 2:
-            raise CkptError(f"{out.name}: SwiGLU fc1 needs an even number of rows ([gate; up]), got {shape}")
+        _check_entry(out.name, shape, layout, (layer, sub), seen)
         entry = Entry(OutTensor(out.name, shape, dtype.name, out.produce, out.runs), dtype, layer, sub, layout,
                       expert[0] if expert else None, expert[1] if expert else "")
         entries.append(entry)
         if layer is not None:
             per_layer.setdefault(layer, {})[sub] = entry
 
-    num_layers = len(per_layer)
-    if sorted(per_layer) != list(range(num_layers)):
-        raise CkptError(f"layer indices must run 0..{num_layers - 1} without gaps, got {sorted(per_layer)}")
-    expected = args.get("num_layers")
-    if expected is not None and int(expected) != num_layers:
-        raise CkptError(f"args say num_layers={expected} but the tensors hold {num_layers} layers")
+    num_layers = _layer_count(per_layer, args)
     subs = list(per_layer[0]) if per_layer else []
     for i, layer in per_layer.items():
         if set(layer) != set(subs):
@@ -332,7 +320,33 @@ def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
                 raise CkptError(f"{entry.out.name}: {entry.out.shape} {entry.dtype.name} differs from layer 0's "
                                 f"{first.out.shape} {first.dtype.name}")
     num_experts = _check_moe(per_layer[0] if per_layer else {}, args) if moe else 0
-    names = {e.sub for e in entries if e.layer is None}
+    tied = _embeddings_tied({e.sub for e in entries if e.layer is None}, args)
+    return ModelTensors(entries, num_layers, tied, subs, moe, num_experts)
+
+
+def _check_entry(name: str, shape: tuple[int, ...], layout: str, key: object, seen: set) -> None:
+    if any(s < 0 for s in shape) or (layout != REPLICATED and not shape) or (layout == ROW and len(shape) < 2):
+        raise CkptError(f"{name}: bad shape {shape}")
+    if key in seen:
+        raise CkptError(f"{name}: given twice")
+    seen.add(key)
+    if layout == GLU and shape[0] % 2:
+        raise CkptError(f"{name}: SwiGLU fc1 needs an even number of rows ([gate; up]), got {shape}")
+
+
+def _layer_count(layers, args: dict[str, Any]) -> int:
+    """The number of decoder layers, after checking they run 0..L-1 and agree with ``args``."""
+    count = len(layers)
+    if sorted(layers) != list(range(count)):
+        raise CkptError(f"layer indices must run 0..{count - 1} without gaps, got {sorted(layers)}")
+    expected = args.get("num_layers")
+    if expected is not None and int(expected) != count:
+        raise CkptError(f"args say num_layers={expected} but the tensors hold {count} layers")
+    return count
+
+
+def _embeddings_tied(names: set[str], args: dict[str, Any]) -> bool:
+    """Whether the output layer is the embedding, checked against the top-level tensors given."""
     if "untie_embeddings_and_output_weights" in args:
         tied = not args["untie_embeddings_and_output_weights"]
     else:  # Megatron's default is tied; without the flag, the tensors say which
@@ -344,7 +358,7 @@ def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
         raise CkptError("embeddings are untied but output_layer.weight is missing")
     if "embedding.word_embeddings.weight" not in names:
         raise CkptError("embedding.word_embeddings.weight is missing")
-    return ModelTensors(entries, num_layers, tied, subs, moe, num_experts)
+    return tied
 
 
 def _place(name: str) -> tuple[int | None, str, str, str | None]:
@@ -382,13 +396,7 @@ def _analyse_heterogeneous(tensors: Sequence[OutTensor], args: dict[str, Any]) -
             layout = GLU
         if layout is None:
             raise CkptError(f"{out.name}: not a GPTModel tensor the Megatron writers know (dense, MoE, MLA or MTP)")
-        if any(s < 0 for s in shape) or (layout != REPLICATED and not shape) or (layout == ROW and len(shape) < 2):
-            raise CkptError(f"{out.name}: bad shape {shape}")
-        if out.name in seen:
-            raise CkptError(f"{out.name}: given twice")
-        seen.add(out.name)
-        if layout == GLU and shape[0] % 2:
-            raise CkptError(f"{out.name}: SwiGLU fc1 needs an even number of rows ([gate; up]), got {shape}")
+        _check_entry(out.name, shape, layout, out.name, seen)
         entry = Entry(OutTensor(out.name, shape, dtype.name, out.produce, out.runs), dtype, layer,
                       sub if owner else out.name, layout, expert[0] if expert else None, expert[1] if expert else "",
                       owner)
@@ -397,12 +405,7 @@ def _analyse_heterogeneous(tensors: Sequence[OutTensor], args: dict[str, Any]) -
             layers.add(layer)
         if owner and (layer is not None or owner.endswith(MTP_LAYER)):
             owners.setdefault(owner, {})[sub] = entry
-    num_layers = len(layers)
-    if sorted(layers) != list(range(num_layers)):
-        raise CkptError(f"layer indices must run 0..{num_layers - 1} without gaps, got {sorted(layers)}")
-    expected = args.get("num_layers")
-    if expected is not None and int(expected) != num_layers:
-        raise CkptError(f"args say num_layers={expected} but the tensors hold {num_layers} layers")
+    num_layers = _layer_count(layers, args)
     freq = args.get("moe_layer_freq")
     counts = set()
     for owner, layer in owners.items():
@@ -419,16 +422,7 @@ def _analyse_heterogeneous(tensors: Sequence[OutTensor], args: dict[str, Any]) -
     mtp = {e.owner for e in entries if e.owner.startswith(MTP) and not e.owner.endswith(MTP_LAYER)}
     if args.get("mtp_num_layers") is not None and len(mtp) != int(args["mtp_num_layers"] or 0):
         raise CkptError(f"args say mtp_num_layers={args['mtp_num_layers']} but the tensors hold {len(mtp)} MTP layers")
-    names = {e.sub for e in entries if e.layer is None and not e.owner}
-    tied = (not args["untie_embeddings_and_output_weights"] if "untie_embeddings_and_output_weights" in args
-            else "output_layer.weight" not in names)
-    if tied and "output_layer.weight" in names:
-        raise CkptError("embeddings are tied (untie_embeddings_and_output_weights is false) "
-                        "but output_layer.weight was given")
-    if not tied and "output_layer.weight" not in names:
-        raise CkptError("embeddings are untied but output_layer.weight is missing")
-    if "embedding.word_embeddings.weight" not in names:
-        raise CkptError("embedding.word_embeddings.weight is missing")
+    tied = _embeddings_tied({e.sub for e in entries if e.layer is None and not e.owner}, args)
     return ModelTensors(entries, num_layers, tied, [], bool(counts), counts.pop() if counts else 0, hetero=True)
 
 
