@@ -388,3 +388,18 @@ def test_legacy_tp2_rank_files_equal_megatron_core_per_rank(hf_dir, tmp_path):
                 assert mine[name] is None, (rank, name)
             else:
                 assert torch.equal(mine[name], value), (rank, name)
+
+
+def test_kimi_k2_config_maps_as_deepseek_v3_and_keeps_its_model_type(hf_dir, tmp_path):
+    """Kimi-K2 ships DeepseekV3ForCausalLM weights under ``model_type: kimi_k2`` (remote code, which
+    transformers cannot load here): the tensors map as DeepSeek-V3 and the model type comes back."""
+    kimi = tmp_path / "kimi"
+    shutil.copytree(hf_dir, kimi)
+    config = json.loads((kimi / "config.json").read_text())
+    config["model_type"] = "kimi_k2"
+    (kimi / "config.json").write_text(json.dumps(config))
+    mcore = _convert(kimi, tmp_path / "mcore", to="mcore")
+    back = _convert(mcore, tmp_path / "back", to="hf")
+    assert json.loads((back / "config.json").read_text())["model_type"] == "kimi_k2"
+    src, got = load_file(kimi / "model.safetensors"), load_file(back / "model.safetensors")
+    assert sorted(got) == sorted(src) and all(torch.equal(got[n], v) for n, v in src.items())

@@ -231,6 +231,7 @@ def megatron_args(cfg: _config.ModelConfig) -> dict:
         "moe_router_num_groups": extra.get("n_group"),
         "moe_router_group_topk": extra.get("topk_group"),
         "mtp_num_layers": cfg.mtp_num_layers or None,
+        "hf_config_extra": {**extra, "model_type": extra.get("model_type") or ARCH},  # kimi_k2 stays kimi_k2
     }
     if rope_type == "yarn":  # DeepSeek-V3's long-context RoPE (args of Megatron-LM's --rope-type yarn)
         args.update({"rotary_scaling_factor": rope.get("factor"), "mscale": rope.get("mscale"),
@@ -250,9 +251,11 @@ def finish_hf_config(cfg: _config.ModelConfig, out: dict) -> None:
                                 f"(hf_config_extra); pass --hf-config DIR")
     for key in ("num_experts", "shared_expert_intermediate_size"):  # DeepSeek spells them n_routed/n_shared_experts
         out.pop(key, None)
+    out["model_type"] = (cfg.hf_extra or {}).get("model_type") or ARCH
 
 
 _config.ARCH_BY_MODEL_TYPE.setdefault(ARCH, ARCH)
+_config.ARCH_BY_MODEL_TYPE.setdefault("kimi_k2", ARCH)  # Kimi-K2: DeepseekV3ForCausalLM weights, own model_type
 _config.HF_CLASS_BY_ARCH.setdefault(ARCH, "DeepseekV3ForCausalLM")
 _config.HF_EXTRA_KEYS.setdefault(ARCH, HF_KEYS)
 _config.MEGATRON_ARGS_HOOKS[ARCH] = megatron_args
