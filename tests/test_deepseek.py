@@ -355,14 +355,18 @@ def test_legacy_tp2_splits_mla_as_megatron_core_does(hf_dir, tmp_path):
         assert torch.equal(model["mtp.layers.0.eh_proj.weight"], rows(hf[MTP + "eh_proj.weight"]))
 
 
-def test_rope_interleave_false_is_refused(hf_dir, tmp_path):
+@pytest.mark.parametrize("change,message", [({"rope_interleave": False}, "rope_interleave"),
+                                            ({"norm_topk_prob": False}, "norm_topk_prob"),
+                                            ({"n_group": 4, "topk_group": 2}, "top 2 experts")])
+def test_routing_and_rope_megatron_cannot_express_are_refused(hf_dir, tmp_path, change, message):
+    """Settings where megatron-core's MLA or router would compute something else than transformers."""
     edited = tmp_path / "hf"
     shutil.copytree(hf_dir, edited)
     config = json.loads((edited / "config.json").read_text())
-    config["rope_interleave"] = False
+    config.update(change)
     (edited / "config.json").write_text(json.dumps(config))
     result = run_cli("convert", str(edited), str(tmp_path / "out"), "--to", "mcore")
-    assert result.code == 2 and "rope_interleave" in result.err, result.err
+    assert result.code == 2 and message in result.err, result.err
     assert not (tmp_path / "out").exists()
 
 

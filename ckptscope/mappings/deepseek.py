@@ -209,6 +209,14 @@ def megatron_args(cfg: _config.ModelConfig) -> dict:
     if extra.get("rope_interleave", True) is False:
         raise CkptError("deepseek_v3 with rope_interleave=false: megatron-core's MLA always de-interleaves "
                                 "the rope half of q and k, so this model has no Megatron equivalent")
+    topk = cfg.moe_router_topk or extra.get("num_experts_per_tok") or 1
+    if extra.get("norm_topk_prob") is False and topk > 1:
+        raise CkptError("deepseek_v3 with norm_topk_prob=false: megatron-core's sigmoid router always normalises "
+                        "the top-k weights, so this model has no Megatron equivalent")
+    groups, group_topk = extra.get("n_group") or 1, extra.get("topk_group") or 1
+    if 1 < groups and group_topk < groups and topk // group_topk != 2:
+        raise CkptError(f"deepseek_v3 with {topk} experts per token from {group_topk} of {groups} groups: transformers "
+                        f"scores a group by its top 2 experts, megatron-core by its top {topk // group_topk}")
     rope = _rope(extra)
     rope_type = rope.get("rope_type") or rope.get("type") or "default"
     layers = cfg.require("num_layers")
