@@ -407,3 +407,15 @@ def test_kimi_k2_config_maps_as_deepseek_v3_and_keeps_its_model_type(hf_dir, tmp
     assert json.loads((back / "config.json").read_text())["model_type"] == "kimi_k2"
     src, got = load_file(kimi / "model.safetensors"), load_file(back / "model.safetensors")
     assert sorted(got) == sorted(src) and all(torch.equal(got[n], v) for n, v in src.items())
+
+
+def test_transformers_v5_fused_experts_convert_like_per_expert_ones(hf_dir, hf_logits, tmp_path):
+    """``save_pretrained(save_original_format=False)`` keeps transformers v5's fused expert tensors."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+    model.save_pretrained(tmp_path / "fused", save_original_format=False)
+    assert "model.layers.1.mlp.experts.gate_up_proj" in load_file(tmp_path / "fused" / "model.safetensors")
+    mcore = _convert(tmp_path / "fused", tmp_path / "mcore", to="mcore")
+    back = _convert(mcore, tmp_path / "hf", to="hf")
+    assert torch.equal(_logits(back), hf_logits)
+    src, got = load_file(hf_dir / "model.safetensors"), load_file(back / "model.safetensors")
+    assert all(torch.equal(got[n], src[n]) for n in got if not n.startswith(MTP))
