@@ -29,6 +29,11 @@ VIEWS: dict[str, tuple[str, list[str], dict[str, str]]] = {
     "shard_layout": ("sample_ckpts/megatron_torch_dist", ["enter", "slash", *FC1, "enter"], {}),
     "stats": ("sample_ckpts/hf_llama_sharded", ["down", "down", "s"], {}),
     "values": ("sample_ckpts/megatron_style.pt", ["down", "right", "down", "v"], {}),
+    # the value pager on a stacked Megatron tensor: layer 1 typed as a slice, a cell under the cursor
+    "values_slice": ("sample_ckpts/megatron_torch_dist", ["enter", "slash", *FC1, "enter", "v", "colon", "ctrl+u",
+                                                         *"[1, 8:40, :]", "enter", "down", "right"], {}),
+    # p on the layers.[0-3] range, two layers typed: the per-tensor comparison of layer 0 and layer 3
+    "layers": ("sample_ckpts/hf_llama_sharded", ["down"] * 3 + ["p", *"0 3", "enter"], {}),
     "filter": ("sample_ckpts/hf_llama_sharded", ["slash", *"*_proj.weight"], {}),
     "objects": ("sample_ckpts/megatron_style.pt", ["o"], {}),
     "iterations": ("sample_ckpts/megatron_torch_dist", [], {}),
@@ -43,6 +48,42 @@ VIEWS: dict[str, tuple[str, list[str], dict[str, str]]] = {
     # row highlighted so the detail line shows the blocks it is cut from
     "convert": ("sample_ckpts/mcore_llama_gqa/iter_0000000", ["C"] + ["tab"] * 4 + ["down"] * 5, {}),
 }
+
+
+TIMELINE_VIEWS = ("timeline",)
+"""t in the iteration picker of a tiny run trained for real (make_timeline_samples.py writes it
+into a temp dir): the heatmap, the planted flags, the sparkline."""
+
+
+async def shoot_timeline(name: str) -> Path:
+    import tempfile
+
+    from ckptscope.tui.app import make_app
+    from ckptscope.tui.screens.timeline import TimelineScreen
+
+    sys.path.insert(0, str(REPO / "sample_ckpts"))
+    import make_timeline_samples
+
+    with tempfile.TemporaryDirectory() as tmp:
+        make_timeline_samples.write_timeline_hf(Path(tmp))
+        os.chdir(tmp)
+        try:
+            app = make_app("timeline_hf", keymap={})
+            async with app.run_test(size=SIZE) as pilot:
+                await settle(pilot, 3)
+                await pilot.press("t")
+                for _ in range(100):
+                    await settle(pilot)
+                    if isinstance(app.screen, TimelineScreen) and app.screen.result is not None:
+                        break
+                for key in ("down", "right", "right", "right"):
+                    await pilot.press(key)
+                await settle(pilot)
+                target = OUT / f"{name}.svg"
+                app.save_screenshot(filename=target.name, path=str(OUT))
+        finally:
+            os.chdir(REPO)
+    return target
 
 
 DIFF_VIEWS: dict[str, tuple[str, str, list[str]]] = {
@@ -131,10 +172,14 @@ async def shoot(name: str, path: str, keys: list[str], options: dict[str, str]) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="*", choices=sorted([*VIEWS, *DIFF_VIEWS]))
+    parser.add_argument("--only", nargs="*", choices=sorted([*VIEWS, *DIFF_VIEWS, *TIMELINE_VIEWS]))
     args = parser.parse_args(argv)
     os.chdir(REPO)
-    for name in args.only or [*VIEWS, *DIFF_VIEWS]:
+    for name in args.only or [*VIEWS, *DIFF_VIEWS, *TIMELINE_VIEWS]:
+        if name in TIMELINE_VIEWS:
+            target = asyncio.run(shoot_timeline(name))
+            print(f"wrote {target.relative_to(REPO)}", file=sys.stderr)
+            continue
         if name in DIFF_VIEWS:
             target = asyncio.run(shoot_diff(name, *DIFF_VIEWS[name]))
             print(f"wrote {target.relative_to(REPO)}", file=sys.stderr)

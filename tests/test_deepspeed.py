@@ -5,7 +5,9 @@ Fixtures come from sample_ckpts/make_deepspeed_samples.py: real ``deepspeed.init
 param straddles the ZeRO-1/2 rank boundary). Ground truth is DeepSpeed's own
 ``get_fp32_state_dict_from_zero_checkpoint`` (written by the generator); for the Adam moments,
 DeepSpeed's own ``zero_to_fp32`` merge functions fed the moments instead of the fp32 groups.
-Needs ``deepspeed`` (CPU build, ``DS_BUILD_OPS=0``); skipped without it.
+The saves and both oracles are shipped in ``sample_ckpts/deepspeed_zero`` (written by DeepSpeed
+itself), so these tests run without DeepSpeed; the few that regenerate them need ``deepspeed`` (CPU
+build, ``DS_BUILD_OPS=0``) and are skipped without it.
 """
 
 from __future__ import annotations
@@ -66,11 +68,35 @@ def ds_generators():
     return importlib.import_module("make_deepspeed_samples")
 
 
+SHIPPED = SAMPLES / "deepspeed_zero"
+"""ZeRO-1/2/3 saves written by DeepSpeed 0.19.8 itself (``make_deepspeed_samples.py``, 2 gloo CPU
+ranks), with DeepSpeed's own ``get_fp32_state_dict_from_zero_checkpoint`` result beside each as the
+oracle. Shipped, so CI checks the reader against real DeepSpeed bytes without installing DeepSpeed
+(its sdist builds against torch, which would pull another torch into pip's build environment).
+DeepSpeed's helper scripts (``zero_to_fp32.py``) are left out: they are DeepSpeed's code, not data."""
+
+
 @pytest.fixture(scope="module")
 def saves(tmp_path_factory) -> dict[int, Path]:
+    """A private copy of the shipped saves (some tests damage their copy)."""
+    out = tmp_path_factory.mktemp("deepspeed")
+    shutil.copytree(SHIPPED, out, dirs_exist_ok=True)
+    return {stage: out / f"zero{stage}" for stage in STAGES}
+
+
+def test_generator_writes_the_shipped_layout(tmp_path):
+    """With DeepSpeed installed, the generator still writes what is shipped: the same files, and
+    DeepSpeed's own oracle of a fresh save equals ours read from the fresh save."""
     pytest.importorskip("deepspeed")
-    pytest.importorskip("transformers")
-    return ds_generators().write_deepspeed_samples(tmp_path_factory.mktemp("deepspeed"))
+    fresh = ds_generators().write_deepspeed_samples(tmp_path)
+    for stage, save in fresh.items():
+        names = sorted(p.relative_to(save).as_posix() for p in save.rglob("*") if p.is_file()
+                       and not p.name.startswith("zero_to_"))
+        shipped = sorted(p.relative_to(SHIPPED / f"zero{stage}").as_posix()
+                         for p in (SHIPPED / f"zero{stage}").rglob("*") if p.is_file())
+        assert names == shipped
+        with open_checkpoint(save) as reader:
+            assert_bitwise(reader, oracle(save))
 
 
 def oracle(save_dir: Path) -> dict[str, np.ndarray]:
@@ -180,13 +206,32 @@ def _deepspeed_moments(save_dir: Path, stage: int, key: str) -> dict[str, np.nda
     return {k: v.contiguous().numpy() for k, v in out.items()}
 
 
+def shipped_moments(stage: int, key: str) -> dict[str, np.ndarray]:
+    """DeepSpeed's merge of the shipped save's ``key`` moments, computed by ``_deepspeed_moments``
+    with DeepSpeed 0.19.8 when the sample was written and shipped beside it."""
+    import torch
+
+    state = torch.load(SHIPPED / f"zero{stage}.moments_oracle.pt", weights_only=True)
+    return {k[len(key) + 1:]: v.numpy() for k, v in state.items() if k.startswith(key + ".")}
+
+
 @pytest.mark.parametrize("stage", STAGES)
 def test_adam_moments_equal_deepspeeds_own_merge(saves, stage):
     with open_checkpoint(saves[stage] / TAG) as reader:
         for key in ("exp_avg", "exp_avg_sq"):
-            want = _deepspeed_moments(saves[stage], stage, key)
+            want = shipped_moments(stage, key)
             assert len(want) == 20
             assert_bitwise(reader, {f"optimizer.state.{key}.{k}": v for k, v in want.items()})
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_shipped_moment_oracle_is_deepspeeds_merge(stage):
+    pytest.importorskip("deepspeed")
+    for key in ("exp_avg", "exp_avg_sq"):
+        fresh = _deepspeed_moments(SHIPPED / f"zero{stage}", stage, key)
+        shipped = shipped_moments(stage, key)
+        assert fresh.keys() == shipped.keys()
+        assert all(fresh[k].tobytes() == shipped[k].tobytes() for k in fresh)
 
 
 def test_byte_span_of_a_param_inside_one_rank(saves):

@@ -190,3 +190,32 @@ def test_hybrid_save_follows_the_manifest(runs, tmp_path):
         assert set(model_entries(index).stored.values()) == set(torch_dcp_tensors(path / "model" / "dist_ckpt"))
         assert "model/huggingface/model.safetensors" in {f.path for f in index.files}
         assert "open it to browse them" in index.metadata["verl"]["hf_weights"]
+
+
+def test_opens_in_the_tui_with_its_iteration_picker(runs):
+    """The run root opens on its picker (global_step_N, complete by ckpt_contents.json); picking the
+    step browses the model with the optimizer apart."""
+    import asyncio
+
+    from ckptscope.tui.app import make_app
+    from ckptscope.tui.screens.browse import BrowseScreen
+    from ckptscope.tui.screens.iterations import IterationPickerScreen
+    from ckptscope.tui.widgets.summary_header import SummaryHeader
+
+    async def run() -> None:
+        app = make_app(str(runs["verl_v2_dist"]), keymap={})
+        async with app.run_test(size=(140, 45)) as pilot:
+            for _ in range(3):
+                await app.workers.wait_for_complete()
+                await pilot.pause()
+            assert isinstance(app.screen, IterationPickerScreen)
+            assert all(info.complete for info in app.screen.iterations)
+            await pilot.press("enter")
+            for _ in range(5):
+                await app.workers.wait_for_complete()
+                await pilot.pause()
+            assert isinstance(app.screen, BrowseScreen)
+            index = app.screen.query_one(SummaryHeader).index
+            assert index is not None and index.format == VerlMegatronV2Reader.format_name
+
+    asyncio.run(run())

@@ -115,13 +115,16 @@ def _glob_list(ctx, param, values):
 @click.option("--training-state", is_flag=True,
               help="Also compare training state (optimizer moments, scheduler, rng ...), by stored name. "
                    "Without it only the models are compared.")
+@click.option("--raw", is_flag=True,
+              help="Compare block-scaled tensors (FP8 + weight_scale_inv, MXFP4 _blocks + _scales) as stored, "
+                   "payload and scales bit for bit, instead of dequantised. Prints the report (no TUI).")
 @iteration_option(help_text="For each side that is a save directory: use iteration N (a number, 'release' or "
                             "'final') instead of its latest complete one (B: unless --iteration-b).")
 @iteration_option("--iteration-b", "--step-b", "iteration_b",
                   help_text="Iteration N of B when B is a save directory (default: --iteration, if given).")
 def diff(a: str, b: str, as_json: bool, plain: bool, mapping: str, atol: float, rtol: float, device: str,
          include: tuple[str, ...], exclude: tuple[str, ...], top: int, arch: str | None, trust_pickle: bool,
-         training_state: bool, iteration: int | str | None, iteration_b: int | str | None) -> None:
+         training_state: bool, raw: bool, iteration: int | str | None, iteration_b: int | str | None) -> None:
     """Compare two checkpoints tensor by tensor. Exit 0 identical, 1 different, 2 error.
 
     A or B may be a save root: its latest complete iteration is compared, or --iteration N (both
@@ -133,7 +136,7 @@ def diff(a: str, b: str, as_json: bool, plain: bool, mapping: str, atol: float, 
     from ckptscope.ops.diff.engine import DiffOptions
 
     options = DiffOptions(atol=atol, rtol=rtol, device=device)
-    interactive = not as_json and not plain and sys.stdout.isatty() and sys.stdin.isatty()
+    interactive = not as_json and not plain and not raw and sys.stdout.isatty() and sys.stdin.isatty()
     if interactive:
         try:
             from ckptscope.tui import run_diff_tui
@@ -147,7 +150,7 @@ def diff(a: str, b: str, as_json: bool, plain: bool, mapping: str, atol: float, 
     from ckptscope.ops.diff.plan import plan_diff
 
     plan = plan_diff(a, b, mapping=mapping, include=include, exclude=exclude, arch=arch, trust_pickle=trust_pickle,
-                     training_state=training_state)
+                     training_state=training_state, raw=raw)
     from ckptscope.cli.progress import byte_progress
     from ckptscope.ops.diff.engine import DiffEngine
 

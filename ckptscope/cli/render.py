@@ -109,6 +109,11 @@ def _node_label(node: TreeNode, label: str, unit: str = "params") -> Text:
             text.append(f"  {ggml} ({human_bytes(int(meta.attr('stored_bytes') or 0))} stored)", style="magenta")
         if len(meta.chunks) > 1:
             text.append(f"  {len(meta.chunks)} chunks", style="dim")
+        quant = meta.quantization
+        if quant:
+            stored = (f"{quant['payload_dtype']} {meta.attr('quant_block')} blocks" if quant["scheme"] == "fp8_block"
+                      else f"mxfp4, {meta.attr('quant_block')} per e8m0 scale")
+            text.append(f"  = {stored} + {str(quant['scale']).rsplit('.', 1)[-1]}", style="yellow")
         return text
     text.append(label, style="bold blue")
     if node.is_range:

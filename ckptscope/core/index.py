@@ -55,16 +55,23 @@ class Issue:
 def bytes_by_dtype(metas: Iterable[TensorMeta]) -> dict[str, int]:
     """Bytes per dtype, largest first. One pass, elements summed per dtype before converting to
     bytes (this runs on every open; 20k ``nbytes`` property calls showed in profiles); sub-byte
-    dtypes round up per tensor, as they are stored."""
+    dtypes round up per tensor, as they are stored. A block-scaled tensor (FP8 + scales, MXFP4) counts
+    its stored bytes, payload and scales, under its scheme (``fp8_block``), not the float32 it reads as."""
     metas = list(metas)
     elements: Counter[str] = Counter()
+    scaled: Counter[str] = Counter()
     for t in metas:
+        scheme = t.attr("quant_scheme") if t.attrs else None
+        if scheme is not None:
+            scaled[scheme] += int(t.attr("stored_bytes") or 0)
+            continue
         elements[t.dtype] += t.numel
     packed: Counter[str] = Counter()
     for name in elements:
         if dtype_by_name(name).bits % 8:
             packed[name] = sum(t.nbytes for t in metas if t.dtype == name)
     counts = Counter({d: packed[d] if d in packed else dtype_by_name(d).nbytes(n) for d, n in elements.items()})
+    counts.update(scaled)
     return dict(counts.most_common())
 
 

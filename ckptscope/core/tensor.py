@@ -30,6 +30,11 @@ class Encoding(str, Enum):
     """ggml block-quantised data (GGUF ``Q8_0``, ``Q4_K`` ...): ``byte_length`` bytes of fixed-size
     blocks, rows in C order over ``shape``, each row a whole number of blocks. The tensor's dtype is
     what reading gives (float32, dequantised by the GGUF reader); its ``ggml_type`` attr names the type."""
+    BLOCK_SCALED = "block-scaled"
+    """A low-precision payload plus a tensor of per-block scales, shown as one logical tensor (DeepSeek-V3's
+    ``float8_e4m3fn`` ``X.weight`` + ``X.weight_scale_inv``, GPT-OSS's MXFP4 ``X_blocks`` + ``X_scales``).
+    The chunk names the payload's bytes; the tensor's dtype is what reading gives (float32, dequantised
+    exactly); its ``quant_*`` attrs name the scheme, the block and the stored tensors (``formats.blockscaled``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +89,10 @@ class TensorMeta:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the logical tensor (not counting replicas or padding on disk)."""
+        """Bytes of the logical tensor (not counting replicas or padding on disk); for a block-scaled
+        tensor the bytes stored, payload and scales, not the float32 it reads as."""
+        if self.attrs and self.attr("quant_scheme") is not None:
+            return int(self.attr("stored_bytes") or 0)
         return self.dtype_info.nbytes(self.numel)
 
     @property
@@ -99,3 +107,15 @@ class TensorMeta:
             if k == key:
                 return v
         return None
+
+    @property
+    def quantization(self) -> dict[str, object] | None:
+        """For a block-scaled tensor (``Encoding.BLOCK_SCALED``): scheme, block, the stored payload
+        and scale tensors and their bytes, as ``inspect --json`` shows them; None otherwise."""
+        scheme = self.attr("quant_scheme")
+        if scheme is None:
+            return None
+        return {"scheme": scheme, "block": [int(b) for b in (self.attr("quant_block") or "").split("x") if b],
+                "payload": self.attr("quant_payload"), "payload_dtype": self.attr("quant_payload_dtype"),
+                "scale": self.attr("quant_scale"), "scale_dtype": self.attr("quant_scale_dtype"),
+                "stored_bytes": int(self.attr("stored_bytes") or 0)}

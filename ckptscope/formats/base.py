@@ -19,6 +19,7 @@ from ckptscope.core.collector import collector_paused
 from ckptscope.core.errors import CkptError, MissingTensor
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
+from ckptscope.formats.blockscaled import BlockScaled, fold_block_scaled
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -63,6 +64,9 @@ class CheckpointReader(ABC):
         self._holes: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], str]]] = {}
         """Per tensor, the (offsets, shape, file) boxes a missing rank file held (multi-file formats
         fill it while indexing): the rest stays readable, a read that touches one is an error."""
+        self._dequantize = True
+        self._block_scaled: dict[str, BlockScaled] = {}
+        """Logical tensors made of a quantised payload and its scales (``formats.blockscaled``)."""
 
     # --- what a format implements ----------------------------------------------------------
 
@@ -87,8 +91,19 @@ class CheckpointReader(ABC):
         with self._lock:
             if self._index is None:
                 with collector_paused():
-                    self._index = self._build_index()
+                    index = self._build_index()
+                    if self._dequantize:
+                        self._block_scaled = fold_block_scaled(index)
+                    self._index = index
             return self._index
+
+    def show_stored_quantization(self) -> None:
+        """List block-scaled tensors as stored (FP8 payload and ``weight_scale_inv``, MXFP4 ``_blocks``
+        and ``_scales`` as separate entries, read as their raw values) instead of one dequantised
+        logical tensor: ``diff --raw`` compares them bit for bit. Call before ``index()``."""
+        if self._index is not None:
+            raise RuntimeError("show_stored_quantization() must be called before index()")
+        self._dequantize = False
 
     def meta(self, name: str) -> TensorMeta:
         """A stored tensor's metadata, or a per-layer view's (``CheckpointIndex.views``)."""
@@ -103,15 +118,25 @@ class CheckpointReader(ABC):
     def read(self, name: str, region: Region | None = None) -> "np.ndarray":
         """Read one tensor, or the box ``region`` of it, as a numpy array (bf16/fp8 via ml_dtypes).
 
-        Only the bytes of the chunks that overlap the region are touched.
+        Only the bytes of the chunks that overlap the region are touched; a block-scaled tensor reads
+        (and dequantises) only the blocks and scales the region meets.
         """
-        import numpy as np
-
         index = self.index()
         if name not in index.tensors and name in index.views:
             return self._read_view(name, region)
         meta = self.meta(name)
         bounds = normalize_region(meta.shape, region)
+        scaled = self._block_scaled.get(name)
+        if scaled is not None:
+            return scaled.read(self._read_stored, bounds)
+        return self._read_stored(meta, bounds)
+
+    def _read_stored(self, meta: TensorMeta, bounds: tuple[tuple[int, int], ...]) -> "np.ndarray":
+        """The box ``bounds`` of a tensor as stored: its chunks assembled (a block-scaled tensor reads
+        its payload and scales through here, under their stored metadata)."""
+        import numpy as np
+
+        name = meta.name
         for offsets, shape, file in self._holes.get(name, ()):
             if all(max(lo, o) < min(hi, o + n) for (lo, hi), o, n in zip(bounds, offsets, shape)):
                 raise CkptError(f"{name}: the elements at {list(offsets)} (shape {list(shape)}) are in {file}, "

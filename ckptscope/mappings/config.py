@@ -9,6 +9,7 @@ One neutral record lets the transforms stay free of either spelling, and derived
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
@@ -422,4 +423,25 @@ def hf_shape_problems(hf_config: dict[str, Any], shapes: dict[str, tuple[int, ..
                 if None not in expected and tuple(expected) != tuple(shape) and suffix not in problems:
                     problems[suffix] = (f"{name} is {list(shape)} but config.json implies {list(expected)}")
                 break
+    layers = {int(m.group(1)) for name in shapes if (m := _HF_DECODER_LAYER.match(name))}
+    mtp = int(hf_config.get("num_nextn_predict_layers") or 0)  # DeepSeek's MTP layers follow the decoder's
+    if layers and cfg.num_layers and not set(range(cfg.num_layers)) <= layers <= set(range(cfg.num_layers + mtp)):
+        # A pipeline stage's share (Megatron's stage-local layer keys collide across stages in one
+        # DCP save) would load with the missing layers silently re-initialised.
+        problems["layers"] = (f"the tensors hold decoder layers {_ranges(sorted(layers))} but config.json "
+                              f"implies {cfg.num_layers} (0-{cfg.num_layers - 1})")
     return list(problems.values())
+
+
+_HF_DECODER_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def _ranges(values: list[int]) -> str:
+    """``0-3, 7`` for [0, 1, 2, 3, 7]."""
+    out: list[str] = []
+    for value in values:
+        if out and value == int(out[-1].rsplit("-", 1)[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{value}"
+        else:
+            out.append(str(value))
+    return ", ".join(out)

@@ -531,6 +531,7 @@ def check_checkpoint(path: str | Path, iteration: Iteration | None = None) -> Ch
         prefix = "" if report.target == "." else report.target + "/"
     try:
         with open_checkpoint(target) as reader:
+            reader.show_stored_quantization()  # storage is checked as stored: FP8 payloads and scales apart
             index = reader.index()
     except UnknownFormat as exc:
         if label is None:

@@ -88,6 +88,7 @@ def report_to_json(report: InspectReport) -> dict[str, Any]:
                 "nbytes": t.nbytes,
                 "role": roles.get(t.name, "unknown"),
                 "chunks": [{"offsets": list(c.offsets), "shape": list(c.shape), "file": c.file} for c in t.chunks],
+                **({"quantization": t.quantization} if t.quantization else {}),
             }
             for t in index.tensors.values()
         ],

@@ -223,6 +223,10 @@ def plan_merge(adapter: str | Path, base: str | Path, out: str | Path, *, dtype:
     if index.issues:
         raise CkptError(f"the base model is damaged: {index.warnings[0] if index.warnings else index.issues[0].detail}",
                         base)
+    scaled = [n for n, t in index.tensors.items() if t.quantization]
+    if scaled:  # the merged weights would be written as float32 next to a config that says FP8
+        raise CkptError(f"the base model has {len(scaled)} block-scaled (FP8 / MXFP4) weights (first: {scaled[0]}); "
+                        f"dequantise it first: ckptscope convert BASE DIR --to hf --dtype bfloat16", base)
     check_destination(base, out, overwrite=overwrite)
     check_destination(adapter, out, overwrite=overwrite)
     plan = MergePlan(adapter, base, out, dtype, overwrite, fan_in_fan_out=bool(lora["fan_in_fan_out"]))

@@ -352,7 +352,9 @@ def _megatron_format(path: Path) -> str | None:
     if any(n.startswith("mp_rank_") for n in names):
         return "torch"
     if ".metadata" in names:
-        return "DCP"
+        from ckptscope.formats.megatron.dcp_reader import sniff_ckpt_format
+
+        return sniff_ckpt_format(path) or "DCP"
     return None
 
 
@@ -401,8 +403,13 @@ _FORMAT_LAYOUTS = {
     "safetensors": "safetensors file", "hf": "Hugging Face model dir", "torch": "torch.save file",
     "torch-legacy": "torch.save file (legacy format)", "megatron_dist": "Megatron-Core torch_dist dir",
     "dcp": "PyTorch DCP dir", "megatron_legacy": "Megatron-LM per-rank checkpoint (torch)",
+    "megatron_dcp": "Megatron-LM DCP dir (torch_dcp / fsdp_dtensor)",
     "verl_fsdp": "verl FSDP checkpoint dir", "verl_megatron": "verl Megatron checkpoint dir",
 }
+
+_MEGATRON_SUBFORMATS = {"megatron_dist": "torch_dist", "megatron_legacy": "torch", "megatron_dcp": None,
+                        "dcp": "DCP without metadata.json"}
+"""Reader format -> the ``--ckpt-format`` it is (None: the reader says, in ``metadata["megatron"]``)."""
 
 
 def describe_checkpoint(path: str | Path, index: CheckpointIndex, *, fallback: bool = True) -> str | None:
@@ -419,8 +426,8 @@ def describe_checkpoint(path: str | Path, index: CheckpointIndex, *, fallback: b
             m = _HF_TRAINER.match(name)
             return f"HF Trainer checkpoint ({f'step {m.group(1)}, ' if m else ''}incomplete: no {TRAINER_STATE})"
         return f"HF Trainer checkpoint (step {step})"
-    if fmt in ("megatron_dist", "megatron_legacy", "dcp") and (_MEGATRON.match(name) or name == RELEASE):
-        sub = {"megatron_dist": "torch_dist", "megatron_legacy": "torch"}.get(fmt, "DCP without metadata.json")
+    if fmt in _MEGATRON_SUBFORMATS and (_MEGATRON.match(name) or name == RELEASE):
+        sub = _MEGATRON_SUBFORMATS[fmt] or (index.metadata.get("megatron") or {}).get("ckpt_format", "DCP")
         if name == RELEASE:
             return f"Megatron-LM release checkpoint ({sub})"
         return f"Megatron-LM iteration dir ({sub}, iteration {int(name[5:])})"

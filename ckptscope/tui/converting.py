@@ -7,7 +7,6 @@ The rows say what ``ckptscope convert --dry-run`` says, shortened for a table ce
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ckptscope.core.units import human_bytes
+
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.core.index import CheckpointIndex
@@ -32,10 +32,6 @@ DETAIL_PIECES = 8
 """Pieces listed in full for the highlighted row; more are counted."""
 VERIFY_ROWS = 40
 
-_ITERATION_DIR = re.compile(r"^(iter_\d+|release|global_step_?\d+|step-\d+|checkpoint-\d+)$")
-"""A save inside a trainer's save root (Megatron, verl, DeepSpeed, torchtitan, HF Trainer)."""
-_CONTAINED_MODEL = re.compile(r"^(pytorch_model_fsdp_\d+|mp_rank_\d+(_\d+)*)$")
-"""A model dir inside a save dir (accelerate's save_state, a Megatron rank dir)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +49,12 @@ class ConvertSettings:
     spec: str = "local"
     hf_config: str | None = None
     """Directory with the HF config.json to use (``--hf-config``); None: the source's own."""
+    arch: str | None = None
+    """``--arch``: the architecture when the checkpoint does not say; None: detected."""
+    max_shard_size: str = "5GB"
+    """``--max-shard-size`` of HF safetensors shards."""
+    hf_experts: str = "per-expert"
+    """``--hf-experts``: MoE experts per expert (save_pretrained) or fused 3-D (transformers v5)."""
 
     def label(self) -> str:
         if self.target == "hf":
@@ -70,36 +72,6 @@ def default_target(index: CheckpointIndex | None) -> str:
     from ckptscope.ops.convert.plan import target_family_for
 
     return target_family_for(index)
-
-
-def destination_base(src: str | Path) -> Path:
-    """What the destination is named after, so that it lands NEXT TO the checkpoint and never inside
-    a checkpoint dir or a trainer's save root: the save root for a save inside one
-    (``run/iter_0000100``, ``run/global_step_10/actor``, ``out/checkpoint-500``, ``dump/checkpoint/step-4``
-    -> ``run``, ``run``, ``out``, ``dump/checkpoint``), an accelerate ``save_state`` dir for its
-    ``pytorch_model_fsdp_0``, else the source itself (a file without its suffix: the result is always
-    a directory)."""
-    path = Path(src)
-    if path.name in ("", ".", ".."):
-        path = path.resolve()
-    for level in (path, path.parent):
-        if _ITERATION_DIR.match(level.name) and level.parent.name not in ("", ".", ".."):
-            return level.parent
-    if _CONTAINED_MODEL.match(path.name) and path.parent.name not in ("", ".", ".."):
-        return path.parent
-    if path.is_file():
-        return path.with_name(path.stem)
-    return path
-
-
-def default_destination(src: str | Path, target: str) -> Path:
-    """``<src>-hf`` / ``<src>-mcore`` next to the source, the first that does not exist yet (``-hf-2``, ...)."""
-    base = destination_base(src)
-    for n in range(1, 1000):
-        candidate = base.with_name(f"{base.name}-{target}" if n == 1 else f"{base.name}-{target}-{n}")
-        if not candidate.exists():
-            return candidate
-    return base.with_name(f"{base.name}-{target}")
 
 
 def result_path(plan: ConvertPlan) -> str:

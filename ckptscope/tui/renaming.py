@@ -256,15 +256,8 @@ class PendingView:
 
 
 def default_destination(src: str | Path) -> Path:
-    """``<src>-renamed`` next to the source (``x-renamed.safetensors`` for a file), the first
-    that does not exist yet (``-renamed-2``, ...)."""
-    src = Path(src)
-    if src.name in ("", ".", ".."):
-        src = src.resolve()
-    stem, suffix = (src.name, "") if src.is_dir() else (src.stem, src.suffix)
-    for n in range(1, 1000):
-        tag = "-renamed" if n == 1 else f"-renamed-{n}"
-        candidate = src.with_name(f"{stem}{tag}{suffix}")
-        if not candidate.exists():
-            return candidate
-    return src.with_name(f"{stem}-renamed{suffix}")
+    """``<src>-renamed`` next to the source or its save root (``x-renamed.safetensors`` for a file),
+    the first that does not exist yet (``-renamed-2``, ...)."""
+    from ckptscope.tui.destinations import default_destination as beside
+
+    return beside(src, "renamed", keep_suffix=True)

@@ -309,3 +309,31 @@ async def test_hf_config_field_reaches_the_plan(tmp_path):
         await type_into(pilot, "#convert-hf-config", str(SAMPLES / "hf_llama_single"))
         assert form.plan is not None and form.plan.hf_config["num_key_value_heads"] == 2
         assert form.query_one("#convert-ep", Input).disabled  # ep and spec only mean something for mcore and form.query_one("#convert-spec", Select).disabled
+
+
+@sync
+async def test_shard_size_and_arch_fields_reach_the_written_checkpoint(mcore_iter, tmp_path):
+    """--max-shard-size and --arch have fields: a 100KB shard size writes several shards (the index
+    transformers reads names them), and an architecture that does not fit the tensors stops the plan."""
+    app = make_app(mcore_iter, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        form = await open_convert_form(pilot)
+        await choose(pilot, "#convert-target", "hf")
+        await type_into(pilot, "#convert-shard", "100KB")
+        assert form.plan is not None and len(form.plan.shards) > 1
+        await type_into(pilot, "#convert-dst", str(tmp_path / "out"))
+        await pilot.press("ctrl+s")
+        for _ in range(40):
+            await settle(pilot)
+            if form.stage == "done":
+                break
+            await pilot.pause(0.1)
+        index = (tmp_path / "out" / "model.safetensors.index.json").read_text()
+        shards = sorted(p.name for p in (tmp_path / "out").glob("*.safetensors"))
+        assert len(shards) == len(form.plan.shards) > 1 and all(s in index for s in shards)
+    app = make_app(mcore_iter, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        form = await open_convert_form(pilot)
+        await choose(pilot, "#convert-target", "hf")
+        await choose(pilot, "#convert-arch", "qwen3_moe")
+        assert form.plan is None and form.problem

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from ckptscope.tui.converting import default_destination
+from ckptscope.tui.destinations import default_destination
+from ckptscope.tui.renaming import default_destination as rename_destination
 
 
 @pytest.mark.parametrize("source, expected", [
@@ -31,3 +32,19 @@ def test_default_destination_skips_taken_names(tmp_path):
     src.mkdir(parents=True)
     (tmp_path / "out-mcore").mkdir()
     assert default_destination(src, "mcore") == tmp_path / "out-mcore-2"
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("run/global_step_2/actor", "run-renamed"), ("run/iter_0000010", "run-renamed"),
+    ("model.safetensors", "model-renamed.safetensors"), ("hf_dir", "hf_dir-renamed"),
+])
+def test_rename_destination_is_beside_the_save_too(tmp_path, source, expected):
+    """The rename form's default never lands inside a save root (the review found
+    ``verl_run/global_step_2/actor-renamed``)."""
+    src = tmp_path / source
+    if src.suffix:
+        src.parent.mkdir(parents=True, exist_ok=True)
+        src.write_bytes(b"")
+    else:
+        src.mkdir(parents=True)
+    assert rename_destination(src) == tmp_path / expected

@@ -27,8 +27,9 @@ def driver(*keys: str, pause_after_typing: bool = False):
             if key == "enter" or pause_after_typing:
                 await pilot.pause(0.25)
             await settle(pilot, rounds=1)
-        await pilot.pause(0.3)  # the filter's typing delay
-        await settle(pilot)
+        for _ in range(2):  # the filter's typing delay, then its worker (twice: a loaded CI machine is slow)
+            await pilot.pause(0.3)
+            await settle(pilot)
 
     return run_before
 
@@ -117,4 +118,14 @@ def test_shard_map_multi_chunk(snap_compare):
 )
 def test_sizes(name, path, keys, size, snap_compare, in_repo):
     """The layout adapts from an 80x24 terminal to a wide one: nothing cut that a user needs."""
-    assert snap_compare(make_app(path, keymap={}), terminal_size=size, run_before=driver(*keys))
+    base = driver(*keys)
+
+    async def run_before(pilot) -> None:
+        await base(pilot)
+        for _ in range(100):  # the convert form plans on a timer: wait until its plan is shown
+            if not getattr(pilot.app.screen, "planning", False):
+                break
+            await pilot.pause(0.1)
+            await settle(pilot)
+
+    assert snap_compare(make_app(path, keymap={}), terminal_size=size, run_before=run_before)

@@ -78,6 +78,23 @@ def stacked_layer_views(tensors: dict[str, TensorMeta]) -> tuple[dict[str, tuple
     return views, warnings
 
 
+def iteration_of_dir(path: Path) -> int | None:
+    """The iteration a Megatron ``iter_0000500`` dir name says, or None."""
+    match = _ITER_DIR.fullmatch(path.name)
+    return int(match.group(1)) if match else None
+
+
+def add_common_metadata(index: CheckpointIndex, common: dict[str, Any]) -> None:
+    """Copy iteration, checkpoint_version, FLOPs so far and content metadata from Megatron's
+    common state into ``index.metadata`` (values already there win)."""
+    for key in _COMMON_METADATA:
+        value = common.get(key)
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            index.metadata.setdefault(key, value)
+        elif isinstance(value, dict):
+            index.metadata.setdefault(key, to_plain(value))
+
+
 @register_reader
 class MegatronDistReader(DcpReader):
     """A Megatron-Core torch_dist iteration dir (``iter_0000500/``)."""
@@ -107,10 +124,8 @@ class MegatronDistReader(DcpReader):
             self.index_without_metadata(index)
         index.files.append(FileInfo(MARKER_FILE, (self.path / MARKER_FILE).stat().st_size, "metadata"))
         self._add_common(index, contents)
-        if "iteration" not in index.metadata:
-            match = _ITER_DIR.fullmatch(self.path.name)
-            if match:
-                index.metadata["iteration"] = int(match.group(1))
+        if "iteration" not in index.metadata and (iteration := iteration_of_dir(self.path)) is not None:
+            index.metadata["iteration"] = iteration
         if contents is not None:
             self._annotate(index, contents)
         index.views, warnings = stacked_layer_views(index.tensors)
@@ -163,12 +178,7 @@ class MegatronDistReader(DcpReader):
                                 warning="no common.pt and no common_state object: args and iteration are unknown")
             return False
         if isinstance(obj, dict):
-            for key in _COMMON_METADATA:
-                value = obj.get(key)
-                if isinstance(value, (int, float, str)) and not isinstance(value, bool):
-                    index.metadata.setdefault(key, value)
-                elif isinstance(value, dict):
-                    index.metadata.setdefault(key, to_plain(value))
+            add_common_metadata(index, obj)
         return consumed
 
     @staticmethod

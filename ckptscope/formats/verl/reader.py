@@ -20,7 +20,6 @@ as objects. The current layout (``model/``, ``optimizer/``, ``extra/``, ``ckpt_c
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field, replace
@@ -37,6 +36,7 @@ from ckptscope.formats.pickles.safe import to_plain, type_name
 from ckptscope.formats.pickles.torch_file import read_torch_zip, tensor_meta
 from ckptscope.formats.registry import register_reader
 from ckptscope.formats.verl.compose import ComposedReader
+from ckptscope.formats.verl.side_files import json_file
 
 FSDP_CONFIG = "fsdp_config.json"
 HF_SUBDIR = "huggingface"
@@ -73,16 +73,6 @@ class FsdpLayout:
         return [f"{kind}_world_size_{self.world_size}_rank_{r}.pt" for r in range(self.world_size) if r not in have]
 
 
-def _json_file(path: Path) -> tuple[Any, str | None]:
-    """Parsed JSON, or ``(None, problem)``: a bad side file is a warning, not a failure."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8")), None
-    except OSError as exc:
-        return None, f"{path.name}: cannot read: {exc.strerror or exc}"
-    except (UnicodeDecodeError, ValueError) as exc:
-        return None, f"{path.name}: bad JSON: {exc}"
-
-
 def fsdp_layout(path: Path) -> FsdpLayout | None:
     """The rank files of a verl FSDP actor/critic dir, or None when ``path`` is not one. Never raises."""
     try:
@@ -99,7 +89,7 @@ def fsdp_layout(path: Path) -> FsdpLayout | None:
         return None
     layout = FsdpLayout(world_size=None, source="file names", fsdp_version=None, files={})
     if has_config:
-        config, problem = _json_file(path / FSDP_CONFIG)
+        config, problem = json_file(path / FSDP_CONFIG)
         layout.config = config
         if problem:
             layout.warnings.append(problem)
@@ -193,7 +183,7 @@ def add_hf_subdir(index: CheckpointIndex, hf: Path, rel: str) -> None:
         index.files.append(FileInfo(f"{rel}/{name}", path.stat().st_size, role))
         if role != "config":
             continue
-        config, problem = _json_file(path)
+        config, problem = json_file(path)
         if problem:
             index.warnings.append(f"{rel}/{problem}")
             continue
@@ -385,7 +375,7 @@ class VerlMegatronReader(ComposedReader):
         config_path = self.path / TRANSFORMER_CONFIG
         if config_path.is_file():
             index.files.append(FileInfo(TRANSFORMER_CONFIG, config_path.stat().st_size, "config"))
-            config, problem = _json_file(config_path)
+            config, problem = json_file(config_path)
             if problem:
                 index.warnings.append(problem)
             else:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ckptscope.formats.verl.reader import _json_file
+from ckptscope.formats.verl.side_files import json_file
 
 MANIFEST = "ckpt_contents.json"
 SCHEMA_VERSION = 2
@@ -70,7 +70,7 @@ def v2_complete(path: Path) -> bool | None:
     """Whether a v2 dir holds a finished save (its manifest is there and readable); None if not v2."""
     if not is_v2_dir(path):
         return None
-    manifest, _ = _json_file(path / MANIFEST)
+    manifest, _ = json_file(path / MANIFEST)
     return isinstance(manifest, dict)
 
 
@@ -99,7 +99,7 @@ def v2_layout(path: Path) -> V2Layout | None:
     """The v2 layout of ``path``, or None when it is not a v2 dir. Never raises."""
     if not is_v2_dir(path):
         return None
-    manifest, problem = _json_file(path / MANIFEST)
+    manifest, problem = json_file(path / MANIFEST)
     if problem is None and not isinstance(manifest, dict):
         problem, manifest = "not a JSON object", None
     if problem is not None:

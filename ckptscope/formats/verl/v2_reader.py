@@ -18,7 +18,8 @@ from ckptscope.formats.hf.reader import HFDirReader
 from ckptscope.formats.megatron.dist_reader import MARKER_FILE, MegatronDistReader
 from ckptscope.formats.registry import register_reader
 from ckptscope.formats.verl.compose import ComposedReader
-from ckptscope.formats.verl.reader import HF_SUBDIR, TRANSFORMER_CONFIG, _json_file, _step_of, add_hf_subdir
+from ckptscope.formats.verl.reader import HF_SUBDIR, TRANSFORMER_CONFIG, _step_of, add_hf_subdir
+from ckptscope.formats.verl.side_files import json_file
 from ckptscope.formats.verl.v2 import MANIFEST, MODEL_HF, V2Layout, is_v2_dir, v2_layout
 
 
@@ -109,7 +110,7 @@ class VerlMegatronV2Reader(ComposedReader):
             if not file.is_file():
                 continue
             index.files.append(FileInfo(name, file.stat().st_size, "metadata" if name == MANIFEST else "config"))
-            value, problem = _json_file(file)
+            value, problem = json_file(file)
             if problem:
                 index.warnings.append(problem)
             else:

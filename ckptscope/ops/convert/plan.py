@@ -17,6 +17,7 @@ from typing import Any
 from ckptscope.core.dtypes import dtype_by_name
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex
+from ckptscope.core.tensor import TensorMeta
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
 from ckptscope.mappings.config import (
@@ -186,6 +187,28 @@ def _config_dirs(src: Path, index: CheckpointIndex, hf_config_dir: Path | None) 
     return [d for d in dirs if d.is_dir()]
 
 
+def _dequantised(tensors: dict[str, TensorMeta], dtype: str, hf_cfg: dict | None,
+                 src: Path) -> tuple[dict | None, list[str]]:
+    """Block-scaled sources (FP8 + ``weight_scale_inv``, MXFP4) are written dequantised, so a float
+    ``--dtype`` is required: ``keep`` would write the float32 reading (four times FP8's bytes), and
+    no target here has a layout for payload + scales (Megatron-Core saves no separate scale tensors;
+    splitting them for TP would need every cut on a block boundary). The written config loses its
+    ``quantization_config``: transformers would otherwise load bf16 weights as FP8."""
+    scaled = [n for n, t in tensors.items() if t.quantization]
+    if not scaled:
+        return hf_cfg, []
+    schemes = ", ".join(sorted({str(tensors[n].attr("quant_scheme")) for n in scaled}))
+    if dtype == "keep":
+        raise CkptError(f"{len(scaled)} tensors are block-scaled ({schemes}; first: {scaled[0]}): convert writes "
+                        f"them dequantised, pass --dtype bfloat16 (or float32, float16); keeping the quantised "
+                        f"blocks and scales is not supported", src)
+    notes = [f"{len(scaled)} block-scaled tensors ({schemes}) dequantised exactly, then cast to {dtype}"]
+    if hf_cfg and "quantization_config" in hf_cfg:
+        hf_cfg = {k: v for k, v in hf_cfg.items() if k != "quantization_config"}
+        notes.append("config.json written without quantization_config (the weights are no longer quantised)")
+    return hf_cfg, notes
+
+
 def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: int = 1, ep: int = 1,
                  ckpt_format: str = "torch_dist", spec: str = "local", dtype: str = "keep",
                  hf_config: str | Path | None = None,
@@ -224,12 +247,13 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         raise CkptError("no model tensors to convert", src_path)
     split_notes, split_dropped = _split_report(entries, skip_unknown, src_path)
     hf_cfg_dict = _hf_config_from(Path(hf_config)) if hf_config else _source_hf_config(index)
+    hf_cfg_dict, quant_notes = _dequantised(tensors, dtype, hf_cfg_dict, src_path)
     cfg = config_from_index(index)
     if hf_cfg_dict:
         cfg = from_hf_config(hf_cfg_dict).merged(cfg)
     cfg = cfg.merged(config_from_names(shapes_of(tensors)))
     family = naming_family(tensors)
-    notes: list[str] = list(split_notes)
+    notes: list[str] = list(split_notes) + quant_notes
     iteration = index.iteration or 0
     shapes = shapes_of(tensors)
 

@@ -149,7 +149,7 @@ def _add_tied(recipes: dict[str, Recipe], other: dict[str, Recipe], cfg: ModelCo
 
 def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", include: tuple[str, ...] = (),
               exclude: tuple[str, ...] = (), arch: str | None = None, trust_pickle: bool = False,
-              training_state: bool = False, compare_unknown: bool = True) -> DiffPlan:
+              training_state: bool = False, compare_unknown: bool = True, raw: bool = False) -> DiffPlan:
     """Open both checkpoints (metadata only) and pair their models' tensors.
 
     Each side is split into its model and its training state (``ops.model``): the models are
@@ -157,13 +157,23 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
     ``model.model.x`` with ``model.x``); ``training_state`` adds optimizer, scheduler, rng ...
     tensors, compared by stored name. Entries that are neither are compared by stored name too
     (unless ``compare_unknown`` is off: ``verify --skip-unknown``), so nothing goes unseen.
+    Block-scaled tensors (FP8 + ``weight_scale_inv``, MXFP4) are compared dequantised, or with
+    ``raw`` as stored: payload and scales each bit for bit.
     """
     if mapping not in ("auto", "none"):
         raise CkptError(f"--map must be auto or none, not {mapping!r}")
     reader_a = open_checkpoint(resolve_root(path_a), trust_pickle=trust_pickle)
     reader_b = open_checkpoint(resolve_root(path_b), trust_pickle=trust_pickle)
+    if raw:
+        reader_a.show_stored_quantization()
+        reader_b.show_stored_quantization()
     index_a, index_b = reader_a.index(), reader_b.index()
     notes: list[str] = []
+    for label, index in (("A", index_a), ("B", index_b)):
+        schemes = sorted({str(t.attr("quant_scheme")) for t in index.tensors.values() if t.attr("quant_scheme")})
+        if schemes:
+            notes.append(f"{label}: block-scaled tensors ({', '.join(schemes)}) are compared as their dequantised "
+                         f"values; --raw compares the stored payload and scales")
     entries_a, entries_b = model_entries(index_a), model_entries(index_b)
 
     if mapping == "none":

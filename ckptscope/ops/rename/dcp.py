@@ -150,11 +150,14 @@ def new_planner_paths(src_meta: Path, keys: Mapping[str, str | None]) -> dict[st
 
 
 class DcpRenameWriter:
-    """``RenameWriter`` for plain DCP dirs and Megatron torch_dist iteration dirs."""
+    """``RenameWriter`` for plain DCP dirs and Megatron torch_dist / torch_dcp iteration dirs."""
 
-    formats = ("dcp", "megatron_dist")
+    formats = ("dcp", "megatron_dist", "megatron_dcp")
 
     def check(self, index: CheckpointIndex, src: Path) -> None:
+        if any(meta.attr("stored_as") for meta in index.tensors.values()):
+            raise CkptError("rename does not support this fsdp_dtensor save: its SwiGLU fc1 tensors are shown "
+                            "fused from two stored halves, which rename cannot address", src)
         serialization = (index.metadata.get("dcp") or {}).get("serialization")
         if serialization != "torch_save":
             raise CkptError(f"rename supports DCP saved with the default torch_save serialisation only "

@@ -66,6 +66,7 @@ def plan_rename(src: str | Path, dst: str | Path, *, subs: Sequence[tuple[str, s
     if not (subs or drops or mapping):
         raise CkptError("nothing to do: give --sub, --drop or --map")
     with open_checkpoint(src) as reader:
+        reader.show_stored_quantization()  # names and bytes as stored: an FP8 weight and its scales apart
         index = reader.index()
     if index.issues:  # readers index damaged checkpoints; a rename would silently copy the damage
         first = index.issues[0]
@@ -87,6 +88,7 @@ def execute_rename(plan: RenamePlan, progress: Progress | None = None, *, worker
     """
     check_destination(plan.src, plan.dst, overwrite=plan.overwrite)
     with open_checkpoint(plan.src) as reader:
+        reader.show_stored_quantization()
         writer = _writer_for(reader.index(), plan.src)
     total, done = plan.total_bytes, 0
     lock = threading.Lock()

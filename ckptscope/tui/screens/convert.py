@@ -32,13 +32,13 @@ from ckptscope.tui.converting import (
     DTYPES,
     FORMATS,
     ConvertSettings,
-    default_destination,
     plan_detail,
     plan_row,
     plan_summary,
     result_path,
     verify_text,
 )
+from ckptscope.tui.destinations import default_destination
 from ckptscope.tui.messages import (
     ConvertFailed,
     ConvertFinished,
@@ -110,6 +110,8 @@ class ConvertScreen(ModalScreen[str | None]):
     # --- layout ------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
+        from ckptscope.ops.archs import arch_names  # the mapping tables, only once the form opens
+
         title = "Merge into one HF checkpoint" if self.merge else "Convert"
         promise = "   nothing is written before you press Convert; the source is only read"
         with Vertical(id="convert-box"):
@@ -140,6 +142,21 @@ class ConvertScreen(ModalScreen[str | None]):
                 yield Label("spec", classes="convert-label-short")
                 yield Select([("local", "local"), ("te", "te")], value="local", allow_blank=False, id="convert-spec",
                              tooltip="--spec: name the Megatron output for the local or Transformer Engine layers")
+            with Horizontal(id="convert-fields-arch"):
+                yield Label("arch", classes="convert-label")
+                yield Select([("detected", "auto"), *((name, name) for name in arch_names())], value="auto",
+                             allow_blank=False, id="convert-arch",
+                             tooltip="--arch: the architecture when the checkpoint does not say which")
+                yield Label("experts", classes="convert-label-short")
+                yield Select([("per-expert", "per-expert"), ("fused", "fused")], value="per-expert", allow_blank=False,
+                             id="convert-experts",
+                             tooltip="--hf-experts: MoE experts in the HF output per expert (save_pretrained) or "
+                                     "fused 3-D (transformers v5)")
+                yield Label("shard", classes="convert-label-short")
+                yield Input("5GB", id="convert-shard", classes="convert-size",
+                            tooltip="--max-shard-size: the largest HF safetensors shard (5GB, 500MB, bytes)")
+            yield Static(Text("iteration: the one open in the browser (i there picks another); the source is "
+                              "only read", style="dim"), id="convert-iteration")
             with Horizontal(id="convert-dst-row"):
                 yield Label("destination", classes="convert-label")
                 yield Input(str(self._default_dst), id="convert-dst", suggester=PathSuggester())
@@ -198,11 +215,15 @@ class ConvertScreen(ModalScreen[str | None]):
                 raise CkptError(f"{name} must be a whole number of at least 1")
             numbers.append(int(text) if target == "mcore" else 1)
         hf_config = self.query_one("#convert-hf-config", Input).value.strip()
+        arch = str(self.query_one("#convert-arch", Select).value)
+        shard = self.query_one("#convert-shard", Input).value.strip() or "5GB"
         return ConvertSettings(target, numbers[0], numbers[1], str(self.query_one("#convert-format", Select).value),
                                str(self.query_one("#convert-dtype", Select).value),
                                self.query_one("#convert-skip-unknown", Checkbox).value,
                                ep=numbers[2], spec=str(self.query_one("#convert-spec", Select).value),
-                               hf_config=str(Path(hf_config).expanduser()) if hf_config else None)
+                               hf_config=str(Path(hf_config).expanduser()) if hf_config else None,
+                               arch=None if arch == "auto" else arch, max_shard_size=shard,
+                               hf_experts=str(self.query_one("#convert-experts", Select).value))
 
     def destination(self) -> str:
         return str(Path(self.query_one("#convert-dst", Input).value.strip()).expanduser())
@@ -211,6 +232,8 @@ class ConvertScreen(ModalScreen[str | None]):
         """tp, pp and format only mean something for Megatron-Core; a default destination follows the target."""
         for field in ("#convert-tp", "#convert-pp", "#convert-format", "#convert-ep", "#convert-spec"):
             self.query_one(field).disabled = target != "mcore" or self.stage != "editing"
+        for field in ("#convert-experts", "#convert-shard"):
+            self.query_one(field).disabled = target != "hf" or self.stage != "editing"
         if self.stage != "editing":
             return
         if self._auto_dst:
@@ -229,6 +252,9 @@ class ConvertScreen(ModalScreen[str | None]):
     @on(Input.Changed, "#convert-ep")
     @on(Input.Changed, "#convert-hf-config")
     @on(Select.Changed, "#convert-spec")
+    @on(Select.Changed, "#convert-arch")
+    @on(Select.Changed, "#convert-experts")
+    @on(Input.Changed, "#convert-shard")
     @on(Checkbox.Changed, "#convert-overwrite")
     @on(Checkbox.Changed, "#convert-skip-unknown")
     def _field_changed(self) -> None:
@@ -284,7 +310,8 @@ class ConvertScreen(ModalScreen[str | None]):
             plan = plan_convert(self.src, dst, to=settings.target, tp=settings.tp, pp=settings.pp, ep=settings.ep,
                                 spec=settings.spec, ckpt_format=settings.ckpt_format, dtype=settings.dtype,
                                 hf_config=settings.hf_config, trust_pickle=self.trust_pickle,
-                                skip_unknown=settings.skip_unknown)
+                                skip_unknown=settings.skip_unknown, arch=settings.arch,
+                                max_shard_size=settings.max_shard_size, hf_experts=settings.hf_experts)
         except CkptError as exc:
             self.post_message(ConvertFailed("plan", str(exc), token))
             return
@@ -478,7 +505,8 @@ class ConvertScreen(ModalScreen[str | None]):
         try:
             report = verify_round_trip(self.src, via=settings.target, tp=settings.tp, pp=settings.pp,
                                        ep=settings.ep, spec=settings.spec, hf_config=settings.hf_config,
-                                       ckpt_format=settings.ckpt_format, skip_unknown=settings.skip_unknown)
+                                       ckpt_format=settings.ckpt_format, skip_unknown=settings.skip_unknown,
+                                       arch=settings.arch)
         except CkptError as exc:
             self.post_message(ConvertFailed("verify", str(exc)))
             return

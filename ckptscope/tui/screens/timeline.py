@@ -38,14 +38,14 @@ RAMP = ("#1d3b6e", "#2a5c8f", "#2f7f9f", "#3d9e8f", "#7fb85a", "#d6c541", "#f08a
 def change_cell(change: float, nan: int = 0) -> Text:
     """One heatmap cell: the change in 2 digits on a colour of its order of magnitude."""
     if nan:
-        return Text(" NaN ", style="bold white on red")
+        return Text(" NaN  ", style="bold white on red")
     if math.isinf(change):
-        return Text(" inf ", style="bold white on red")
+        return Text(" inf  ", style="bold white on red")
     if change == 0:
-        return Text("  0  ", style="dim")
+        return Text("   0  ", style="dim")
     level = min(len(RAMP) - 1, max(0, int((math.log10(change) + 6) / 6 * len(RAMP))))
-    return Text(f"{change:.0e}".replace("e-0", "e-"), style=f"black on {RAMP[level]}" if level >= 4 else
-                f"white on {RAMP[level]}")
+    text = f"{change:.0e}".replace("e-0", "e-").replace("e+0", "e")
+    return Text(f" {text:<5}", style=f"black on {RAMP[level]}" if level >= 4 else f"white on {RAMP[level]}")
 
 
 class TimelineProgressed(Message):
@@ -179,7 +179,7 @@ class TimelineScreen(Screen[None]):
         self.rows = {"modules": result.modules, "layers": result.layers, "tensors": result.tensors}[self.level]
         heat.add_column(self.level[:-1], key="name")
         for a, b in zip(result.iterations, result.iterations[1:]):
-            heat.add_column(f"{a}→{b}", key=f"{a}-{b}")
+            heat.add_column(f"{a}→{b}", key=f"{a}-{b}", width=max(6, len(f"{a}→{b}")))
         for series in self.rows:
             heat.add_row(series.name, *(change_cell(c, series.nan[k + 1]) for k, c in enumerate(series.change)))
         if self.rows and len(result.iterations) > 1:
@@ -233,6 +233,16 @@ class TimelineScreen(Screen[None]):
                 heat.move_cursor(row=names.index(target), column=column)
                 heat.focus()
                 return
+
+    @on(DataTable.RowHighlighted, "#tl-flags")
+    def _flag_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        result = self.result
+        if result is None or not 0 <= event.cursor_row < len(result.flags):
+            return
+        flag = result.flags[event.cursor_row]
+        self.query_one("#tl-detail", Static).update(Text.assemble(
+            (f"{flag.kind} at {flag.iteration}", "bold"), "  ", (flag.subject, "bold"), "\n", flag.reason,
+            ("\nenter: its cell in the heatmap", "dim")))
 
     def action_focus_flags(self) -> None:
         self.query_one(FlagTable).focus()

@@ -30,16 +30,16 @@ def facts(meta: TensorMeta, entry: Entry | None = None) -> Table:
     if entry is not None and entry.repeat > 1:
         grid.add_row("range", Text.assemble(
             (f"one of {entry.repeat} identical tensors", "magenta"), " in ", (entry.range_path, "bold magenta"),
-            ("  (showing the first; filter e.g. 'layers.7.' for another)", "dim")))
+            ("  (showing the first; p on the range opens another layer)", "dim")))
     grid.add_row("dtype", Text.assemble((f"{DTYPE_ICON} ", dtype_color(meta.dtype)), meta.dtype))
-    grid.add_row("shape", shape_str(meta.shape))
+    grid.add_row("shape", Text(shape_str(meta.shape)))
     grid.add_row("numel", f"{meta.numel:,}" + (f"  ({human_count(meta.numel)})" if meta.numel >= 1000 else ""))
     grid.add_row("bytes", f"{meta.nbytes:,}" + (f"  ({human_bytes(meta.nbytes)})" if meta.nbytes >= 1024 else ""))
     files = meta.files
     shown = ", ".join(files[:4]) + (f", … {len(files) - 4} more" if len(files) > 4 else "")
-    grid.add_row("files", shown or "—")
-    for key, value in meta.attrs:
-        grid.add_row(key, value)
+    grid.add_row("files", Text(shown or "—"))
+    for key, value in meta.attrs:  # Text, not markup: "[gate; up]" and checkpoint strings stay as written
+        grid.add_row(Text(key), Text(value))
     return grid
 
 
@@ -78,7 +78,8 @@ def module_facts(entry: Entry) -> Table:
         grid.add_row("dtypes", Text.assemble(*[part for d, n in dtypes.items() for part in
                                                ((f"{DTYPE_ICON} ", dtype_color(d)), f"{d} ×{n}  ")]))
     grid.add_row("", Text(""))
-    grid.add_row("", Text("Move onto a tensor to see its shard layout, s for stats, v for values.", style="dim"))
+    grid.add_row("", Text("Move onto a tensor to see its shard layout, s for stats, v for values"
+                          + (", p to open one layer or compare two." if node.is_range else "."), style="dim"))
     return grid
 
 
