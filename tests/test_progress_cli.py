@@ -50,7 +50,20 @@ def test_bar_shows_bytes_rate_and_eta_on_a_terminal(args, label, tmp_path):
     argv = [a.format(src=src, tmp=tmp_path) for a in args]
     code, _, err = run_on_tty(*argv, cwd=tmp_path)
     assert code == 0, err
-    assert re.search(rf"{label}\b", err) and "ETA" in err and re.search(r"\d+(\.\d+)? [kMG]?B/s", err), err
+    assert re.search(rf"{label}\b", err) and "ETA" in err and re.search(r"\d+(\.\d+)? (B|KiB|MiB|GiB)/s", err), err
+
+
+@pytest.mark.parametrize("to, tensors", [("mcore", 15), ("hf", 21)])
+def test_convert_bar_counts_every_tensor_in_binary_units(to, tensors, tmp_path):
+    """The tensor counter reaches the total (the Megatron writers report bytes only: each call is one
+    tensor), and sizes and rate are KiB/MiB as everywhere else, never rich's decimal kB/MB."""
+    src = REPO / "sample_ckpts" / "hf_llama_gqa"
+    code, out, err = run_on_tty("convert", str(src), str(tmp_path / "out"), "--to", to, cwd=tmp_path)
+    assert code == 0, err
+    assert f"writing {tensors}/{tensors} tensors" in err, err
+    assert f"{tensors} tensors" in out
+    assert re.search(r"\d+\.\d/\d+\.\d (KiB|MiB) ", err) and re.search(r"\d+(\.\d+)? (B|KiB|MiB|GiB)/s", err), err
+    assert not re.search(r"\d (kB|MB|GB)\b", err), err
 
 
 def test_no_bar_when_stderr_is_piped(tmp_path):

@@ -30,7 +30,7 @@ def _fail(message: str) -> "None":
 class PathDefaultGroup(click.Group):
     """``ckptscope PATH`` means ``ckptscope open PATH``: a first argument that is not a command but
     is a path (exists, or has a slash) opens the TUI (posting's DefaultGroup habit, without the
-    extra dependency). Anything else is still a command name, so typos get click's message."""
+    extra dependency). Anything else is still a command name: a typo gets one line naming the commands."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         first = args[0] if args else ""
@@ -38,6 +38,22 @@ class PathDefaultGroup(click.Group):
                 os.path.lexists(first) or os.sep in first):  # a path, even a wrong one: say so on screen
             args = ["open", *args]
         return super().parse_args(ctx, args)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            raise click.UsageError(f"no command or path {name!r} (commands: {', '.join(sorted(self.commands))}; "
+                                   "a path opens the TUI)", ctx)
+        return super().resolve_command(ctx, args)
+
+
+def _usage_line(exc: click.UsageError) -> str:
+    """Click's usage error as the house's one line: its message, and where the help is."""
+    message = " ".join(exc.format_message().split())
+    message = message[:1].lower() + message[1:].rstrip(".")
+    if exc.ctx is not None and exc.ctx.parent is not None:  # a subcommand's option or argument
+        message += f" (see '{exc.ctx.command_path} -h')"
+    return message
 
 
 @click.group(cls=PathDefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -128,13 +144,12 @@ def inspect(path: str, as_json: bool, include: tuple[str, ...], exclude: tuple[s
                        iteration_layout=describe_checkpoint(target.path, report.index))
         click.echo(json.dumps(doc, indent=None if not sys.stdout.isatty() else 2))
         return
-    from rich.console import Console
     from rich.text import Text
 
+    from ckptscope.cli.console import stdout_console
     from ckptscope.cli.render import print_inspect
 
-    # piped output keeps whole rows (paths, statuses) on one line: a wide fixed width, as diff does
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    console = stdout_console()  # piped: COLUMNS when set, else 160 (whole rows for grep), as every report
     if target.iterations is not None:
         print_iterations(target, console)
         where = os.path.relpath(target.path, target.root) if target.root else target.path
@@ -152,6 +167,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("ckptscope: aborted", err=True)
         sys.exit(130)
+    except click.exceptions.NoArgsIsHelpError as exc:  # bare `ckptscope`: the help, as before
+        exc.show()
+        sys.exit(EXIT_TROUBLE)
+    except click.UsageError as exc:  # a typo: one line, exit 2, as every other bad input
+        _fail(_usage_line(exc))
     except click.ClickException as exc:
         exc.show()
         sys.exit(EXIT_TROUBLE if exc.exit_code == 2 else exc.exit_code)

@@ -28,8 +28,8 @@ def _progress(total_tensors: int, total_bytes: int, quiet: bool):
         return stack, None
     state = {"n": 0, "bytes": 0}
 
-    def step(name: str, nbytes: int) -> None:
-        state["n"] += 1 if name else 0
+    def step(name: str, nbytes: int) -> None:  # the writers call it once per tensor written (streaming.Progress)
+        state["n"] = min(total_tensors, state["n"] + 1)
         state["bytes"] += nbytes
         update(state["bytes"], state["n"])
 
@@ -37,16 +37,16 @@ def _progress(total_tensors: int, total_bytes: int, quiet: bool):
 
 
 def print_plan(plan, as_json: bool) -> None:
-    from ckptscope.core.units import human_bytes
+    from ckptscope.core.units import human_bytes, plural
 
     if as_json:
         click.echo(json.dumps(plan.to_json()))
         return
     data = plan.to_json()
     click.echo(f"{plan.src} -> {plan.dst}: to {plan.target} ({data['format']}), arch {plan.arch}, "
-               f"{len(plan.tensors)} tensors, {human_bytes(plan.total_bytes)}"
+               f"{plural(len(plan.tensors), 'tensor')}, {human_bytes(plan.total_bytes)}"
                + (f", tp {plan.tp} pp {plan.pp}" + (f" ep {plan.ep}" if plan.ep > 1 else "") if plan.target == "mcore"
-                  else f", {len(plan.shards)} file(s)"))
+                  else f", {plural(len(plan.shards), 'file')}"))
     for note in plan.notes:
         click.echo(f"note: {note}")
     for t in data["tensors"]:
@@ -57,7 +57,7 @@ def print_plan(plan, as_json: bool) -> None:
     for name in data["copies"]:
         click.echo(f"  copy {name}")
     if plan.dropped:
-        click.echo(f"  not written: {len(plan.dropped)} ({', '.join(plan.dropped[:5])}{', ...' if len(plan.dropped) > 5 else ''})")
+        click.echo(f"  not written: {plural(len(plan.dropped), 'entry', 'entries')} ({', '.join(plan.dropped[:5])}{', ...' if len(plan.dropped) > 5 else ''})")
 
 
 def _source_text(source: dict) -> str:
@@ -87,9 +87,9 @@ def run_convert(src: str, dst: str, *, to: str, tp: int = 1, pp: int = 1, ep: in
     if as_json:
         click.echo(json.dumps({**plan.to_json(), "written": True}))
     elif not quiet:
-        from ckptscope.core.units import human_bytes
+        from ckptscope.core.units import human_bytes, plural
 
-        click.echo(f"wrote {dst}: {len(plan.tensors)} tensors, {human_bytes(plan.total_bytes)} ({plan.target}, "
+        click.echo(f"wrote {dst}: {plural(len(plan.tensors), 'tensor')}, {human_bytes(plan.total_bytes)} ({plan.target}, "
                    f"{plan.ckpt_format if plan.target == 'mcore' else 'safetensors'})")
 
 

@@ -14,6 +14,7 @@ import click
 
 from ckptscope.cli.roots_view import iteration_option
 from ckptscope.core.errors import CkptError
+from ckptscope.core.units import plural
 
 EXIT_DIFFERENT = 1
 
@@ -40,54 +41,97 @@ def _quant_cell(quant: dict | None) -> str:
     return f"{quant['ggml_type']} {shown} {mark} {100 * bound:.3g}%"
 
 
-def print_report(report, top: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def summary_line(summary: dict[str, int]) -> str:
+    """``21 pairs compared: 21 different (9 dtype mismatch, 12 shape mismatch)``: the counts as a
+    sentence whose parts add up (``different`` includes the mismatches; the JSON keeps the flat keys)."""
+    compared, different = summary["compared"], summary["different"]
+    mismatches = summary["dtype_mismatch"] + summary["shape_mismatch"]
+    kinds = [f"{different - mismatches} in value" if mismatches and different > mismatches else "",
+             f"{summary['dtype_mismatch']} dtype mismatch" if summary["dtype_mismatch"] else "",
+             f"{summary['shape_mismatch']} shape mismatch" if summary["shape_mismatch"] else ""]
+    kinds = [k for k in kinds if k]
+    if "quantization_error" in summary:
+        kinds.append(f"{summary['quantization_error']} within quantization error, "
+                     f"{summary['beyond_quantization']} beyond")
+    parts = [f"{summary[k]} {k}" for k in ("equal", "close") if summary[k] or k == "equal"]
+    parts.append(f"{different} different" + (f" ({', '.join(kinds)})" if kinds else ""))
+    line = f"{plural(compared, 'pair')} compared: {', '.join(parts)}"
+    unpaired = [f"{summary['renamed']} renamed" if summary["renamed"] else "",
+                f"{summary['only_a']} only in A" if summary["only_a"] else "",
+                f"{summary['only_b']} only in B" if summary["only_b"] else ""]
+    unpaired = [u for u in unpaired if u]
+    return line + (f"; not compared: {', '.join(unpaired)}" if unpaired else "")
 
-    # Piped output keeps whole names on one line: a fixed wide width instead of 80 columns.
-    console = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 240)
-    summary = report.summary()
+
+def _status_text(result) -> str:
+    if result.status == "dtype_mismatch":
+        return f"dtype {result.dtype_a}->{result.dtype_b}"
+    if result.status == "shape_mismatch":
+        return f"shape {list(result.shape_a)}->{list(result.shape_b)}"
+    if result.status == "renamed":
+        return f"renamed -> {result.renamed_to}"
+    return {"only_a": "only in A", "only_b": "only in B"}.get(result.status, result.status)
+
+
+def _cells(result) -> list[str]:
+    """The metric cells of one differing pair, in ``METRIC_COLUMNS`` order."""
+    m = result.metrics
+    at = ",".join(map(str, result.max_diff_at)) if result.max_diff_at else "-"
+    return [_fmt(m.get("max_abs_diff")), _fmt(m.get("mean_abs_diff")), _fmt(m.get("rel_l2")),
+            _fmt(m.get("cosine")), _fmt(m.get("num_diff")), at]
+
+
+METRIC_COLUMNS = ("max_abs", "mean_abs", "rel_l2", "cosine", "num_diff", "at")
+
+
+def print_report(report, top: int) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from ckptscope.cli.console import fits, stdout_console
+
+    console = stdout_console()
     verdict = "[green]identical[/]" if report.identical else "[red]different[/]"
     console.print(f"[bold]{report.a}[/] vs [bold]{report.b}[/]: {verdict}  (mapping: {report.mapping}, "
-                  f"device: {report.device})")
-    console.print("  ".join(f"{k} {v}" for k, v in summary.items()))
+                  f"device: {report.device})", soft_wrap=True)
+    console.print(summary_line(report.summary()))
     for note in report.notes:
         console.print(f"note: {note}")
     for pad in report.padding:
         zero = "all zero" if pad["all_zero"] else "NOT all zero"
         console.print(f"padding: {pad['side'].upper()} {pad['source']} rows {pad['rows'][0]}-{pad['rows'][1] - 1} "
-                      f"({pad['count']} rows beyond the vocabulary, {zero}; not compared)")
+                      f"({plural(pad['count'], 'row')} beyond the vocabulary, {zero}; not compared)")
     differing = [r for r in report.results if r.differs]
     if not differing:
         return
     # Quantisation error is expected: what it does not explain comes first, so --top shows it.
     differing.sort(key=lambda r: r.quant is not None and r.quant["within"])
-    table = Table(title=f"differing tensors ({min(top, len(differing))} of {len(differing)})", title_justify="left")
-    quant = any(r.quant is not None for r in differing[:top])
-    columns = ("name", "status", "max_abs", "mean_abs", "rel_l2", "cosine", "num_diff", "at")
-    columns += ("quant",) if quant else ()
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("name", "status") else "right",
-                         overflow="fold", no_wrap=column != "name")
-    for result in differing[:top]:
-        m = result.metrics
-        status = result.status
-        if status == "dtype_mismatch":
-            status = f"dtype {result.dtype_a}->{result.dtype_b}"
-        elif status == "shape_mismatch":
-            status = f"shape {list(result.shape_a)}->{list(result.shape_b)}"
-        elif status == "renamed":
-            status = f"renamed -> {result.renamed_to}"
-        at = ",".join(map(str, result.max_diff_at)) if result.max_diff_at else "-"
-        row = [result.name, status, _fmt(m.get("max_abs_diff")), _fmt(m.get("mean_abs_diff")),
-               _fmt(m.get("rel_l2")), _fmt(m.get("cosine")), _fmt(m.get("num_diff")), at]
-        if quant:
-            row.append(_quant_cell(result.quant))
-        table.add_row(*row)
-    console.print(table)
-    mapped = [r for r in differing[:top] if (r.a and r.a != r.name) or (r.b and r.b != r.name)]
+    shown = differing[:top]
+    title = f"differing tensors ({len(shown)} of {len(differing)})"
+    quant = any(r.quant is not None for r in shown)
+    table = Table(title=title, title_justify="left")
+    table.add_column("name", no_wrap=True)  # never cut: the stacked layout below takes over instead
+    table.add_column("status", no_wrap=True)
+    for column in METRIC_COLUMNS + (("quant",) if quant else ()):
+        table.add_column(column, justify="right", no_wrap=True)
+    for result in shown:
+        row = [Text(result.name), Text(_status_text(result)), *_cells(result)]
+        table.add_row(*row, *([_quant_cell(result.quant)] if quant else []))
+    if fits(console, table):
+        console.print(table)
+    else:  # too narrow for one row per pair: one block per pair, the name whole on its own line
+        console.print(title, style="italic")
+        for result in shown:
+            console.print(Text(result.name, style="bold"), soft_wrap=True)
+            console.print(Text("  " + _status_text(result)), soft_wrap=True)
+            metrics = [f"{k} {v}" for k, v in zip(METRIC_COLUMNS, _cells(result)) if v != "-"]
+            if metrics:
+                console.print(Text("  " + "  ".join(metrics)))
+            if result.quant is not None:
+                console.print(f"  quant {_quant_cell(result.quant)}")
+    mapped = [r for r in shown if (r.a and r.a != r.name) or (r.b and r.b != r.name)]
     for result in mapped:
-        console.print(f"  {result.name}:\n    A = {result.a or '-'}\n    B = {result.b or '-'}")
+        console.print(Text(f"  {result.name}:\n    A = {result.a or '-'}\n    B = {result.b or '-'}"), soft_wrap=True)
 
 
 def _glob_list(ctx, param, values):

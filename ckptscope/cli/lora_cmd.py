@@ -6,6 +6,8 @@ import json
 
 import click
 
+from ckptscope.core.units import plural
+
 
 @click.group()
 def lora() -> None:
@@ -27,7 +29,7 @@ def stats(adapter: str, as_json: bool, rtol: float | None) -> None:
         click.echo(json.dumps({"path": adapter, **summary, "pairs": [p.to_json() for p in pairs]}))
         return
     scale = "alpha/sqrt(r)" if summary["use_rslora"] else "alpha/r"
-    click.echo(f"{len(pairs)} LoRA pairs, r={summary['r']}, lora_alpha={summary['lora_alpha']}, scale {scale}; "
+    click.echo(f"{plural(len(pairs), 'LoRA pair')}, r={summary['r']}, lora_alpha={summary['lora_alpha']}, scale {scale}; "
                f"rank counts singular values of B@A above {summary['tolerance']}")
     for p in pairs:
         shown = " ".join(f"{s:.4g}" for s in p.singular_values[:SV_SHOWN])
@@ -58,6 +60,6 @@ def merge(adapter: str, base: str, out: str, dtype: str, overwrite: bool, as_jso
     if as_json:
         click.echo(json.dumps(plan.to_json()))
     else:
-        click.echo(f"merged {len(plan.merged)} tensors of {len(plan.tensors)} ({human_bytes(plan.total_bytes)}, "
-                   f"{len(plan.shards)} shard{'s' if len(plan.shards) != 1 else ''})")
+        click.echo(f"merged {len(plan.merged)} of {plural(len(plan.tensors), 'tensor')} ({human_bytes(plan.total_bytes)}, "
+                   f"{plural(len(plan.shards), 'shard')})")
     click.echo(f"wrote {plan.out}", err=True)

@@ -158,9 +158,9 @@ def objects_table(report: InspectReport) -> Table:
 def _preview(value: object, limit: int = 80) -> str:
     if isinstance(value, dict):
         keys = [k for k in value if k != "__class__"]
-        text = f"{{{len(keys)} keys: {', '.join(keys[:6])}{', ...' if len(keys) > 6 else ''}}}"
+        text = f"{{{plural(len(keys), 'key')}: {', '.join(keys[:6])}{', ...' if len(keys) > 6 else ''}}}"
     elif isinstance(value, list):
-        text = f"[{len(value)} items]"
+        text = f"[{plural(len(value), 'item')}]"
     else:
         text = repr(value) if not isinstance(value, str) else value
     return text if len(text) <= limit else text[: limit - 1] + "…"

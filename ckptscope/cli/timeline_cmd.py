@@ -35,32 +35,58 @@ def _rel(value: float, nan: int) -> str:
     return f"{text} nan" if nan else text
 
 
-def print_result(result) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _fitting_table(console, build, most: int):
+    """``build(k)`` with the largest ``k <= most`` (recent columns kept) whose table fits the console:
+    the module column keeps whole names and the oldest columns go first. ``k`` is at least 1."""
+    from ckptscope.cli.console import fits
 
-    console = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 240)
-    console.print(f"[bold]{result.root}[/] ({result.kind}): {len(result.iterations)} iterations "
-                  f"{result.iterations[0]} .. {result.iterations[-1]}, {len(result.tensors)} tensors, "
-                  f"{result.bytes_read / 1e6:,.1f} MB read in {result.seconds:.1f} s")
+    for k in range(most, 1, -1):
+        table = build(k)
+        if fits(console, table):
+            return k, table
+    return 1, build(1)
+
+
+def _module_column(table, names) -> None:
+    table.add_column("module", no_wrap=True, min_width=max((len(n) for n in names), default=6))
+
+
+def print_result(result) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from ckptscope.cli.console import stdout_console
+    from ckptscope.core.units import human_bytes
+
+    console = stdout_console()
+    console.print(Text.assemble((result.root, "bold"),
+                                f" ({result.kind}): {plural(len(result.iterations), 'iteration')} "
+                                f"{result.iterations[0]} .. {result.iterations[-1]}, "
+                                f"{plural(len(result.tensors), 'tensor')}, {human_bytes(result.bytes_read)} read in "
+                                f"{result.seconds:.1f} s"))
     for note in result.notes:
         console.print(f"note: {note}")
     if result.optimizer_note:
         console.print(f"note: {result.optimizer_note}")
-    steps = result.steps[-MAX_STEP_COLUMNS:]
-    skip = len(result.steps) - len(steps)
-    title = "relative change ||W_t - W_t-1|| / ||W_t-1|| per module"
-    if skip:
-        title += f" (last {len(steps)} of {len(result.steps)} steps; --json / --csv have all)"
-    table = Table(title=title, title_justify="left")
-    table.add_column("module", overflow="fold")
-    for a, b in steps:
-        table.add_column(f"{a}->{b}", justify="right", no_wrap=True)
-    table.add_column(f"norm @{result.iterations[-1]}", justify="right", no_wrap=True)
-    for series in [*result.modules, result.model]:
-        cells = [_rel(series.change[skip + k], series.nan[skip + k + 1]) for k in range(len(steps))]
-        table.add_row(series.name, *cells, f"{series.norm[-1]:.4g}")
-    console.print(table)
+    rows = [*result.modules, result.model]
+
+    def build(k: int):
+        steps = result.steps[-k:]
+        skip = len(result.steps) - len(steps)
+        title = "relative change ||W_t - W_t-1|| / ||W_t-1|| per module"
+        if skip:
+            title += f" (last {len(steps)} of {plural(len(result.steps), 'step')}; --json / --csv have all)"
+        table = Table(title=title, title_justify="left")
+        _module_column(table, [series.name for series in rows])
+        for a, b in steps:
+            table.add_column(f"{a}->{b}", justify="right", no_wrap=True)
+        table.add_column(f"norm @{result.iterations[-1]}", justify="right", no_wrap=True)
+        for series in rows:
+            cells = [_rel(series.change[skip + j], series.nan[skip + j + 1]) for j in range(len(steps))]
+            table.add_row(Text(series.name), *cells, f"{series.norm[-1]:.4g}")
+        return table
+
+    console.print(_fitting_table(console, build, min(MAX_STEP_COLUMNS, len(result.steps)))[1])
     if result.moment_modules:
         print_moments(console, result)
     print_flags(console, result.flags)
@@ -69,22 +95,27 @@ def print_result(result) -> None:
 def print_moments(console, result) -> None:
     """Adam per module at the last few iterations: mean exp_avg_sq and the implied step size."""
     from rich.table import Table
+    from rich.text import Text
 
-    labels = result.iterations[-3:]
-    first = len(result.iterations) - len(labels)
-    table = Table(title="Adam per module: mean exp_avg_sq / step size lr / (sqrt(mean exp_avg_sq) + eps) "
-                        "(LR as saved for the next step; --json / --csv have every iteration)", title_justify="left")
-    table.add_column("module", overflow="fold")
-    for label in labels:
-        table.add_column(f"v @{label}", justify="right", no_wrap=True)
-        table.add_column(f"step @{label}", justify="right", no_wrap=True)
-    for m in result.moment_modules:
-        cells = []
-        for k in range(first, len(result.iterations)):
-            v, step = m.exp_avg_sq_mean[k], m.step_size_mean[k]
-            cells += ["-" if v is None else f"{v:.3g}", "-" if step is None else f"{step:.3g}"]
-        table.add_row(m.name, *cells)
-    console.print(table)
+    def build(count: int):
+        labels = result.iterations[-count:]
+        first = len(result.iterations) - len(labels)
+        table = Table(title="Adam per module: mean exp_avg_sq / step size lr / (sqrt(mean exp_avg_sq) + eps) "
+                            "(LR as saved for the next step; --json / --csv have every iteration)",
+                      title_justify="left")
+        _module_column(table, [m.name for m in result.moment_modules])
+        for label in labels:
+            table.add_column(f"v @{label}", justify="right", no_wrap=True)
+            table.add_column(f"step @{label}", justify="right", no_wrap=True)
+        for m in result.moment_modules:
+            cells = []
+            for k in range(first, len(result.iterations)):
+                v, step = m.exp_avg_sq_mean[k], m.step_size_mean[k]
+                cells += ["-" if v is None else f"{v:.3g}", "-" if step is None else f"{step:.3g}"]
+            table.add_row(Text(m.name), *cells)
+        return table
+
+    console.print(_fitting_table(console, build, min(3, len(result.iterations)))[1])
 
 
 def print_flags(console, flags) -> None:

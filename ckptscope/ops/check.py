@@ -35,6 +35,7 @@ from ckptscope.core.dtypes import DType
 from ckptscope.core.errors import CkptError, UnknownFormat
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
+from ckptscope.core.units import plural
 from ckptscope.formats import open_checkpoint
 from ckptscope.ops.roots import (
     RELEASE,
@@ -365,7 +366,7 @@ def byte_length_problems(meta: TensorMeta) -> list[Problem]:
     if not bad:
         return []
     k, chunk, need, at_least = bad[0]
-    more = f" (and {len(bad) - 1} more chunks)" if len(bad) > 1 else ""
+    more = f" (and {plural(len(bad) - 1, 'more chunk')})" if len(bad) > 1 else ""
     return [Problem("byte-length", chunk.file or None, (meta.name,),
                     f"chunk #{k} {_fmt_box(_box(chunk))} is {meta.dtype}{list(chunk.shape)}, which needs "
                     f"{'at least ' if at_least else ''}{need} bytes; its byte range holds {chunk.byte_length}{more}")]
@@ -398,14 +399,13 @@ def file_problems(tensors: Iterable[TensorMeta], root: Path) -> tuple[list[Probl
         names = holders[rel]
         if size is None:
             problems.append(Problem("missing-file", rel, tuple(names),
-                                    f"not found; it should hold chunks of {len(names)} "
-                                    f"tensor{'s' if len(names) != 1 else ''} (at least {ends[rel]} bytes)"))
+                                    f"not found; it should hold chunks of {plural(len(names), 'tensor')} "
+                                    f"(at least {plural(ends[rel], 'byte')})"))
         elif size < ends[rel]:
             cut = tuple(name for name, end in names.items() if end > size)
             problems.append(Problem("truncated", rel, cut,
-                                    f"the file has {size} bytes, its chunks need {ends[rel]} "
-                                    f"({ends[rel] - size} bytes missing; {len(cut)} "
-                                    f"tensor{'s' if len(cut) != 1 else ''} cut)"))
+                                    f"the file has {plural(size, 'byte')}, its chunks need {ends[rel]} "
+                                    f"({plural(ends[rel] - size, 'byte')} missing; {plural(len(cut), 'tensor')} cut)"))
     return problems, set(ends), chunks
 
 

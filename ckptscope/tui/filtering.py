@@ -39,3 +39,25 @@ def leaf_chains(root: TreeNode) -> list[list[TreeNode]]:
 
     walk(root, [])
     return out
+
+
+def chain_to(root: TreeNode, name: str) -> list[TreeNode]:
+    """The displayed ancestors of tensor ``name`` (root excluded), as deep as the tree shows it: a
+    tensor inside a collapsed range other than its first member stops at the range row. Used to put
+    the cursor back where it was when a filter is cleared."""
+    chain: list[TreeNode] = []
+    node = root
+    while True:
+        following = None
+        for _label, target in node.folded_children():
+            prefixes = target.members or (target.path,)
+            if any(name == p or name.startswith(p + ".") for p in prefixes):
+                following = target
+                break
+        if following is None:
+            return chain
+        chain.append(following)
+        inside_first = name == following.path or name.startswith(following.path + ".")
+        if not following.children or (following.is_range and not inside_first):
+            return chain
+        node = following

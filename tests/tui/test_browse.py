@@ -572,3 +572,45 @@ async def test_slash_searches_the_focused_table_and_n_walks_matches(in_repo):
         await pilot.press("N", "N")
         assert table.cursor_row == hits[-1]  # wraps around
         assert app.screen.query_one(TensorTree).has_focus is False  # the tree filter never opened
+
+
+@sync
+async def test_filter_n_visits_every_match_and_esc_keeps_the_place(in_repo):
+    """/k_proj matches one tensor per layer: n visits each of them (not one range row); esc then
+    clears the filter with the cursor still on the tensor n led to."""
+    path = Path("sample_ckpts/hf_llama_sharded")
+    names = sorted(n for n in hf_tensors(path) if "k_proj" in n)
+    app = make_app(path, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("slash", *"k_proj", "enter")
+        await pilot.pause(0.3)
+        await settle(pilot)
+        screen = browse(app)
+        seen = [screen.current.name]
+        for _ in names[1:]:
+            await pilot.press("n")
+            await settle(pilot)
+            seen.append(screen.current.name)
+        assert sorted(seen) == names
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        await settle(pilot)
+        tree = screen.query_one(TensorTree)
+        assert screen._pattern == ""
+        node = tree.cursor_node
+        here = node.data.node
+        assert here.path == seen[-1] or seen[-1] in [f"{m}.self_attn.k_proj.weight" for m in here.members] or \
+            any(seen[-1].startswith(m + ".") for m in (here.members or (here.path,)))
+
+
+@sync
+async def test_o_shows_objects_and_its_table_takes_the_keys(in_repo):
+    app = make_app(Path("sample_ckpts/megatron_style.pt"), keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("o")
+        await settle(pilot)
+        assert app.focused is app.screen.query_one("#objects-table")
+        await pilot.press("escape")
+        assert isinstance(app.focused, TensorTree)

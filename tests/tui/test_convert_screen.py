@@ -140,13 +140,18 @@ async def test_convert_megatron_to_hf_end_to_end(mcore_iter, tmp_path):
         assert "✓ wrote" in text_of(form.query_one("#convert-status", Static))
         assert form.written == str(dst)
 
-        # open result: the browser shows DST in place of the source
+        # open result: the written copy is browsed over the source's browser, which stays as it was
+        source_cursor = browser.query_one("#tree").cursor_line
         await pilot.press("ctrl+o")
         await settle(pilot)
         reopened = app.screen
         assert isinstance(reopened, BrowseScreen) and reopened is not browser
         assert reopened.path == str(dst)
         assert "model.layers.0.self_attn.q_proj.weight" in reopened.index.tensors
+        assert "back to source" in [b.description for _, b, on, _ in reopened.active_bindings.values() if on]
+        await pilot.press("backspace")
+        await settle(pilot)
+        assert app.screen is browser and browser.query_one("#tree").cursor_line == source_cursor
 
     got = load_file(str(dst / "model.safetensors"))
     assert set(got) == set(want)

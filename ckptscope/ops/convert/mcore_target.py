@@ -30,12 +30,14 @@ def write_mcore(plan: ConvertPlan, out: Path, progress: Progress | None = None) 
 def _write_mcore(plan: ConvertPlan, out: Path, iter_dir: Path, tensors: list, progress: Progress | None) -> None:
     from ckptscope.formats.megatron.dist_writer import write_torch_dist, write_torch_legacy
 
-    by_name = {t.name: t for t in plan.tensors}
+    # The Megatron writers call progress(nbytes) once per OutTensor, in the order given
+    # (model_layout.Progress): the i-th call is plan.tensors[i], so the bar can count tensors.
+    written = iter(plan.tensors)
 
-    def step(name_or_bytes) -> None:
+    def step(nbytes: int) -> None:
         if progress:
-            t = by_name.get(name_or_bytes) if isinstance(name_or_bytes, str) else None
-            progress(t.name if t else "", t.nbytes if t else int(name_or_bytes or 0))
+            t = next(written, None)
+            progress(t.name if t else "", int(nbytes or 0))
         if plan.ckpt_format == "torch":  # tensors come whole and are sliced per rank: drop their pages
             plan.reader.release_pages()
 

@@ -18,6 +18,7 @@ from ckptscope.core.dtypes import dtype_by_name
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.tensor import TensorMeta
+from ckptscope.core.units import plural
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
 from ckptscope.mappings.config import (
@@ -199,10 +200,10 @@ def _dequantised(tensors: dict[str, TensorMeta], dtype: str, hf_cfg: dict | None
         return hf_cfg, []
     schemes = ", ".join(sorted({str(tensors[n].attr("quant_scheme")) for n in scaled}))
     if dtype == "keep":
-        raise CkptError(f"{len(scaled)} tensors are block-scaled ({schemes}; first: {scaled[0]}): convert writes "
+        raise CkptError(f"{plural(len(scaled), 'tensor is', 'tensors are')} block-scaled ({schemes}; first: {scaled[0]}): convert writes "
                         f"them dequantised, pass --dtype bfloat16 (or float32, float16); keeping the quantised "
                         f"blocks and scales is not supported", src)
-    notes = [f"{len(scaled)} block-scaled tensors ({schemes}) dequantised exactly, then cast to {dtype}"]
+    notes = [f"{plural(len(scaled), 'block-scaled tensor')} ({schemes}) dequantised exactly, then cast to {dtype}"]
     if hf_cfg and "quantization_config" in hf_cfg:
         hf_cfg = {k: v for k, v in hf_cfg.items() if k != "quantization_config"}
         notes.append("config.json written without quantization_config (the weights are no longer quantised)")
@@ -271,7 +272,7 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         else:
             raise CkptError(_unmapped_naming(family, tensors), src_path)
         if view.unmapped:
-            raise CkptError(f"{len(view.unmapped)} tensors match no {view.arch} rule "
+            raise CkptError(f"{plural(len(view.unmapped), 'tensor matches', 'tensors match')} no {view.arch} rule "
                             f"(first: {view.unmapped[0]}); pass --arch or report the layout")
         if family == "mcore":
             check_norm_convention(cfg, view.arch, src_path)
@@ -319,7 +320,7 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
     if family == "mcore":
         hf_view = map_to_hf(shapes, cfg, arch)
         if hf_view.unmapped:
-            raise CkptError(f"{len(hf_view.unmapped)} tensors match no {hf_view.arch} rule "
+            raise CkptError(f"{plural(len(hf_view.unmapped), 'tensor matches', 'tensors match')} no {hf_view.arch} rule "
                             f"(first: {hf_view.unmapped[0]})")
         arch_name = hf_view.arch
         check_norm_convention(cfg, arch_name, src_path)
@@ -353,7 +354,7 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         view = map_to_mcore(hf_shapes, cfg_out, arch_name, local_spec=_local_names(ckpt_format, spec, arch_name))
         view.recipes = {n: compose(r, source_space) for n, r in view.recipes.items()}
     if view.unmapped:
-        raise CkptError(f"{len(view.unmapped)} tensors match no {view.arch} rule (first: {view.unmapped[0]})")
+        raise CkptError(f"{plural(len(view.unmapped), 'tensor matches', 'tensors match')} no {view.arch} rule (first: {view.unmapped[0]})")
     cfg_out = cfg_out.merged(ModelConfig(arch=view.arch, mtp_num_layers=view.config.mtp_num_layers))
     if cfg_out.tie_word_embeddings is None:
         cfg_out = ModelConfig(**{**cfg_out.to_dict(), "tie_word_embeddings": "output_layer.weight" not in view.recipes})
@@ -413,10 +414,10 @@ def _split_report(entries: ModelEntries, skip_unknown: bool, src: Path) -> tuple
     if entries.unknown:
         first = next(iter(entries.unknown))
         if not skip_unknown:
-            raise CkptError(f"{len(entries.unknown)} entries are neither model weights ({entries.naming} names"
+            raise CkptError(f"{plural(len(entries.unknown), 'entry is', 'entries are')} neither model weights ({entries.naming} names"
                             f"{' under ' + repr(entries.prefix) if entries.prefix else ''}) nor known training "
                             f"state (first: {first}); pass --skip-unknown to leave them out", src)
-        notes.append(f"{len(entries.unknown)} unknown entries left out (first: {first})")
+        notes.append(f"{plural(len(entries.unknown), 'unknown entry', 'unknown entries')} left out (first: {first})")
         dropped += list(entries.unknown)
     return notes, dropped
 
@@ -462,9 +463,9 @@ def _local_names(ckpt_format: str, spec: str, arch: str | None) -> bool:
 
 
 def view_notes(view: MappedView) -> list[str]:
-    shared = len(view.ignored) - sum(1 for n in view.ignored if is_ignored(n))
-    skipped = len(view.ignored) - shared
-    return ([f"{skipped} non-value entries skipped (_extra_state, inv_freq)"] if skipped else []) + view.notes
+    skipped = sum(1 for n in view.ignored if is_ignored(n))  # the rest: copies the target keeps once (view.notes)
+    return ([f"{plural(skipped, 'non-value entry', 'non-value entries')} skipped (_extra_state, inv_freq)"]
+            if skipped else []) + view.notes
 
 
 def _shard(tensors: list[OutputTensor], limit: int) -> list[tuple[str, list[str]]]:

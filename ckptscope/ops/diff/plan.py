@@ -15,6 +15,7 @@ from pathlib import Path
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.names import select
+from ckptscope.core.units import plural
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
 from ckptscope.mappings.config import ZERO_CENTRED_NORM, ModelConfig
@@ -237,13 +238,13 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
     for label, entries, recipes in (("A", entries_a, recipes_a), ("B", entries_b, recipes_b)):
         extra = dict(entries.unknown) if compare_unknown else {}
         if entries.unknown and compare_unknown:
-            notes.append(f"{label}: {len(entries.unknown)} entries are neither model weights nor known training "
+            notes.append(f"{label}: {plural(len(entries.unknown), 'entry is', 'entries are')} neither model weights nor known training "
                          f"state (first: {next(iter(entries.unknown))}); compared by stored name")
         state = entries.training_tensors()
         if training_state:
             extra.update(state)
         elif state:
-            notes.append(f"{label}: {len(state)} training-state tensors not compared "
+            notes.append(f"{label}: {plural(len(state), 'training-state tensor')} not compared "
                          f"({', '.join(sorted(entries.training))}; --training-state adds them)")
         for name, recipe in identity_recipes(extra).items():
             recipes.setdefault(name, recipe)
@@ -294,5 +295,5 @@ def _with_unmapped(view: MappedView, tensors: dict) -> dict[str, Recipe]:
 def _view_notes(label: str, view: MappedView) -> list[str]:
     notes = [f"{label}: Megatron-Core names mapped to HF ({view.arch})"]
     if view.unmapped:
-        notes.append(f"{label}: {len(view.unmapped)} tensors match no {view.arch} rule; compared by name")
+        notes.append(f"{label}: {plural(len(view.unmapped), 'tensor matches', 'tensors match')} no {view.arch} rule; compared by name")
     return notes

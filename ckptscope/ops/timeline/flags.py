@@ -20,6 +20,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from ckptscope.core.units import plural
 from ckptscope.ops.timeline.series import Series
 
 KINDS = ("stale", "nan", "inf", "exploding", "frozen")
@@ -59,7 +60,7 @@ def nonfinite_flags(series: list[Series], labels: list[int]) -> list[Flag]:
                 continue
             where = " (already in the first iteration read)" if first == 0 else ""
             out.append(Flag(kind, labels[first], s.name, s.module,
-                            f"{counts[first]:,} {word} values first seen at iteration {labels[first]}{where}"))
+                            f"{plural(counts[first], word + ' value')} first seen at iteration {labels[first]}{where}"))
     return out
 
 

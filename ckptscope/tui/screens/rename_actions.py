@@ -155,17 +155,15 @@ class RenameActions:
         self.app.push_screen(RenameApplyScreen(self.path, pending.rules), finished)
 
     def open_renamed(self, dst: str, *, applied: bool = True) -> None:
-        """Browse the written copy in place of this checkpoint. ``applied``: the pending rules are
-        in that copy (rename); otherwise (a converted copy) they would be lost, so ask first."""
-
-        def switch() -> None:
-            screen = type(self)(dst, trust_pickle=self.trust_pickle, discover=False)  # type: ignore[call-arg]
-            self.app.switch_screen(screen)
-
-        if applied:
-            switch()
-        else:
-            self.confirm_discard(switch, f"open {dst}")
+        """Browse the written copy over this checkpoint's browser, which stays as it is (tree, tab,
+        pending rules): ``backspace`` there comes back. ``applied``: the copy holds the pending rules
+        (rename), which are then cleared here, as they are done."""
+        if applied and self._renames is not None:
+            self._renames = None
+            self._show_pending(None, None)
+        screen = type(self)(dst, trust_pickle=self.trust_pickle, discover=False,  # type: ignore[call-arg]
+                            opened_from=getattr(self, "path", None))
+        self.app.push_screen(screen)
 
     def pending_rule_count(self) -> int:
         pending = self._renames
