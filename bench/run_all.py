@@ -10,7 +10,8 @@ runs). ``--quick``: 5 pairs, ~0.3 GB instead of ~1.5 GB for the write-heavy rows
 linearity point. Every raw pair goes to the JSON file (default bench/results.json).
 
 Rows: 1, 2, 2-lin (inspect), 3 (inspect vs sft-cli), 4, 5 (convert, each with a -load variant),
-6 (merge, + verl peer), 7 (rename), 8 (diff), 9 (TUI start-up), 10 (timeline). ``--only 4`` runs row 4 and 4-load.
+6 (merge, + verl peer), 7 (rename), 8 (diff), 9 (TUI start-up), 10 (timeline), 11 (convert on 2 ranks
+vs 1 process, per-rank RSS). ``--only 4`` runs row 4 and 4-load.
 Exit status: 0 whether targets pass or not (the table is the result), 2 if a row errored.
 """
 
@@ -37,13 +38,14 @@ import rows_convert  # noqa: E402
 import rows_inspect  # noqa: E402
 import rows_rename_diff  # noqa: E402
 import rows_timeline  # noqa: E402
+import rows_torchrun  # noqa: E402
 import rows_tui  # noqa: E402
 from abab import BENCH, Config, Row  # noqa: E402
 
 GROUPS = {"1": rows_inspect.row1, "2": rows_inspect.row2, "2-lin": rows_inspect.row2_linearity,
           "3": rows_inspect.row3, "4": rows_convert.row4, "5": rows_convert.row5, "6": rows_convert.row6,
           "7": rows_rename_diff.row7, "8": rows_rename_diff.row8, "9": rows_tui.row9,
-          "10": rows_timeline.row10}
+          "10": rows_timeline.row10, "11": rows_torchrun.row11}
 
 
 def _disk_gb(gb: float, work_parent: Path) -> float:

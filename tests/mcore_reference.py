@@ -115,3 +115,12 @@ def mcore_logits_from_dist(iter_dir: Path, hf_config_or_args=None, tokens=None, 
             loaded = loaded[0]
         model.load_state_dict(loaded["model"], strict=True)
         return gen.mcore_model_logits(model, tokens)
+
+
+def allow_router_without_te() -> None:
+    """megatron-core 0.16.1's ``router_gating_linear`` names ``te_general_gemm``, which moe_utils defines only
+    when TransformerEngine imports; None selects its plain torch path (a MoE forward on CPU needs it)."""
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None

@@ -162,6 +162,18 @@ def inspect(path: str, as_json: bool, include: tuple[str, ...], exclude: tuple[s
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point."""
+    from ckptscope.cli import parallel
+
+    parallel.ARGV = list(argv) if argv is not None else sys.argv[1:]
+    try:
+        _main(argv)
+    except SystemExit as exc:
+        parallel.leave(exc.code)
+        raise
+    parallel.leave(0)
+
+
+def _main(argv: Sequence[str] | None) -> None:
     try:
         cli.main(args=list(argv) if argv is not None else None, prog_name="ckptscope", standalone_mode=False)
     except click.exceptions.Abort:

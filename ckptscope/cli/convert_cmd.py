@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from ckptscope.cli.parallel import group, not_first_rank, relaunch_if_asked, workers_option
 from ckptscope.cli.roots_view import iteration_option, resolve_path
 from ckptscope.core.errors import CkptError
 
@@ -50,7 +51,10 @@ def print_plan(plan, as_json: bool) -> None:
     for note in plan.notes:
         click.echo(f"note: {note}")
     for t in data["tensors"]:
-        sources = " + ".join(_source_text(s) for s in t["sources"])
+        shown = t["sources"] if len(t["sources"]) <= 8 else t["sources"][:3]  # transposed tensors: a piece per row
+        sources = " + ".join(_source_text(s) for s in shown)
+        if len(shown) < len(t["sources"]):
+            sources += f" + ... ({len(t['sources'])} pieces)"
         extra = f" [{', '.join(t['transforms'])}]"
         zero = f" zero rows {t['zero_rows']}" if t["zero_rows"] else ""
         click.echo(f"  {t['name']} {tuple(t['shape'])} {t['dtype']} <- {sources}{extra}{zero}")
@@ -70,7 +74,7 @@ def run_convert(src: str, dst: str, *, to: str, tp: int = 1, pp: int = 1, ep: in
                 dtype: str = "keep", hf_config: str | None = None, arch: str | None = None,
                 max_shard_size: str = "5GB", dry_run: bool = False, overwrite: bool = False, as_json: bool = False,
                 trust_pickle: bool = False, quiet: bool = False, skip_unknown: bool = False,
-                hf_experts: str = "per-expert") -> None:
+                hf_experts: str = "per-expert", num_files: int = 2) -> None:
     from ckptscope.ops.convert.execute import execute_convert
     from ckptscope.ops.convert.plan import plan_convert
 
@@ -78,12 +82,33 @@ def run_convert(src: str, dst: str, *, to: str, tp: int = 1, pp: int = 1, ep: in
                         hf_config=hf_config,
                         arch=arch, max_shard_size=max_shard_size, trust_pickle=trust_pickle,
                         skip_unknown=skip_unknown, hf_experts=hf_experts)
+    plan.num_files = num_files
+    ranks = None if dry_run else group()
+    if ranks is not None and ranks.rank != 0:
+        quiet = True
     if dry_run:
+        if not_first_rank():  # under torchrun every rank plans; one prints
+            return
         print_plan(plan, as_json)
         return
-    context, step = _progress(len(plan.tensors), plan.total_bytes, quiet or as_json)
-    with context:
-        execute_convert(plan, overwrite=overwrite, progress=step)
+    if ranks is None:
+        context, step = _progress(len(plan.tensors), plan.total_bytes, quiet or as_json)
+        with context:
+            execute_convert(plan, overwrite=overwrite, progress=step)
+    else:  # this rank's files only; rank 0 finishes the output (ops/parallel/convert.py)
+        from ckptscope.ops.parallel.convert import execute_convert_parallel, output_files, share
+
+        files = len(output_files(plan))
+        if files < ranks.world and ranks.rank == 0:
+            knob = "--max-shard-size" if plan.target == "hf" else "--num-files" if plan.ckpt_format != "torch" else ""
+            click.echo(f"note: {ranks.world} ranks share {files} output file(s): {ranks.world - files} have nothing to "
+                       f"write" + (f" (a smaller {knob} gives more files)" if knob == "--max-shard-size" else
+                                   f" (raise {knob})" if knob else ""), err=True)
+        context, step = _progress(0, share(plan, ranks)[1], quiet or as_json)
+        with context:
+            execute_convert_parallel(plan, ranks, overwrite=overwrite, progress=step)
+        if quiet:
+            return
     if as_json:
         click.echo(json.dumps({**plan.to_json(), "written": True}))
     elif not quiet:
@@ -107,6 +132,7 @@ _common = [
                  help="Leave out entries that are neither model weights nor known training state (listed in "
                       "the plan) instead of refusing."),
     iteration_option(),
+    workers_option,
 ]
 
 
@@ -129,18 +155,24 @@ def common_options(fn):
               help="Megatron-Core layer spec to name the output for (te: Transformer Engine layers).")
 @click.option("--hf-experts", type=click.Choice(["per-expert", "fused"]), default="per-expert", show_default=True,
               help="MoE experts in the HF output: per expert (save_pretrained) or fused 3-D (transformers v5 in memory).")
+@click.option("--num-files", type=click.IntRange(min=1), default=2, show_default=True,
+              help="torch_dist data files (__0_K.distcp): how many ranks can share the writing. The bytes depend on "
+                   "this, never on the number of ranks.")
 @common_options
-def convert(src, dst, to, tp, pp, ep, spec, ckpt_format, hf_experts, dtype, hf_config, arch, max_shard_size, dry_run,
-            overwrite, as_json, trust_pickle, skip_unknown, iteration) -> None:
+def convert(src, dst, to, tp, pp, ep, spec, ckpt_format, hf_experts, num_files, dtype, hf_config, arch, max_shard_size,
+            dry_run, overwrite, as_json, trust_pickle, skip_unknown, iteration, workers) -> None:
     """Convert SRC to HF safetensors or to a Megatron-Core save root (torch_dist or per-rank torch).
 
-    SRC may be a save root: its latest complete iteration is converted, or --iteration N."""
+    SRC may be a save root: its latest complete iteration is converted, or --iteration N. Under
+    torchrun (or with --workers P) the output files are shared out between the ranks."""
     if to == "hf" and (tp != 1 or pp != 1 or ep != 1 or spec != "local"):
         raise CkptError("--tp/--pp/--ep/--spec only apply to --to mcore")
+    if not dry_run:
+        relaunch_if_asked(workers)
     run_convert(resolve_path(src, iteration), dst, to=to, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format,
                 dtype=dtype, hf_config=hf_config, arch=arch,
                 max_shard_size=max_shard_size, dry_run=dry_run, overwrite=overwrite, as_json=as_json,
-                trust_pickle=trust_pickle, skip_unknown=skip_unknown, hf_experts=hf_experts)
+                trust_pickle=trust_pickle, skip_unknown=skip_unknown, hf_experts=hf_experts, num_files=num_files)
 
 
 @click.command()
@@ -148,10 +180,13 @@ def convert(src, dst, to, tp, pp, ep, spec, ckpt_format, hf_experts, dtype, hf_c
 @click.argument("dst", type=click.Path(path_type=str))
 @common_options
 def merge(src, dst, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, as_json, trust_pickle, skip_unknown,
-          iteration) -> None:
+          iteration, workers) -> None:
     """Merge sharded training checkpoints (verl FSDP, Megatron TP/PP or torch_dist, DCP) into one HF model.
 
-    SRC may be a save root: its latest complete iteration is merged, or --iteration N."""
+    SRC may be a save root: its latest complete iteration is merged, or --iteration N. Under
+    torchrun (or with --workers P) the shards are shared out between the ranks."""
+    if not dry_run:
+        relaunch_if_asked(workers)
     run_convert(resolve_path(src, iteration), dst, to="hf", dtype=dtype, hf_config=hf_config, arch=arch,
                 max_shard_size=max_shard_size, dry_run=dry_run, overwrite=overwrite, as_json=as_json,
                 trust_pickle=trust_pickle, skip_unknown=skip_unknown)
@@ -173,15 +208,25 @@ def merge(src, dst, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, 
 @click.option("--skip-unknown", is_flag=True,
               help="Leave out (and do not compare) entries that are neither model weights nor known training state.")
 @iteration_option()
-def verify(src, via, tp, pp, ep, spec, ckpt_format, arch, hf_config, as_json, skip_unknown, iteration) -> None:
+@workers_option
+def verify(src, via, tp, pp, ep, spec, ckpt_format, arch, hf_config, as_json, skip_unknown, iteration, workers) -> None:
     """Convert SRC to the target and back in a temp dir, then diff bitwise. Exit 0 iff identical.
 
-    SRC may be a save root: its latest complete iteration is verified, or --iteration N."""
+    SRC may be a save root: its latest complete iteration is verified, or --iteration N. Under
+    torchrun (or with --workers P) both conversions and the diff are shared out between the ranks
+    (the temp dir must then be on a filesystem all of them see: TMPDIR)."""
     from ckptscope.cli.diff_cmd import print_report
     from ckptscope.ops.verify import verify_round_trip
 
+    relaunch_if_asked(workers)
+    ranks = group()
     report = verify_round_trip(resolve_path(src, iteration), via=via, tp=tp, pp=pp, ep=ep, spec=spec,
-                               ckpt_format=ckpt_format, arch=arch, hf_config=hf_config, skip_unknown=skip_unknown)
+                               ckpt_format=ckpt_format, arch=arch, hf_config=hf_config, skip_unknown=skip_unknown,
+                               group=ranks)
+    if ranks is not None:  # settled by verify_round_trip: SIGTERM no longer cuts rank 0's report short
+        identical = ranks.broadcast(report.identical if report is not None else None, "sharing the verdict")
+        if report is None:
+            sys.exit(0 if identical else EXIT_DIFFERENT)
     if as_json:
         click.echo(json.dumps(report.to_json(), allow_nan=False))
     else:

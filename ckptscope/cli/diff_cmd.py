@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from ckptscope.cli.parallel import group, relaunch_if_asked, workers_option
 from ckptscope.cli.roots_view import iteration_option
 from ckptscope.core.errors import CkptError
 from ckptscope.core.units import plural
@@ -166,21 +167,29 @@ def _glob_list(ctx, param, values):
                             "'final') instead of its latest complete one (B: unless --iteration-b).")
 @iteration_option("--iteration-b", "--step-b", "iteration_b",
                   help_text="Iteration N of B when B is a save directory (default: --iteration, if given).")
+@workers_option
 def diff(a: str, b: str, as_json: bool, plain: bool, mapping: str, atol: float, rtol: float, device: str,
          include: tuple[str, ...], exclude: tuple[str, ...], top: int, arch: str | None, trust_pickle: bool,
-         training_state: bool, raw: bool, iteration: int | str | None, iteration_b: int | str | None) -> None:
+         training_state: bool, raw: bool, iteration: int | str | None, iteration_b: int | str | None,
+         workers: int) -> None:
     """Compare two checkpoints tensor by tensor. Exit 0 identical, 1 different, 2 error.
 
     A or B may be a save root: its latest complete iteration is compared, or --iteration N (both
     sides that are roots) / --iteration-b N (B). `diff ROOT ROOT --iteration 10 --iteration-b 20`
-    compares two iterations of one run."""
+    compares two iterations of one run. Under torchrun (or with --workers P) the pairs are shared
+    out between the ranks; rank 0 prints the same report and every rank exits with the same code."""
     if atol < 0 or rtol < 0 or math.isnan(atol) or math.isnan(rtol):
         raise CkptError("--atol and --rtol must be non-negative numbers")
     a, b = resolve_sides(a, b, iteration, iteration_b)
     from ckptscope.ops.diff.engine import DiffOptions
 
     options = DiffOptions(atol=atol, rtol=rtol, device=device)
-    interactive = not as_json and not plain and not raw and sys.stdout.isatty() and sys.stdin.isatty()
+    interactive = (not as_json and not plain and not raw and sys.stdout.isatty() and sys.stdin.isatty()
+                   and workers == 1)
+    relaunch_if_asked(workers)
+    ranks = group()
+    if ranks is not None:
+        interactive = False
     if interactive:
         try:
             from ckptscope.tui import run_diff_tui
@@ -198,6 +207,14 @@ def diff(a: str, b: str, as_json: bool, plain: bool, mapping: str, atol: float, 
     from ckptscope.cli.progress import byte_progress
     from ckptscope.ops.diff.engine import DiffEngine
 
+    if ranks is not None:
+        from ckptscope.ops.parallel.diff import diff_parallel
+
+        report, identical = diff_parallel(plan, options, ranks)
+        if report is not None:
+            click.echo(json.dumps(report.to_json(), allow_nan=False)) if as_json else print_report(report, top)
+        ranks.settle()
+        sys.exit(0 if identical else EXIT_DIFFERENT)
     engine = DiffEngine(plan, options)
     with byte_progress("diff", plan.bytes_to_read(), quiet=as_json, count=len(plan.pairs), noun="pairs") as update:
         report = engine.run(on_progress=None if update is None else

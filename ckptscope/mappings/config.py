@@ -70,15 +70,41 @@ its per-layer pattern, local/global RoPE, the attention scale). They travel verb
 args under ``hf_config_extra`` so a round trip HF -> Megatron -> HF gives the same model."""
 
 
-ARCH_FACTS: dict[str, list[str]] = {}
-"""Further model-level facts per arch, registered by the arch's own module (mappings/deepseek.py)."""
-MEGATRON_ARGS_HOOKS: dict[str, Callable[["ModelConfig"], dict[str, Any]]] = {}
-"""arch -> the Megatron args it needs beyond the common ones (MLA dimensions, MoE layer pattern, MTP)."""
-HF_CONFIG_HOOKS: dict[str, Callable[["ModelConfig", dict[str, Any]], None]] = {}
-"""arch -> finishes (in place) the config.json ``to_hf_config`` derived; may refuse."""
 MLA_ARCHS: set[str] = set()
 """Multi-latent-attention archs: their attention tensors are not ``heads x head_dim`` (``hf_shape_problems``
 leaves them be) and their local spec has no torch_dist keys map (the Megatron names follow ``--spec``)."""
+EXPERT_FFN_IS_INTERMEDIATE: set[str] = {"mixtral"}
+"""Archs whose HF ``intermediate_size`` is the experts' FFN size (no ``moe_intermediate_size``)."""
+LOCAL_EXPERTS_KEY: set[str] = {"mixtral"}
+"""Archs whose HF config counts experts as ``num_local_experts`` (else ``num_experts``)."""
+MEGATRON_FACT_KEYS = ("softmax_type", "glu_linear_offset", "activation_func_clamp_value", "quick_geglu",
+                      "add_bias_linear", "gated_linear_unit", "swiglu", "window_size", "window_attn_skip_freq",
+                      "position_embedding_type", "rotary_interleaved", "qk_l2_norm", "no_rope_freq",
+                      "moe_layer_freq", "moe_apply_probs_on_input", "moe_router_score_function")
+"""Megatron args that decide what a layer computes beyond the tensors (kept in ``megatron_facts``)."""
+MEGATRON_ARGS_HOOKS: dict[str, Callable[[ModelConfig, dict[str, Any]], None]] = {}
+"""Arch -> edits of the Megatron args ``to_megatron_args`` writes (the arch's activation, attention)."""
+HF_READ_HOOKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+"""Arch -> ``ModelConfig`` fields read from its config.json where the generic reading is wrong."""
+EXPORT_NOTES: dict[str, Callable[[ModelConfig], list[str]]] = {}
+"""Arch -> what a Megatron-Core export cannot carry (said in the convert notes)."""
+HF_CONFIG_HOOKS: dict[str, Callable[[ModelConfig, dict[str, Any]], None]] = {}
+"""Arch -> edits of the config.json ``to_hf_config`` derives."""
+MEGATRON_CHECKS: dict[str, Callable[[ModelConfig], list[str]]] = {}
+"""Arch -> why a Megatron checkpoint of it would compute something else in HF (one line each)."""
+def fact_problems(cfg: ModelConfig, wanted: tuple[tuple[str, Any, str], ...]) -> list[str]:
+    """``MEGATRON_CHECKS`` helper: one line per ``(arg, value, why)`` the Megatron args do not say."""
+    facts = cfg.megatron_facts or {}
+    problems = []
+    for key, value, why in wanted:
+        if facts.get(key) != value:
+            said = "do not record" if key not in facts else f"say {facts[key]!r} for"
+            problems.append(f"its Megatron args {said} {key} ({why})")
+    return problems
+
+
+ARCH_FACTS: dict[str, list[str]] = {}
+"""Arch -> model-level facts in words (``ckptscope archs``), for archs registered from their own module."""
 
 
 def arch_facts(arch: str) -> list[str]:
@@ -89,9 +115,10 @@ def arch_facts(arch: str) -> list[str]:
                      "/ layernorm_zero_centered_gamma, else the export refuses")
     if arch in SQRT_HIDDEN_EMBEDDING:
         facts.append("the embedding output is multiplied by sqrt(hidden_size) (kept with the arch, no weight change)")
+    facts += ARCH_FACTS.get(arch, [])
     if arch in HF_EXTRA_KEYS:
         facts.append("config keys carried in Megatron args (hf_config_extra): " + ", ".join(HF_EXTRA_KEYS[arch]))
-    return facts + ARCH_FACTS.get(arch, [])
+    return facts
 
 
 @dataclass(frozen=True)
@@ -127,6 +154,8 @@ class ModelConfig:
     """Arch-specific HF config keys (``HF_EXTRA_KEYS``), verbatim."""
     mtp_num_layers: int | None = None
     """Multi-token-prediction layers the *tensors* hold (Megatron's ``mtp_num_layers``)."""
+    megatron_facts: dict[str, Any] | None = None
+    """What the Megatron args say of ``MEGATRON_FACT_KEYS`` (checked by ``MEGATRON_CHECKS``)."""
 
     def merged(self, other: "ModelConfig") -> "ModelConfig":
         """Fill this config's unknowns from ``other`` (this side wins where both know)."""
@@ -183,7 +212,7 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
     qkv_bias = _first(text, "attention_bias")
     if qkv_bias is None and arch in ("qwen2", "qwen2_moe"):
         qkv_bias = True  # Qwen2's config has no flag: its q/k/v projections always carry biases
-    return ModelConfig(
+    return replace(ModelConfig(
         arch=arch,
         num_layers=_first(text, "num_hidden_layers"),
         hidden_size=hidden,
@@ -198,7 +227,7 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
         swiglu=str(_first(text, "hidden_act", "hidden_activation") or "silu") == "silu",
         num_experts=num_experts,
         moe_ffn_hidden_size=_first(text, "moe_intermediate_size") or (_first(text, "intermediate_size")
-                                                                      if arch == "mixtral" else None),
+                                                                      if arch in EXPERT_FFN_IS_INTERMEDIATE else None),
         shared_expert_ffn_hidden_size=shared_experts,
         moe_router_topk=_first(text, "num_experts_per_tok"),
         norm_epsilon=_first(text, "rms_norm_eps"),
@@ -206,7 +235,7 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
         max_position_embeddings=_first(text, "max_position_embeddings"),
         dtype=_first(config, "torch_dtype", "dtype"),
         hf_extra={k: text[k] for k in HF_EXTRA_KEYS[arch] if k in text} if arch in HF_EXTRA_KEYS else None,
-    )
+    ), **(HF_READ_HOOKS[arch](text) if arch in HF_READ_HOOKS else {}))
 
 
 def from_megatron_args(args: dict[str, Any]) -> ModelConfig:
@@ -246,6 +275,7 @@ def from_megatron_args(args: dict[str, Any]) -> ModelConfig:
         zero_centered_norm=bool(zero_centred) if zero_centred is not None else None,
         hf_extra=dict(extra) if extra else None,
         mtp_num_layers=args.get("mtp_num_layers"),
+        megatron_facts={k: args[k] for k in MEGATRON_FACT_KEYS if k in args} or None,
     )
 
 
@@ -281,7 +311,7 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
     if cfg.dtype:
         out["torch_dtype"] = cfg.dtype
     if cfg.is_moe:
-        if arch == "mixtral":
+        if arch in LOCAL_EXPERTS_KEY:
             out["num_local_experts"] = cfg.num_experts
         else:
             out["num_experts"] = cfg.num_experts
@@ -351,7 +381,7 @@ def to_megatron_args(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1,
             args["moe_shared_expert_intermediate_size"] = cfg.shared_expert_ffn_hidden_size
             args["moe_shared_expert_gate"] = cfg.arch == "qwen2_moe"  # Qwen2-MoE gates its shared expert
     if cfg.arch in MEGATRON_ARGS_HOOKS:
-        args.update(MEGATRON_ARGS_HOOKS[cfg.arch](cfg))
+        MEGATRON_ARGS_HOOKS[cfg.arch](cfg, args)
     return args
 
 

@@ -251,6 +251,11 @@ def megatron_args(cfg: _config.ModelConfig) -> dict:
     return args
 
 
+def edit_megatron_args(cfg: _config.ModelConfig, args: dict) -> None:
+    """``MEGATRON_ARGS_HOOKS`` entry: the common args plus ``megatron_args``."""
+    args.update(megatron_args(cfg))
+
+
 def finish_hf_config(cfg: _config.ModelConfig, out: dict) -> None:
     """config.json for DeepSeek-V3: the MLA and MoE keys come from ``hf_config_extra`` (refused without)."""
     missing = [k for k in _MLA_DIMS if k not in out]
@@ -266,7 +271,7 @@ _config.ARCH_BY_MODEL_TYPE.setdefault(ARCH, ARCH)
 _config.ARCH_BY_MODEL_TYPE.setdefault("kimi_k2", ARCH)  # Kimi-K2: DeepseekV3ForCausalLM weights, own model_type
 _config.HF_CLASS_BY_ARCH.setdefault(ARCH, "DeepseekV3ForCausalLM")
 _config.HF_EXTRA_KEYS.setdefault(ARCH, HF_KEYS)
-_config.MEGATRON_ARGS_HOOKS[ARCH] = megatron_args
+_config.MEGATRON_ARGS_HOOKS[ARCH] = edit_megatron_args
 _config.HF_CONFIG_HOOKS[ARCH] = finish_hf_config
 _config.MLA_ARCHS.add(ARCH)
 _config.ARCH_FACTS[ARCH] = [

@@ -32,8 +32,16 @@ V5_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {"mixtral": ((".block_spars
 _FUSED = re.compile(r"model\.layers\.(\d+)\.(mlp\.experts\.(?:gate_up_proj|down_proj))\Z")
 
 
+NATIVE_FUSED_MARKERS = (".self_attn.sinks", ".mlp.experts.gate_up_proj_bias")
+"""Names only GPT-OSS has: there the fused tensors are the checkpoint's own layout, read by its schema's
+rules (mappings.gpt_oss), not transformers v5's fusing of a per-expert checkpoint."""
+
+
 def has_fused_experts(names: Iterable[str]) -> bool:
-    """Whether any name is one of transformers v5's fused expert tensors."""
+    """Whether any name is one of transformers v5's fused expert tensors (of a per-expert arch)."""
+    names = list(names)
+    if any(name.endswith(NATIVE_FUSED_MARKERS) for name in names):
+        return False
     return any(_FUSED.match(name) for name in names)
 
 
@@ -47,6 +55,17 @@ def expert_templates(arch: str) -> tuple[str, str, str]:
     return gate_up[0].hf[0], gate_up[0].hf[1], down[0].hf[0]
 
 
+def stores_per_expert(arch: str) -> bool:
+    """Whether ``arch``'s HF checkpoints name experts one by one (Mixtral, Qwen-MoE: ``save_pretrained``
+    writes per expert and v5 fuses them in memory). Archs whose HF model holds fused expert parameters
+    natively (GPT-OSS, Llama 4) keep their fused tensors as they are."""
+    try:
+        expert_templates(arch)
+    except CkptError:
+        return False
+    return True
+
+
 def _renamed(name: str, arch: str, *, to_v5: bool) -> str:
     for per_expert, v5 in V5_RENAMES.get(arch, ()):
         old, new = (per_expert, v5) if to_v5 else (v5, per_expert)
@@ -55,11 +74,14 @@ def _renamed(name: str, arch: str, *, to_v5: bool) -> str:
     return name
 
 
-def unfuse(tensors: Mapping[str, object], arch: str) -> dict[str, Recipe]:
+def unfuse(tensors: Mapping[str, object], arch: str, *, hidden: int | None = None) -> dict[str, Recipe]:
     """Recipes for every tensor under the per-expert (``save_pretrained``) names.
 
     ``tensors`` maps names to objects with ``shape`` and ``dtype``. Fused tensors become one recipe
     per expert and part; Mixtral's v5 names are renamed back; everything else is kept as it is.
+    ``hidden`` (the config's hidden size, when known) is checked against the layout: a fused tensor
+    whose last axis is not the hidden size is some other layout (GPT-OSS's transposed
+    ``[E, hidden, 2*inter]``) and is refused rather than cut along the wrong axis.
     """
     gate_t, up_t, down_t = expert_templates(arch)
     recipes: dict[str, Recipe] = {}
@@ -74,6 +96,10 @@ def unfuse(tensors: Mapping[str, object], arch: str) -> dict[str, Recipe]:
         if len(shape) != 3:
             raise CkptError(f"{name} is {list(shape)}; transformers' fused experts are 3-D [experts, rows, cols]")
         experts, rows, cols = shape
+        if match.group(2) == FUSED_GATE_UP and hidden is not None and cols != hidden:
+            raise CkptError(f"{name} is {list(shape)}: its last axis is not the hidden size {hidden}, so it is "
+                            f"not the [experts, 2*intermediate, hidden] layout {arch} fuses; pass --arch if the "
+                            "architecture was guessed wrong")
         if match.group(2) == FUSED_GATE_UP:
             if rows % 2:
                 raise CkptError(f"{name} is {list(shape)}: [gate; up] needs an even number of rows")

@@ -141,24 +141,35 @@ def uncovered(shape: tuple[int, ...], boxes: list[Box]) -> list[Box]:
     return gaps
 
 
+def map_box(box: Box, a_box: Box, b_box: Box) -> Box:
+    """The part of ``b_box`` that holds ``box`` (a part of ``a_box``), where ``a_box`` and ``b_box``
+    hold the same elements in the same order (a link's or a piece's two ends).
+
+    The two ends agree once axes of size one are dropped (``Link``), so their non-unit axes pair up
+    in order: the k-th non-unit axis of ``a_box`` is the k-th of ``b_box``. That covers boxes that
+    are aligned axis by axis, extra unit axes on either side (a stacked layer or expert index), and
+    a row of one tensor that is a column of the other (a transposed layout such as GPT-OSS's
+    experts: ``down_proj[e][:, h]`` is ``linear_fc2.weight[h, :]``). Unit axes of ``b_box`` keep their
+    index; unit axes of ``a_box`` select nothing.
+    """
+    a_axes = [k for k, (lo, hi) in enumerate(a_box) if hi - lo != 1]
+    b_axes = [k for k, (lo, hi) in enumerate(b_box) if hi - lo != 1]
+    out = list(b_box)
+    for ka, kb in zip(a_axes, b_axes):
+        (lo, hi), (alo, _), (blo, _) = box[ka], a_box[ka], b_box[kb]
+        out[kb] = (blo + lo - alo, blo + hi - alo)
+    return tuple(out)
+
+
 def source_slices(piece: Piece, box: Box) -> tuple[slice, ...]:
     """The source region holding destination ``box`` (inside ``piece.dst_box``) of a piece.
 
-    A source box may carry extra leading axes of size one (a stacked layer or expert index); they
-    are kept, and the region read is reshaped to the destination box. A destination box may carry
-    them too (one expert of a fused ``[E, ...]`` HF tensor built from a per-expert source): they
-    select nothing in the source.
+    A source box may carry extra axes of size one (a stacked layer or expert index); they are kept,
+    and the region read is reshaped to the destination box. A destination box may carry them too
+    (one expert of a fused ``[E, ...]`` HF tensor built from a per-expert source): they select
+    nothing in the source. Non-unit axes pair up in order (``map_box``).
     """
-    extra = len(piece.src_box) - len(piece.dst_box)
-    if extra < 0:
-        box, dst_box = box[-extra:], piece.dst_box[-extra:]
-        extra = 0
-    else:
-        dst_box = piece.dst_box
-    out = [slice(lo, hi) for lo, hi in piece.src_box[:extra]]
-    for (lo, hi), (dlo, _), (slo, _) in zip(box, dst_box, piece.src_box[extra:]):
-        out.append(slice(slo + lo - dlo, slo + hi - dlo))
-    return tuple(out)
+    return tuple(slice(lo, hi) for lo, hi in map_box(box, piece.dst_box, piece.src_box))
 
 
 def materialize(recipe: Recipe, fetch, dtype=None):

@@ -20,7 +20,7 @@ from ckptscope.mappings import deepseek
 from ckptscope.mappings.config import ModelConfig, from_hf_config, from_megatron_args
 from ckptscope.mappings.links import Link, Recipe, box_shape, recipes_from_links, uncovered
 from ckptscope.mappings.schemas import SCHEMAS, Rule, is_ignored
-from ckptscope.mappings.transforms import TRANSFORMS, stacked
+from ckptscope.mappings.transforms import TRANSFORMS, hf_stacked, stacked
 
 __all__ = ["MappedView", "TensorShape", "naming_family", "to_hf", "to_mcore"]
 """``naming_family`` is core's (``core.roles``), named here for the mapping's callers."""
@@ -94,6 +94,10 @@ def detect_arch(names: Iterable[str], cfg: ModelConfig) -> str:
     joined = "\n".join(names)
     if "kv_a_proj_with_mqa." in joined or "linear_kv_down_proj." in joined:  # multi-latent attention
         return deepseek.ARCH
+    if ".self_attn.sinks" in joined or ".core_attention.softmax_offset" in joined:  # attention sinks
+        return "gpt_oss"
+    if ".feed_forward." in joined:  # Llama 4's HF module names
+        return "llama4"
     if "post_layernorm." in joined or "pre_feedforward_layernorm." in joined:  # Gemma's sandwich norms
         return "gemma3" if "q_norm." in joined or "q_layernorm." in joined else "gemma2"
     moe = cfg.is_moe or ".experts." in joined or "block_sparse_moe" in joined
@@ -150,6 +154,7 @@ def to_hf(tensors: Mapping[str, TensorShape], cfg: ModelConfig, arch: str | None
     consumed: set[str] = set()
     dst_shapes: dict[str, tuple[int, ...]] = {}
     dst_dtypes: dict[str, str] = {}
+    fused_experts: dict[str, set[int]] = {}
     for rule in rules:
         transform = TRANSFORMS[rule.transform]
         for alias in rule.mcore:
@@ -166,11 +171,20 @@ def to_hf(tensors: Mapping[str, TensorShape], cfg: ModelConfig, arch: str | None
                     hf_names = [_fmt(t, where) for t in rule.hf]
                     mshape, hshapes = transform.shapes(cfg, tuple(elem_shape), None)
                     new = transform.links(cfg, name, mshape, hf_names, hshapes)
+                    if _hf_fuses_experts(rule):  # one HF tensor [E, ...] holds every expert (GPT-OSS)
+                        new = hf_stacked(new, int(expert))
+                        seen = fused_experts.setdefault(hf_names[0], set())
+                        seen.add(int(expert))
+                        hshapes = [(len(seen),) + tuple(hshapes[0])]
                     links.extend(stacked(new, expert, name) if is_stack else new)
                     for hf_name, shape in zip(hf_names, hshapes):
                         dst_shapes[hf_name] = tuple(shape)
                         dst_dtypes[hf_name] = meta.dtype
                 consumed.add(name)
+    for hf_name, seen in fused_experts.items():
+        if seen != set(range(len(seen))):
+            raise CkptError(f"{hf_name} holds every expert of its layer, but experts {sorted(seen)} are there, "
+                            f"not 0..{len(seen) - 1}")
     recipes = recipes_from_links(links, to="hf", shapes=dst_shapes, dtypes=dst_dtypes)
     _attach_padding(recipes, links, tensors)
     if arch == deepseek.ARCH:  # MTP layers back under their stored names, with their shared copies
@@ -216,11 +230,24 @@ def to_mcore(tensors: Mapping[str, TensorShape], cfg: ModelConfig, arch: str | N
             dtypes = {tensors[n].dtype for n in hf_names}
             if len(dtypes) > 1:
                 raise CkptError(f"{', '.join(hf_names)} have different dtypes {sorted(dtypes)}: cannot fuse them")
+            dtype = dtypes.pop()
+            if _hf_fuses_experts(rule):  # one HF tensor [E, ...] -> one Megatron tensor per expert (GPT-OSS)
+                fused = tuple(tensors[hf_names[0]].shape)
+                if len(fused) < 2:
+                    raise CkptError(f"{first} is {list(fused)}; it should hold one row block per expert")
+                for expert in range(fused[0]):
+                    mname = _fmt(mcore_template, dict(found, e=expert))
+                    mshape, hshapes = transform.shapes(cfg, None, [fused[1:]])
+                    links.extend(hf_stacked(transform.links(cfg, mname, mshape, hf_names, hshapes), expert))
+                    dst_shapes[mname] = tuple(mshape)
+                    dst_dtypes[mname] = dtype
+                consumed.update(hf_names)
+                continue
             mname = _fmt(mcore_template, found)
             mshape, hshapes = transform.shapes(cfg, None, [tensors[n].shape for n in hf_names])
             links.extend(transform.links(cfg, mname, mshape, hf_names, hshapes))
             dst_shapes[mname] = tuple(mshape)
-            dst_dtypes[mname] = dtypes.pop()
+            dst_dtypes[mname] = dtype
             consumed.update(hf_names)
     recipes = recipes_from_links(links, to="mcore", shapes=dst_shapes, dtypes=dst_dtypes)
     for recipe in recipes.values():
@@ -233,6 +260,11 @@ def to_mcore(tensors: Mapping[str, TensorShape], cfg: ModelConfig, arch: str | N
         view.notes.append(f"{len(shared)} MTP copies of the embedding / output head not written ({shared[0]}, ...): "
                           f"Megatron's MTP layers share the main model's")
     return view
+
+
+def _hf_fuses_experts(rule: Rule) -> bool:
+    """The HF side is one tensor for all experts (no ``{e}``), the Megatron side one per expert."""
+    return "{e}" in rule.mcore[0] and not any("{e}" in h for h in rule.hf)
 
 
 def _attach_padding(recipes: dict[str, Recipe], links: list[Link], tensors: Mapping[str, TensorShape]) -> None:

@@ -121,15 +121,39 @@ def _vocab_links(cfg, mname, mshape, hf_names, hf_shapes):
     return [Link(mname, ((0, vocab),) + rest, hf_names[0], ((0, vocab),) + rest, "vocab")]
 
 
+# --- transposed 2-D weight (HF stores x @ W, Megatron W x: GPT-OSS and Llama 4 fused experts) --------
+
+
+def _transposed_shapes(cfg, mcore, hf):
+    shape = tuple(mcore if mcore is not None else hf[0])
+    if len(shape) != 2:
+        raise CkptError(f"a transposed weight is 2-D, got {list(shape)}")
+    return (shape if mcore is not None else shape[::-1]), [shape[::-1] if mcore is not None else shape]
+
+
+def _transposed_links(cfg, mname, mshape, hf_names, hf_shapes):
+    """Megatron row ``r`` is HF column ``r`` (one link per row: ``links.map_box`` pairs a row with a column)."""
+    rows, cols = mshape
+    return [Link(mname, ((r, r + 1), (0, cols)), hf_names[0], ((0, cols), (r, r + 1)), "transpose")
+            for r in range(rows)]
+
+
 TRANSFORMS: dict[str, Transform] = {
     "identity": Transform("identity", 1, _identity_shapes, _identity_links),
     "qkv": Transform("qkv", 3, _qkv_shapes, _qkv_links),
     "gate_up": Transform("gate_up", 2, _gate_up_shapes, _gate_up_links),
     "vocab": Transform("vocab", 1, _vocab_shapes, _vocab_links),
+    "transpose": Transform("transpose", 1, _transposed_shapes, _transposed_links),
 }
 
 
 def stacked(links: list[Link], index: int, mname: str) -> list[Link]:
     """The same links for a Megatron tensor stacked on a new leading axis at ``index`` (experts)."""
     return [Link(mname, ((index, index + 1),) + link.mcore_box, link.hf, link.hf_box, link.transform)
+            for link in links]
+
+
+def hf_stacked(links: list[Link], index: int) -> list[Link]:
+    """The same links for an HF tensor that stacks experts on a leading axis, at ``index`` (GPT-OSS)."""
+    return [Link(link.mcore, link.mcore_box, link.hf, ((index, index + 1),) + link.hf_box, link.transform)
             for link in links]

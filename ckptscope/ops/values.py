@@ -67,12 +67,16 @@ class Selection:
             new = min(max(0, self.axes[d].index + step), self.shape[d] - 1)  # type: ignore[operator]
             return self._with(d, Axis(new, new + 1, new))
         free = self.free_axes
-        if len(free) > 2:
+        if len(free) > 2:  # the held axis becomes an index, so the slice box says exactly what is shown
             d = free[0]
-            a = self.axes[d]
-            start = min(a.start + step, a.stop - 1) if step > 0 else max(0, a.start + step)
-            return self._with(d, Axis(start, a.stop))
+            index = min(max(0, self.axes[d].start + step), self.shape[d] - 1)
+            return self._with(d, Axis(index, index + 1, index))
         return self
+
+    @property
+    def can_step(self) -> bool:
+        """Whether ``]`` / ``[`` move anything: a fixed axis, or a held one beyond the page's two."""
+        return any(not a.free for a in self.axes) or len(self.free_axes) > 2
 
     def _with(self, dim: int, axis: Axis) -> "Selection":
         axes = list(self.axes)

@@ -7,30 +7,72 @@ single source of truth and why the tests also compare against independently conv
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckptscope.ops.convert.execute import execute_convert
 from ckptscope.ops.convert.plan import plan_convert
 from ckptscope.ops.diff.engine import DiffOptions, DiffReport, diff_checkpoints
 from ckptscope.ops.diff.plan import plan_diff
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ckptscope.ops.parallel.group import Group
+
 
 def verify_round_trip(src: str | Path, *, via: str = "mcore", tp: int = 1, pp: int = 1, ep: int = 1,
                       spec: str = "local", ckpt_format: str = "torch_dist", arch: str | None = None,
-                      hf_config: str | Path | None = None, skip_unknown: bool = False) -> DiffReport:
+                      hf_config: str | Path | None = None, skip_unknown: bool = False,
+                      group: Group | None = None) -> DiffReport | None:
     """SRC's model -> ``via`` -> back to SRC's family, compared with SRC's model bit for bit (dtypes
     included). Training state is neither converted nor compared; unknown entries refuse, or with
-    ``skip_unknown`` are left out of both."""
+    ``skip_unknown`` are left out of both.
+
+    With a torchrun ``group`` (ops/parallel) every rank shares both conversions and the diff, in a
+    temp dir rank 0 makes (on a filesystem all ranks see: ``TMPDIR``); the report comes back on rank
+    0 and None elsewhere (``verified_identical`` gives every rank the verdict)."""
     back_to = "hf" if via == "mcore" else "mcore"
-    with tempfile.TemporaryDirectory(prefix="ckptscope-verify-") as tmp:
+    tmp = _shared_tmp(group)
+    try:
         there, back = Path(tmp) / "there", Path(tmp) / "back"
-        execute_convert(plan_convert(src, there, to=via, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format,
-                                     arch=arch, hf_config=hf_config, skip_unknown=skip_unknown))
-        execute_convert(plan_convert(there, back, to=back_to, arch=arch, hf_config=hf_config,
-                                     ckpt_format=ckpt_format))
-        report = diff_checkpoints(plan_diff(src, back, mapping="auto", compare_unknown=not skip_unknown),
-                                  DiffOptions(device="cpu"))
+        first = plan_convert(src, there, to=via, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format,
+                             arch=arch, hf_config=hf_config, skip_unknown=skip_unknown)
+        _convert(first, group)
+        _convert(plan_convert(there, back, to=back_to, arch=arch, hf_config=hf_config, ckpt_format=ckpt_format),
+                 group)
+        plan = plan_diff(src, back, mapping="auto", compare_unknown=not skip_unknown)
+        if group is None:
+            report: DiffReport | None = diff_checkpoints(plan, DiffOptions(device="cpu"))
+        else:
+            from ckptscope.ops.parallel.diff import diff_parallel
+
+            report, _ = diff_parallel(plan, DiffOptions(device="cpu"), group)
+    finally:
+        if group is not None:
+            group.settle()
+        if group is None or group.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if report is None:
+        return None
     layout = f"tp {tp}, pp {pp}" + (f", ep {ep}" if ep > 1 else "") + (", te spec" if spec == "te" else "")
     report.a, report.b = str(src), f"{src} -> {via} ({layout}, {ckpt_format}) -> {back_to}"
     return report
+
+
+def _shared_tmp(group: Group | None) -> str:
+    """A fresh temp dir; with a group, rank 0's, shared with every rank."""
+    if group is None:
+        return tempfile.mkdtemp(prefix="ckptscope-verify-")
+    made = group.agree(lambda: tempfile.mkdtemp(prefix="ckptscope-verify-") if group.rank == 0 else None,
+                       "making the temp dir")
+    return group.broadcast(made, "sharing the temp dir")
+
+
+def _convert(plan, group: Group | None) -> None:
+    if group is None:
+        execute_convert(plan)
+    else:
+        from ckptscope.ops.parallel.convert import execute_convert_parallel
+
+        execute_convert_parallel(plan, group)

@@ -103,6 +103,10 @@ class CkptScopeApp(App[None]):
             return
         self.push_screen(HelpScreen(self.screen))
 
+    def on_resize(self, event) -> None:
+        """Under 110 columns footer keys drop their padding, so more of them fit an 80-column footer."""
+        self.set_class(event.size.width < 110, "-narrow-terminal")
+
     def action_toggle_dark(self) -> None:
         self.theme = LIGHT.name if self.theme == DARK.name else DARK.name
 

@@ -558,8 +558,7 @@ async def test_slash_searches_the_focused_table_and_n_walks_matches(in_repo):
         await pilot.press("o")
         await settle(pilot)
         table = app.screen.query_one("#objects-table", DataTable)
-        table.focus()
-        await pilot.pause()
+        assert app.focused is table  # o hands the keys to the objects table
         await pilot.press("slash")
         await settle(pilot)
         await pilot.press(*"rng", "enter")
@@ -572,6 +571,8 @@ async def test_slash_searches_the_focused_table_and_n_walks_matches(in_repo):
         await pilot.press("N", "N")
         assert table.cursor_row == hits[-1]  # wraps around
         assert app.screen.query_one(TensorTree).has_focus is False  # the tree filter never opened
+        await pilot.press("escape")
+        assert isinstance(app.focused, TensorTree)  # esc: back to the tree
 
 
 @sync
@@ -604,13 +605,29 @@ async def test_filter_n_visits_every_match_and_esc_keeps_the_place(in_repo):
             any(seen[-1].startswith(m + ".") for m in (here.members or (here.path,)))
 
 
+
 @sync
-async def test_o_shows_objects_and_its_table_takes_the_keys(in_repo):
-    app = make_app(Path("sample_ckpts/megatron_style.pt"), keymap={})
+async def test_value_pager_g_and_G_reach_the_ends_of_the_slice(in_repo):
+    """G is the last row of the tensor (a later page is read), g the first; ] is offered only where
+    the slice has an axis to step."""
+    path = Path("sample_ckpts/hf_llama_single")
+    expected = load_file(path / "model.safetensors")
+    app = make_app(path, keymap={})
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        await pilot.press("o")
+        screen = browse(app)
+        name = screen.current.name
+        ref = expected[name].float().numpy()
+        await pilot.press("v")
         await settle(pilot)
-        assert app.focused is app.screen.query_one("#objects-table")
-        await pilot.press("escape")
-        assert isinstance(app.focused, TensorTree)
+        shown = [b.description for _, b, on, _ in app.screen.active_bindings.values() if on]
+        assert "next layer" not in shown  # a 2-D tensor: nothing to step
+        await pilot.press("G")
+        await settle(pilot)
+        table = screen.query_one("#values-table", DataTable)
+        cell = text_of(screen.query_one("#values-cell", Static))
+        assert cell.startswith(f"[{ref.shape[0] - 1}, ")
+        assert float(table.get_cell_at((table.cursor_row, 1)).plain) == pytest.approx(ref[-1, 0], rel=1e-3)
+        await pilot.press("g")
+        await settle(pilot)
+        assert text_of(screen.query_one("#values-cell", Static)).startswith("[0, ")

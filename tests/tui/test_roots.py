@@ -111,6 +111,11 @@ async def test_escape_goes_back_and_only_q_quits(tmp_path, samples, monkeypatch)
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
         assert isinstance(app.screen, IterationPickerScreen)
+
+        def offered() -> list[str]:
+            return [b.description for _, b, on, _ in app.screen.active_bindings.values() if on and b.show]
+
+        assert "back" not in offered() and "quit" in offered()  # nothing open yet: the footer says q, not esc
         await pilot.press("escape")
         await settle(pilot)
         assert isinstance(app.screen, IterationPickerScreen) and app.is_running
@@ -120,7 +125,7 @@ async def test_escape_goes_back_and_only_q_quits(tmp_path, samples, monkeypatch)
         opened = app.screen.query_one(SummaryHeader).index.path
         await pilot.press("i")
         await settle(pilot)
-        assert isinstance(app.screen, IterationPickerScreen)
+        assert isinstance(app.screen, IterationPickerScreen) and "back" in offered()
         await pilot.press("escape")
         await settle(pilot)
         assert isinstance(app.screen, BrowseScreen)

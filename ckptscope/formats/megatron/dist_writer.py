@@ -85,8 +85,8 @@ from ckptscope.formats.torch_save.zip_container import Copied, crc32, tensor_pic
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
-__all__ = ["OutTensor", "Progress", "legacy_rank_dir", "pipeline_layer_ranges", "write_torch_dist",
-           "write_torch_legacy"]
+__all__ = ["DistLayout", "OutTensor", "Progress", "finish_torch_dist", "legacy_rank_dir", "pipeline_layer_ranges",
+           "plan_torch_dist", "write_dist_files", "write_torch_dist", "write_torch_legacy"]
 
 HETERO_LINEARS = MLA_LINEARS
 """Replicated linears that still carry an ``_extra_state`` (MLA's duplicated down projections)."""
@@ -109,20 +109,18 @@ class _Chunk:
 
 
 def _dist_key(entry: Entry, model: ModelTensors, spec: str) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
-    """The torch_dist key of one tensor and the axes prepended to it: (key, offsets, global sizes)."""
-    if model.hetero:  # every layer its own key (non_homogeneous_layers); experts still stacked per layer
-        if entry.expert is not None:
-            return entry.owner + DIST_EXPERTS + entry.expert_sub, (entry.expert,), (model.num_experts,)
-        return entry.out.name, (), ()
-    if entry.layer is None:
+    """The torch_dist key of one tensor and the axes prepended to it: (key, offsets, global sizes).
+    Layers that differ (``model.hetero``) are keyed one by one, without the layer axis."""
+    if entry.layer is None and not entry.owner:
         return entry.sub, (), ()
+    prefix, axis, size = (entry.owner, (), ()) if model.hetero else (LAYERS, (entry.layer,), (model.num_layers,))
     if entry.expert is not None:
-        return (LAYERS + DIST_EXPERTS + entry.expert_sub, (entry.layer, entry.expert),
-                (model.num_layers, model.num_experts))
+        return prefix + DIST_EXPERTS + entry.expert_sub, axis + (entry.expert,), size + (model.num_experts,)
     sub = entry.sub
-    if model.moe and spec == "local" and sub.startswith(MOE_NORM):  # the local spec's keys map still applies
-        sub = LOCAL_TO_TE[MOE_NORM] + sub[len(MOE_NORM):]
-    return LAYERS + sub, (entry.layer,), (model.num_layers,)
+    if (entry.layer is not None and model.is_moe_layer(entry.layer) and spec == "local" and not model.mla
+            and sub.startswith(MOE_NORM)):
+        sub = LOCAL_TO_TE[MOE_NORM] + sub[len(MOE_NORM):]  # the local spec's keys map still applies
+    return prefix + sub, axis, size
 
 
 def _chunks(entry: Entry, model: ModelTensors, spec: str = "local") -> list[_Chunk]:
@@ -145,30 +143,39 @@ def _extra_state_objects(model: ModelTensors) -> list[str]:
     """ShardedObject keys of the layers' linears' ``_extra_state``, in the order megatron-core's
     sharded state dict lists them: per layer the attention linears, then the dense ``linear_fc1`` /
     ``linear_fc2``, or each routed expert's (``shard_{i}.{e}_{L}.{E}``) and the shared experts'.
-    Heterogeneous models: one object per linear of each layer (``shard_0_1``), ``shard_{e}_{E}`` per expert."""
-    if model.hetero:
-        keys: list[str] = []
-        for entry in model.entries:
-            module, _, param = entry.out.name.rpartition(".")
-            if param != "weight" or entry.layout == REPLICATED and not module.endswith(HETERO_LINEARS):
-                continue
-            if entry.expert is not None:
-                key = f"{entry.owner}{DIST_EXPERTS}{entry.expert_sub.rpartition('.')[0]}._extra_state"
-                keys.append(f"{key}/shard_{entry.expert}_{model.num_experts}")
-            elif module.split(".")[-1].startswith(("linear_", "eh_proj")):
-                keys.append(f"{module}._extra_state/shard_0_1")
-        return keys
-    subs = set(model.layer_subs)
+    Layers that differ (``model.hetero``): per-layer keys, ``shard_0_1`` per linear, ``shard_{e}_{E}``
+    per expert; MLA's duplicated down projections and an MTP layer's ``eh_proj`` have one too."""
     layers, experts = model.num_layers, model.num_experts
-    modules: list[tuple[str, str]] = [(m, f"{m}._extra_state/shard_{{i}}_{layers}") for m in LINEARS]
+    if not model.hetero:
+        subs = set(model.layer_subs)
+        return [LAYERS + key.format(i=i) for i in range(layers) for key in _extra_keys(subs, experts, layers)]
+    by_owner: dict[str, set[str]] = {}
+    for entry in model.entries:
+        if entry.owner and entry.expert is None:
+            by_owner.setdefault(entry.owner, set()).add(entry.sub)
+        elif entry.expert is not None:
+            by_owner.setdefault(entry.owner, set()).add(f"{EXPERTS}{entry.expert}.{entry.expert_sub}")
+    out = []
+    for owner, subs in by_owner.items():
+        out += [owner + key for key in _extra_keys(subs, experts, None)]
+        out += [f"{owner}{module}._extra_state/shard_0_1" for module in HETERO_LINEARS + ("eh_proj",)
+                if module not in LINEARS and f"{module}.weight" in subs]
+    return out
+
+
+def _extra_keys(subs: set[str], experts: int, layers: int | None) -> list[str]:
+    """One layer's ``_extra_state`` ShardedObject keys: ``{i}`` is its place on the ``layers``-long layer
+    axis, or (``layers`` None) there is no layer axis and a non-expert object is ``shard_0_1``."""
+    axis, size = ("{i}.", f"{layers}.") if layers is not None else ("", "")
+    whole = f"shard_{{i}}_{layers}" if layers is not None else "shard_0_1"
+    modules: list[tuple[str, str]] = [(m, f"{m}._extra_state/{whole}") for m in LINEARS]
     for e in range(experts):
         for linear in ("linear_fc1", "linear_fc2"):
-            key = f"{DIST_EXPERTS}{linear}._extra_state/shard_{{i}}.{e}_{layers}.{experts}"
-            modules.append((f"{EXPERTS}{e}.{linear}", key))
+            modules.append((f"{EXPERTS}{e}.{linear}",
+                            f"{DIST_EXPERTS}{linear}._extra_state/shard_{axis}{e}_{size}{experts}"))
     for m in ("mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2"):
-        modules.append((m, f"{m}._extra_state/shard_{{i}}_{layers}"))
-    present = [key for module, key in modules if f"{module}.weight" in subs]
-    return [LAYERS + key.format(i=i) for i in range(layers) for key in present]
+        modules.append((m, f"{m}._extra_state/{whole}"))
+    return [key for module, key in modules if f"{module}.weight" in subs]
 
 
 class _DataFile:
@@ -291,27 +298,166 @@ def slice_runs(runs: list[tuple[Path, int, int]], start: int, stop: int) -> list
     return out
 
 
-def _write_tensor(entry: Entry, chunks: list[_Chunk], files: list[_DataFile], meta: _Metadata,
-                  checksums: Executor) -> None:
-    """Produce one tensor and append its chunks (locals die on return: the array never outlives its turn)."""
+@dataclass(frozen=True)
+class DistItem:
+    """One item of a torch_dist save, placed before anything is written: a ShardedObject's bytes
+    (``entry`` None) or one chunk of ``model.entries[entry]``, at ``offset`` in data file ``file``."""
+
+    file: int
+    offset: int
+    length: int
+    key: str
+    entry: int | None = None
+    chunk: _Chunk | None = None
+
+
+@dataclass
+class DistLayout:
+    """Where every item of a torch_dist save goes, decided from names, shapes and dtypes alone.
+
+    It depends on ``num_files`` and never on how many processes write: one process writes every
+    data file, or N ranks each write whole files of it (``ops.parallel``), and the bytes are the
+    same because every offset is fixed here. Items go to the file with the fewest bytes so far
+    (the lowest index on a tie), as torch's writer balances them."""
+
+    model: ModelTensors
+    items: list[DistItem]
+    file_names: list[str]
+    file_sizes: list[int]
+    payload: bytes
+    """The ShardedObjects' bytes (every ``_extra_state`` item holds the same)."""
+
+    def entries_in(self, files: set[int]) -> list[int]:
+        """Indices of the entries with a chunk in ``files``, in write order."""
+        seen: dict[int, None] = {}
+        for item in self.items:
+            if item.entry is not None and item.file in files:
+                seen[item.entry] = None
+        return list(seen)
+
+
+_CONTAINER_LENGTHS: dict[tuple[str, tuple[int, ...]], int] = {}
+
+
+def container_length(dtype: DType, shape: tuple[int, ...]) -> int:
+    """Bytes of the ``torch.save`` container of one tensor of ``shape``: written to a counter with
+    the data left out (the length does not depend on the values)."""
+    key = (dtype.name, tuple(shape))
+    if key not in _CONTAINER_LENGTHS:
+        numel = 1
+        for n in shape:
+            numel *= n
+        data = Copied(dtype.nbytes(numel), lambda: None, lambda: 0)
+        _CONTAINER_LENGTHS[key] = write_torch_save(lambda chunk: None, tensor_pickle(dtype, tuple(shape)),
+                                                   [("0", data, None)])
+    return _CONTAINER_LENGTHS[key]
+
+
+def plan_torch_dist(tensors: list[OutTensor], *, args: dict, spec: str = "local", num_files: int = 2) -> DistLayout:
+    """The ``DistLayout`` of a torch_dist save of ``tensors`` (see ``write_torch_dist``)."""
+    check_spec(spec)
+    if num_files < 1:
+        raise CkptError("num_files must be at least 1")
+    model = analyse(tensors, args)
+    payload = _saved_extra_state(spec)
+    sizes = [0] * num_files
+    items: list[DistItem] = []
+    # ShardedObjects: each layer linear's _extra_state; the bytes are a torch.save of the list of the
+    # rank's local objects (_mcore_to_torch_sharded_object, FORMATS.md §4.4). As torch's writer:
+    # bytes items first, round robin over the files.
+    for j, key in enumerate(_extra_state_objects(model)):
+        k = j % num_files
+        items.append(DistItem(k, sizes[k], len(payload), key))
+        sizes[k] += len(payload)
+    for e, entry in enumerate(model.entries):
+        for chunk in _chunks(entry, model, spec):
+            k = min(range(num_files), key=lambda f: sizes[f])  # torch's greedy balancing of bytes over files
+            length = container_length(entry.dtype, chunk.sizes)
+            items.append(DistItem(k, sizes[k], length, chunk.key, e, chunk))
+            sizes[k] += length
+    return DistLayout(model, items, [f"__0_{k}.distcp" for k in range(num_files)], sizes, payload)
+
+
+def write_dist_files(iter_dir: Path, layout: DistLayout, files: set[int] | None = None,
+                     progress: Progress | None = None) -> dict[int, int]:
+    """Write the data files ``files`` of ``layout`` (all by default) into ``iter_dir``; returns the
+    CRC-32 of every tensor item written (item index -> CRC), which ``.metadata``'s save id needs.
+    Each tensor is produced once, when its first chunk here is due; ``progress(nbytes)`` follows it."""
+    wanted = set(range(len(layout.file_names))) if files is None else set(files)
+    iter_dir.mkdir(parents=True, exist_ok=True)
+    handles = {k: _DataFile(iter_dir / layout.file_names[k]) for k in sorted(wanted)}
+    checksums = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptscope-crc")
+    crcs: dict[int, int] = {}
+    by_entry: dict[int, list[int]] = {}
+    try:
+        for i, item in enumerate(layout.items):
+            if item.file not in wanted:
+                continue
+            if item.entry is None:
+                _expect(handles[item.file], item, handles[item.file].append(layout.payload))
+            else:
+                by_entry.setdefault(item.entry, []).append(i)
+        for e, indices in by_entry.items():  # dict order: the entries' write order
+            entry = layout.model.entries[e]
+            crcs.update(_write_entry(entry, [(i, layout.items[i]) for i in indices], handles, checksums))
+            if progress:
+                progress(entry.nbytes)
+    finally:
+        checksums.shutdown(wait=True, cancel_futures=True)
+        for data_file in handles.values():
+            data_file.close()
+    return crcs
+
+
+def _write_entry(entry: Entry, items: list[tuple[int, DistItem]], handles: dict[int, _DataFile],
+                 checksums: Executor) -> dict[int, int]:
+    """Produce one tensor and append its chunks ``items`` (locals die on return: the array never
+    outlives its turn); returns item index -> CRC-32."""
     import numpy as np
 
+    crcs = {}
     runs = entry.out.runs() if entry.out.runs is not None else None
-    if runs is not None:
-        row_bytes = entry.nbytes // entry.out.shape[0] if entry.out.shape and entry.out.shape[0] else 0
-        for chunk in chunks:
-            lo, hi = chunk.rows if chunk.rows is not None else (0, entry.out.shape[0] if entry.out.shape else 1)
-            part = slice_runs(runs, lo * row_bytes, hi * row_bytes) if chunk.rows is not None else runs
-            target = min(files, key=lambda f: f.size)
+    array = None if runs is not None else produce_array(entry)
+    for i, item in items:
+        chunk, target = item.chunk, handles[item.file]
+        if runs is not None:
+            shape = entry.out.shape
+            row_bytes = entry.nbytes // shape[0] if shape and shape[0] else 0
+            part = runs if chunk.rows is None else slice_runs(runs, chunk.rows[0] * row_bytes,
+                                                              chunk.rows[1] * row_bytes)
             offset, length, crc = target.append_runs(part, chunk.sizes, entry.dtype, checksums)
-            meta.add_chunk(chunk, entry.dtype.name, target.name, offset, length, crc)
-        return
-    array = produce_array(entry)
-    for chunk in chunks:
-        part = array if chunk.rows is None else array[chunk.rows[0]:chunk.rows[1]]
-        target = min(files, key=lambda f: f.size)  # torch's greedy balancing of bytes over files
-        offset, length, crc = target.append_tensor(np.ascontiguousarray(part).reshape(chunk.sizes), entry.dtype)
-        meta.add_chunk(chunk, entry.dtype.name, target.name, offset, length, crc)
+        else:
+            piece = array if chunk.rows is None else array[chunk.rows[0]:chunk.rows[1]]
+            offset, length, crc = target.append_tensor(np.ascontiguousarray(piece).reshape(chunk.sizes), entry.dtype)
+        _expect(target, item, (offset, length))
+        crcs[i] = crc
+    return crcs
+
+
+def _expect(target: _DataFile, item: DistItem, placed: tuple[int, int]) -> None:
+    """The layout fixed every offset in advance: an item that lands elsewhere is a bug, never output."""
+    if placed != (item.offset, item.length):
+        raise RuntimeError(f"{target.name}: {item.key} written at {placed}, planned at {(item.offset, item.length)}")
+
+
+def finish_torch_dist(iter_dir: Path, layout: DistLayout, crcs: dict[int, int], *, args: dict, iteration: int,
+                      checkpoint_id: str | None = None) -> None:
+    """``.metadata``, ``common.pt`` and ``metadata.json`` (last: its presence marks a complete save),
+    once every data file of ``layout`` is written; ``crcs`` from ``write_dist_files`` (all of them)."""
+    meta = _Metadata()
+    names = layout.file_names
+    for i, item in enumerate(layout.items):
+        if item.chunk is None:
+            meta.add_bytes(item.key, names[item.file], item.offset, item.length, layout.payload)
+        else:
+            dtype = layout.model.entries[item.entry].dtype.name
+            meta.add_chunk(item.chunk, dtype, names[item.file], item.offset, item.length, crcs[i])
+    meta.dump(iter_dir / ".metadata", str(checkpoint_id or iter_dir))
+    common, _ = repickle({"args": argparse.Namespace(**args), "checkpoint_version": CHECKPOINT_VERSION,
+                          "iteration": iteration})
+    with open(iter_dir / COMMON_FILE, "wb") as handle:
+        write_torch_save(handle.write, common, [])
+    (iter_dir / MARKER_FILE).write_text(json.dumps(MARKER))
 
 
 def write_torch_dist(iter_dir: Path, tensors: list[OutTensor], *, args: dict, iteration: int, spec: str = "local",
@@ -322,43 +468,17 @@ def write_torch_dist(iter_dir: Path, tensors: list[OutTensor], *, args: dict, it
     ``swiglu`` decides the fc1 layout and ``untie_embeddings_and_output_weights`` whether
     ``output_layer.weight`` belongs (tied: no ``output_layer`` key at all, as Megatron saves it).
     ``spec`` ("local" or "te") only changes the ``_extra_state`` objects' values (None, or TE's
-    empty uint8 tensor). ``num_files``: data files per rank (megatron-core 0.16 writes 2).
-    ``checkpoint_id``: the location recorded in ``.metadata`` (default ``iter_dir``; a caller that
-    renames the dir into place may pass the final path). Tensors are produced and written in list
-    order, one at a time; ``progress(nbytes)`` follows each.
+    empty uint8 tensor). ``num_files``: data files (megatron-core 0.16 writes 2 per rank; any
+    count loads, the layout depends on it alone). ``checkpoint_id``: the location recorded in
+    ``.metadata`` (default ``iter_dir``; a caller that renames the dir into place may pass the
+    final path). Tensors are produced and written in list order, one at a time; ``progress(nbytes)``
+    follows each. ``plan_torch_dist`` + ``write_dist_files`` + ``finish_torch_dist`` are the same
+    steps for writers that split the data files between processes.
     """
-    check_spec(spec)
-    if num_files < 1:
-        raise CkptError("num_files must be at least 1")
-    model = analyse(tensors, args)
-    namespace = argparse.Namespace(**args)
-
+    layout = plan_torch_dist(tensors, args=args, spec=spec, num_files=num_files)
     iter_dir = Path(iter_dir)
-    iter_dir.mkdir(parents=True, exist_ok=True)
-    meta = _Metadata()
-    # ShardedObjects: each layer linear's _extra_state; the bytes are a torch.save of the list of the
-    # rank's local objects (_mcore_to_torch_sharded_object, FORMATS.md §4.4).
-    payload = _saved_extra_state(spec)
-    objects = _extra_state_objects(model)
-    files = [_DataFile(iter_dir / f"__0_{k}.distcp") for k in range(num_files)]
-    checksums = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptscope-crc")
-    try:
-        for j, key in enumerate(objects):  # as torch's writer: bytes items first, round robin over the files
-            offset, length = files[j % num_files].append(payload)
-            meta.add_bytes(key, files[j % num_files].name, offset, length, payload)
-        for entry in model.entries:
-            _write_tensor(entry, _chunks(entry, model, spec), files, meta, checksums)
-            if progress:
-                progress(entry.nbytes)
-    finally:
-        checksums.shutdown(wait=True, cancel_futures=True)
-        for data_file in files:
-            data_file.close()
-    meta.dump(iter_dir / ".metadata", str(checkpoint_id or iter_dir))
-    common, _ = repickle({"args": namespace, "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration})
-    with open(iter_dir / COMMON_FILE, "wb") as handle:
-        write_torch_save(handle.write, common, [])
-    (iter_dir / MARKER_FILE).write_text(json.dumps(MARKER))
+    crcs = write_dist_files(iter_dir, layout, progress=progress)
+    finish_torch_dist(iter_dir, layout, crcs, args=args, iteration=iteration, checkpoint_id=checkpoint_id)
 
 
 def _saved_extra_state(spec: str) -> bytes:

@@ -60,6 +60,8 @@ def tp_split(name: str, *, swiglu: bool, local_impl: bool = False) -> Split:
     parts = name.split(".")
     if len(parts) < 2:
         return Split.REPLICATED
+    if parts[-2:] == ["core_attention", "softmax_offset"]:  # GPT-OSS's attention sinks: one per head
+        return Split.COLUMN
     match = _PARAM_NUMBER.match(parts[-1])
     if match is None:
         return Split.REPLICATED

@@ -59,6 +59,8 @@ CHECKPOINT_VERSION = 3.0
 
 _ATTN_POST_NORM = "self_attention.linear_proj.post_layernorm.weight"
 _MLP_POST_NORM = "mlp.linear_fc2.post_layernorm.weight"
+_SINKS = "self_attention.core_attention.softmax_offset"
+"""GPT-OSS's attention sinks: the first module Attention builds is core_attention, so they come first."""
 """Gemma's post-norms: a child module of the row-parallel linear (Megatron-Bridge), so after the linear's
 own parameters and ``_extra_state``. Megatron-Bridge builds Gemma with the TE spec only; a local-spec
 file holding them follows the same module order (not checked against a real writer)."""
@@ -66,7 +68,7 @@ file holding them follows the same module order (not checked against a real writ
 # core_attention and linear_proj before SelfAttention adds linear_qkv and the q/k norms; parameters
 # before a module's _extra_state). Checked against megatron-core 0.16.1 for the local spec.
 _ATTN_LOCAL = (
-    "input_layernorm.weight", "input_layernorm.bias",
+    "input_layernorm.weight", "input_layernorm.bias", _SINKS,
     "self_attention.linear_proj.weight", "self_attention.linear_proj.bias", "self_attention.linear_proj._extra_state",
     _ATTN_POST_NORM,
     "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias", "self_attention.linear_qkv._extra_state",
@@ -79,7 +81,7 @@ _MLP_LOCAL = (
     "mlp.linear_fc2.weight", "mlp.linear_fc2.bias", "mlp.linear_fc2._extra_state", _MLP_POST_NORM,
 )
 _ATTN_TE = (  # not checked against a real TE install (none here); from the TE module layouts
-    "self_attention.core_attention._extra_state",
+    _SINKS, "self_attention.core_attention._extra_state",
     "self_attention.linear_proj.weight", "self_attention.linear_proj.bias", "self_attention.linear_proj._extra_state",
     _ATTN_POST_NORM,
     "self_attention.linear_qkv.layer_norm_weight", "self_attention.linear_qkv.layer_norm_bias",
@@ -102,10 +104,11 @@ def _moe_mlp_order(local_experts: int) -> tuple[str, ...]:
     """A MoE layer's MLP part: the separate norm, then MoELayer's router (weight, then the expert_bias
     buffer), SequentialMLP's local experts, the shared experts (their own ``gate_weight`` before their
     linears). Checked against megatron-core 0.16.1 for the local spec; the TE spec has the same modules."""
-    order = ["pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias", "mlp.router.weight", "mlp.router.expert_bias"]
+    order = ["pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias", "mlp.router.weight", "mlp.router.bias",
+             "mlp.router.expert_bias"]
     for e in range(local_experts):
         for linear in ("linear_fc1", "linear_fc2"):
-            order += [f"{EXPERTS}{e}.{linear}.weight", f"{EXPERTS}{e}.{linear}{EXTRA}"]
+            order += [f"{EXPERTS}{e}.{linear}.weight", f"{EXPERTS}{e}.{linear}.bias", f"{EXPERTS}{e}.{linear}{EXTRA}"]
     order += ["mlp.shared_experts.gate_weight",
               "mlp.shared_experts.linear_fc1.weight", f"mlp.shared_experts.linear_fc1{EXTRA}",
               "mlp.shared_experts.linear_fc2.weight", f"mlp.shared_experts.linear_fc2{EXTRA}"]
@@ -222,14 +225,14 @@ def _layout(model: ModelTensors, tp: int, pp: int, ep: int, etp: int, args: dict
                         for p, x, name in places for t in range(tp)])
 
     extra = extra_state_value(spec)
-    order = _layer_order(spec, model.moe, local_experts)
+    orders = {moe: _layer_order(spec, moe, local_experts) for moe in (False, True)}
     for p, stage in enumerate(ranges):
         for x in range(ep):
             names: list[str] = []
             for top in _ORDER_TOP:
                 if top is None:
                     for local in range(len(stage)):
-                        for sub in order:
+                        for sub in orders[model.is_moe_layer(stage.start + local)]:
                             name = f"{LAYERS}{local}.{sub}"
                             if sub.endswith(EXTRA):
                                 module = sub[: -len(EXTRA)]
@@ -296,8 +299,8 @@ _MTP_HEAD = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "eh_proj._extra_s
 
 def _layout_heterogeneous(model: ModelTensors, tp: int, pp: int, ep: int, etp: int, args: dict[str, Any],
                           spec: str, iter_dir: Path) -> tuple[list[_RankFile], list[list[_Place]]]:
-    """``_layout`` for layers that differ (DeepSeek: MLA, dense then MoE layers, MTP layers). Names come
-    as the mapping spelled them (``Entry.owner`` + ``sub``); MTP layers live on the last stage, after
+    """``_layout`` for layers that differ (dense and MoE layers mixed: Llama 4, DeepSeek; MLA; MTP layers).
+    Each name is ``Entry.owner`` + ``sub`` in ``spec``'s spelling; MTP layers live on the last stage, after
     the decoder's final norm, as in ``GPTModel.state_dict()``. A layer's entries follow ``_MLA_*`` and
     the dense or MoE MLP order; the ``_extra_state`` of each linear present follows its weight."""
     ranges = pipeline_layer_ranges(model.num_layers, pp, args)
@@ -313,9 +316,9 @@ def _layout_heterogeneous(model: ModelTensors, tp: int, pp: int, ep: int, etp: i
             prefix, sub = "", entry.sub
         elif entry.layer is not None:
             stage = stage_of[entry.layer]
-            prefix, sub = f"{LAYERS}{entry.layer - ranges[stage].start}.", entry.sub
+            prefix, sub = f"{LAYERS}{entry.layer - ranges[stage].start}.", spec_sub(entry.sub, spec)
         else:
-            stage, prefix, sub = pp - 1, entry.owner, entry.sub
+            stage, prefix, sub = pp - 1, entry.owner, spec_sub(entry.sub, spec)
         if entry.expert is not None:
             x, local = divmod(entry.expert, local_experts)
             places = [(stage, x, f"{prefix}{EXPERTS}{local}.{entry.expert_sub}")]
@@ -327,7 +330,10 @@ def _layout_heterogeneous(model: ModelTensors, tp: int, pp: int, ep: int, etp: i
         targets.append([_Place(files[(p, x, t)], name, split, t if split > 1 else 0)
                         for p, x, name in places for t in range(tp)])
 
-    attention = _MLA_LOCAL if spec == "local" else _MLA_TE
+    if model.mla:
+        attention = _MLA_LOCAL if spec == "local" else _MLA_TE
+    else:
+        attention = _ATTN_LOCAL if spec == "local" else _ATTN_TE
     mlp = _MLP_LOCAL if spec == "local" else _MLP_TE
     layer_order = list(dict.fromkeys(attention + mlp + _moe_mlp_order(local_experts)))
     mtp_layers = sorted({e.owner.split(".")[2] for e in model.entries if e.owner.startswith("mtp.")}, key=int)
@@ -491,7 +497,8 @@ def _restamp_serialization_id(path: Path) -> None:
 
 
 def write_torch_legacy(iter_dir: Path, tensors: list[OutTensor], *, args: dict, iteration: int, tp: int, pp: int,
-                       ep: int = 1, spec: str = "local", progress: Progress | None = None) -> None:
+                       ep: int = 1, spec: str = "local", progress: Progress | None = None,
+                       files: set[str] | None = None) -> None:
     """Write a Megatron ``--ckpt-format torch`` iteration dir into ``iter_dir``.
 
     One ``mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt`` per (tp, pp, ep) rank holding ``{"args":
@@ -507,38 +514,27 @@ def write_torch_legacy(iter_dir: Path, tensors: list[OutTensor], *, args: dict, 
     ``E/ep`` local experts per EP rank file (MAPPING.md §6.2). No optimizer or RNG state, as
     Megatron's converters write it (load with ``--no-load-optim --no-load-rng`` or ``--finetune``).
     Each tensor is produced once, in list order; ``progress(nbytes)`` follows each.
-    """
-    check_spec(spec)
-    if tp < 1 or pp < 1 or ep < 1:
-        raise CkptError(f"tensor, pipeline and expert parallel sizes must be >= 1, got tp={tp}, pp={pp}, ep={ep}")
-    for key, size in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp),
-                      ("expert_model_parallel_size", ep)):
-        if args.get(key) is not None and int(args[key]) != size:
-            raise CkptError(f"args say {key}={args[key]} but the checkpoint is written with {size}")
-    if ep > 1 and args.get("expert_model_parallel_size") is None:  # readers need it to parse mp_rank_TT_EEE
-        raise CkptError(f"expert parallel size {ep}: args must say expert_model_parallel_size={ep}")
-    etp = int(args.get("expert_tensor_parallel_size") or tp)
-    if etp not in (1, tp):
-        raise CkptError(f"expert_tensor_parallel_size={etp}: only 1 or the TP size ({tp}) is supported")
-    model = analyse(tensors, args)
-    if ep > 1 and (not model.moe or model.num_experts % ep):
-        raise CkptError(f"expert parallel size {ep} needs a MoE model whose expert count divides by it "
-                        f"(got {model.num_experts} experts)")
-    import torch
 
-    if any(isinstance(v, torch.Tensor) for v in args.values()):  # would shift torch.save's storage numbering
-        raise CkptError("args must not hold tensors")
+    ``files``: write only these rank files (names relative to ``iter_dir``, as ``legacy_file_bytes``
+    lists them); tensors none of them holds are not produced. Each file's bytes do not depend on
+    which others are written, so processes can share the work file by file (``ops.parallel``).
+    """
     iter_dir = Path(iter_dir)
-    layout = _layout_heterogeneous if model.hetero else _layout
-    ranks, targets = layout(model, tp, pp, ep, etp, args, spec, iter_dir)
+    model, ranks, targets, header = _prepare(iter_dir, tensors, args=args, iteration=iteration, tp=tp, pp=pp,
+                                             ep=ep, spec=spec)
+    if files is not None:
+        ranks = [rank for rank in ranks if str(rank.path.relative_to(iter_dir)) in files]
+        kept = {id(rank) for rank in ranks}
+        targets = [[place for place in places if id(place.rank) in kept] for places in targets]
     iter_dir.mkdir(parents=True, exist_ok=True)
-    header = {"args": argparse.Namespace(**args), "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration}
     for rank in ranks:
         _save_skeleton(rank, header)
     try:
         for rank in ranks:
             rank.fd = os.open(rank.path, os.O_RDWR)
         for entry, places in zip(model.entries, targets):
+            if not places:
+                continue
             _fill(entry, places)
             if progress:
                 progress(entry.nbytes)
@@ -554,3 +550,42 @@ def write_torch_legacy(iter_dir: Path, tensors: list[OutTensor], *, args: dict, 
                 raise RuntimeError(f"{rank.path}: {slot.record} got {slot.written} of {slot.nbytes} bytes")
         _patch_crcs(rank.path, [(slot.record, slot.offset + slot.nbytes, slot.crc) for slot in slots if slot.nbytes])
         _restamp_serialization_id(rank.path)
+
+
+def legacy_file_bytes(tensors: list[OutTensor], *, args: dict, tp: int, pp: int, ep: int = 1,
+                      spec: str = "local") -> dict[str, int]:
+    """Tensor bytes of every rank file ``write_torch_legacy`` would write (relative name -> bytes),
+    from metadata alone: what a split of the work between processes balances."""
+    _, ranks, _, _ = _prepare(Path("."), tensors, args=args, iteration=0, tp=tp, pp=pp, ep=ep, spec=spec)
+    return {str(rank.path): sum(slot.dtype.nbytes(_numel(slot.shape)) for slot in rank.model.values()
+                                if isinstance(slot, _Slot)) for rank in ranks}
+
+
+def _prepare(iter_dir: Path, tensors: list[OutTensor], *, args: dict, iteration: int, tp: int, pp: int, ep: int,
+             spec: str) -> tuple[ModelTensors, list[_RankFile], list[list[_Place]], dict[str, Any]]:
+    """Check the options and lay out every rank file: (model, rank files, places per entry, header)."""
+    check_spec(spec)
+    if tp < 1 or pp < 1 or ep < 1:
+        raise CkptError(f"tensor, pipeline and expert parallel sizes must be >= 1, got tp={tp}, pp={pp}, ep={ep}")
+    for key, size in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp),
+                      ("expert_model_parallel_size", ep)):
+        if args.get(key) is not None and int(args[key]) != size:
+            raise CkptError(f"args say {key}={args[key]} but the checkpoint is written with {size}")
+    if ep > 1 and args.get("expert_model_parallel_size") is None:  # readers need it to parse mp_rank_TT_EEE
+        raise CkptError(f"expert parallel size {ep}: args must say expert_model_parallel_size={ep}")
+    etp = int(args.get("expert_tensor_parallel_size") or tp)
+    if etp not in (1, tp):
+        raise CkptError(f"expert_tensor_parallel_size={etp}: only 1 or the TP size ({tp}) is supported")
+    model = analyse(tensors, args)
+    if ep > 1 and (not model.num_experts or model.num_experts % ep):
+        raise CkptError(f"expert parallel size {ep} needs a MoE model whose expert count divides by it "
+                        f"(got {model.num_experts} experts)")
+    import torch
+
+    if any(isinstance(v, torch.Tensor) for v in args.values()):  # would shift torch.save's storage numbering
+        raise CkptError("args must not hold tensors")
+    iter_dir = Path(iter_dir)
+    layout = _layout_heterogeneous if model.hetero else _layout
+    ranks, targets = layout(model, tp, pp, ep, etp, args, spec, iter_dir)
+    header = {"args": argparse.Namespace(**args), "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration}
+    return model, ranks, targets, header

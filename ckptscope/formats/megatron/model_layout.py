@@ -94,6 +94,9 @@ LAYER_LAYOUT: dict[str, str] = {  # canonical (TE) per-layer names; fc1 is GLU w
     "self_attention.linear_kv_up_proj.weight": COLUMN,
     "self_attention.linear_kv_up_proj.layer_norm_weight": REPLICATED,
     "self_attention.kv_layernorm.weight": REPLICATED,
+    # GPT-OSS's attention sinks: DotProductAttention's learnable softmax offset, one per head, so split
+    # over TP like the heads (its sharded_state_dict shards axis 0)
+    "self_attention.core_attention.softmax_offset": COLUMN,
 }
 MLA_LINEARS = ("self_attention.linear_q_proj", "self_attention.linear_q_down_proj", "self_attention.linear_q_up_proj",
                "self_attention.linear_kv_down_proj", "self_attention.linear_kv_up_proj", "self_attention.linear_proj")
@@ -121,6 +124,7 @@ MOE_LAYER_LAYOUT: dict[str, str] = {
     "pre_mlp_layernorm.weight": REPLICATED,
     "pre_mlp_layernorm.bias": REPLICATED,
     "mlp.router.weight": REPLICATED,
+    "mlp.router.bias": REPLICATED,  # with add_bias_linear (GPT-OSS)
     "mlp.router.expert_bias": REPLICATED,  # fp32 buffer, only with moe_router_enable_expert_bias
     "mlp.shared_experts.gate_weight": REPLICATED,  # [1, H], Qwen2-MoE's sigmoid gate
     "mlp.shared_experts.linear_fc1.weight": COLUMN,  # an MLP on the TP group: [gate; up] like a dense fc1
@@ -128,7 +132,8 @@ MOE_LAYER_LAYOUT: dict[str, str] = {
 }
 EXPERTS = "mlp.experts.local_experts."
 """SequentialMLP experts: ``mlp.experts.local_experts.{e}.linear_fc1.weight`` ([gate; up]) / ``linear_fc2``."""
-EXPERT_LAYOUT: dict[str, str] = {"linear_fc1.weight": COLUMN, "linear_fc2.weight": ROW}
+EXPERT_LAYOUT: dict[str, str] = {"linear_fc1.weight": COLUMN, "linear_fc2.weight": ROW,
+                                 "linear_fc1.bias": COLUMN, "linear_fc2.bias": REPLICATED}  # biases: GPT-OSS
 """Split over the expert TP group (``expert_tensor_parallel_size``, which defaults to TP)."""
 DIST_EXPERTS = "mlp.experts.experts."
 """torch_dist stacks every expert of a layer under one key with an expert axis after the layer axis
@@ -270,15 +275,27 @@ class ModelTensors:
     """Every layer is a MoE layer (router, experts, maybe shared experts)."""
     num_experts: int = 0
     hetero: bool = False
-    """Layers differ (``is_heterogeneous``): every layer has its own torch_dist keys."""
+    """Layers differ (``is_heterogeneous``: dense and MoE layers mixed, MLA, MTP layers): megatron-core
+    saves per-layer torch_dist keys (``TransformerBlock.sharded_state_dict``, non-homogeneous layers)."""
+    moe_layers: frozenset[int] = frozenset()
+    """``hetero``: the decoder layers that are MoE layers (Megatron's ``moe_layer_freq``)."""
+    mla: bool = False
+    """Multi-latent attention: names are taken as the mapping spelled them for ``--spec`` (MLA's local
+    spec has no torch_dist keys map, and its latent norms have no other spelling)."""
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return layer in self.moe_layers if self.hetero else self.moe
 
 
 def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
     """Validate names, shapes and layers before anything is produced or written."""
-    if is_heterogeneous(args):
+    layers = {split[0] for split in (split_layer(t.name) for t in tensors) if split is not None}
+    moe_layers = {split[0] for split in (split_layer(t.name) for t in tensors)
+                  if split is not None and _is_moe_sub(split[1])}
+    if is_heterogeneous(args) or 0 < len(moe_layers) < len(layers):  # dense and MoE layers mixed: args must say so
         return _analyse_heterogeneous(tensors, args)
     swiglu = is_gated(args)
-    moe = any(split is not None and _is_moe_sub(split[1]) for split in (split_layer(t.name) for t in tensors))
+    moe = bool(moe_layers)
     entries: list[Entry] = []
     seen: set[tuple[int | None, str]] = set()
     per_layer: dict[int, dict[str, Entry]] = {}
@@ -291,7 +308,7 @@ def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
             layer, sub = None, out.name
             layout = TOP_LAYOUT.get(sub)
         else:
-            layer, sub = split[0], canonical_sub(split[1], moe)
+            layer, sub = split[0], canonical_sub(split[1], split[0] in moe_layers)
             layout = _layer_layout(sub)
             expert = split_expert(sub)
             if layout == COLUMN and _is_fc1(sub) and swiglu:
@@ -313,7 +330,7 @@ def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
         if set(layer) != set(subs):
             differ = ", ".join(sorted(set(subs) ^ set(layer)))
             raise CkptError(f"layer {i} does not hold the same tensors as layer 0 ({differ}); "
-                            "Megatron stacks homogeneous layers only")
+                            "Megatron stacks homogeneous layers only (besides dense and MoE layers)")
         for sub, entry in layer.items():
             first = per_layer[0][sub]
             if (entry.out.shape, entry.dtype) != (first.out.shape, first.dtype):
@@ -377,18 +394,26 @@ def _place(name: str) -> tuple[int | None, str, str, str | None]:
 
 
 def _analyse_heterogeneous(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
-    """``analyse`` for models whose layers differ (dense and MoE layers, MLA, MTP layers): names are kept
-    as given, each layer (and each MTP layer's decoder layer) is checked on its own."""
+    """``analyse`` for models whose layers differ (dense and MoE layers mixed, MLA, MTP layers): each layer
+    (and each MTP layer's decoder layer) is checked on its own, as megatron-core keys each on its own.
+    Decoder names take the canonical spelling (``canonical_sub``) except with MLA, whose names are kept
+    as the mapping spelled them for ``--spec``."""
     swiglu = is_gated(args)
+    mla = bool(args.get("multi_latent_attention"))
     local_impl = args.get("transformer_impl") == "local"
+    moe_layers = {split[0] for split in (split_layer(t.name) for t in tensors)
+                  if split is not None and _is_moe_sub(split[1])}
     entries: list[Entry] = []
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
     owners: dict[str, dict[str, Entry]] = {}
     layers: set[int] = set()
     for out in tensors:
         dtype = dtype_by_name(out.dtype)
         shape = tuple(int(s) for s in out.shape)
         layer, owner, sub, layout = _place(out.name)
+        if layer is not None and not mla:
+            sub = canonical_sub(sub, layer in moe_layers)
+            layout = _layer_layout(sub)
         expert = split_expert(sub) if owner else None
         if local_impl and sub.endswith(MLA_DOWN):  # ColumnParallelLinear in the local spec, TELinear duplicated in TE
             layout = COLUMN
@@ -396,7 +421,7 @@ def _analyse_heterogeneous(tensors: Sequence[OutTensor], args: dict[str, Any]) -
             layout = GLU
         if layout is None:
             raise CkptError(f"{out.name}: not a GPTModel tensor the Megatron writers know (dense, MoE, MLA or MTP)")
-        _check_entry(out.name, shape, layout, out.name, seen)
+        _check_entry(out.name, shape, layout, (owner, sub), seen)
         entry = Entry(OutTensor(out.name, shape, dtype.name, out.produce, out.runs), dtype, layer,
                       sub if owner else out.name, layout, expert[0] if expert else None, expert[1] if expert else "",
                       owner)
@@ -406,24 +431,32 @@ def _analyse_heterogeneous(tensors: Sequence[OutTensor], args: dict[str, Any]) -
         if owner and (layer is not None or owner.endswith(MTP_LAYER)):
             owners.setdefault(owner, {})[sub] = entry
     num_layers = _layer_count(layers, args)
-    freq = args.get("moe_layer_freq")
-    counts = set()
-    for owner, layer in owners.items():
-        is_moe = any(_is_moe_sub(sub) for sub in layer)
-        index = split_layer(owner + "x")
-        if isinstance(freq, (list, tuple)) and index is not None and index[0] < len(freq) \
-                and bool(freq[index[0]]) != is_moe:
-            raise CkptError(f"{owner}: args say moe_layer_freq[{index[0]}]={freq[index[0]]} but the layer is "
-                            f"{'MoE' if is_moe else 'dense'}")
-        if is_moe:
-            counts.add(_check_moe(layer, args))
+    if args.get("moe_layer_freq") is not None or 0 < len(moe_layers) < num_layers:
+        _check_moe_layer_freq(sorted(moe_layers), num_layers, args)
+    counts = {_check_moe(layer, args) for layer in owners.values() if any(_is_moe_sub(sub) for sub in layer)}
     if len(counts) > 1:
         raise CkptError(f"MoE layers hold different numbers of experts: {sorted(counts)}")
     mtp = {e.owner for e in entries if e.owner.startswith(MTP) and not e.owner.endswith(MTP_LAYER)}
     if args.get("mtp_num_layers") is not None and len(mtp) != int(args["mtp_num_layers"] or 0):
         raise CkptError(f"args say mtp_num_layers={args['mtp_num_layers']} but the tensors hold {len(mtp)} MTP layers")
     tied = _embeddings_tied({e.sub for e in entries if e.layer is None and not e.owner}, args)
-    return ModelTensors(entries, num_layers, tied, [], bool(counts), counts.pop() if counts else 0, hetero=True)
+    return ModelTensors(entries, num_layers, tied, [], bool(counts), counts.pop() if counts else 0, hetero=True,
+                        moe_layers=frozenset(moe_layers), mla=mla)
+
+
+def _check_moe_layer_freq(moe_layers: list[int], num_layers: int, args: dict[str, Any]) -> None:
+    """Dense and MoE layers mixed: the args must say which are which, as megatron-core builds them
+    from ``moe_layer_freq`` (a 0/1 list per layer, or every N-th layer)."""
+    freq = args.get("moe_layer_freq")
+    if isinstance(freq, int) and freq > 0:
+        pattern = [1 if i % freq == 0 else 0 for i in range(num_layers)]
+    elif isinstance(freq, (list, tuple)) and len(freq) == num_layers:
+        pattern = [int(bool(x)) for x in freq]
+    else:
+        raise CkptError(f"MoE tensors on layers {moe_layers} only: the args must say moe_layer_freq (a 0/1 "
+                        f"list of {num_layers} layers), got {freq!r}")
+    if [i for i, x in enumerate(pattern) if x] != moe_layers:
+        raise CkptError(f"moe_layer_freq={freq!r} puts MoE on other layers than the tensors do ({moe_layers})")
 
 
 def _check_moe(layer: dict[str, Entry], args: dict[str, Any]) -> int:
@@ -432,8 +465,7 @@ def _check_moe(layer: dict[str, Entry], args: dict[str, Any]) -> int:
     stacks them under one key). Layer 0 stands for all: ``analyse`` checked the layers are alike."""
     dense = sorted(sub for sub in layer if sub.startswith("mlp.") and sub in LAYER_LAYOUT)
     if dense:
-        raise CkptError(f"{', '.join(dense)}: a dense MLP next to MoE tensors; MoE on only some layers "
-                        "(moe_layer_freq) is not supported")
+        raise CkptError(f"{', '.join(dense)}: a dense MLP next to MoE tensors in one layer")
     experts: dict[int, dict[str, Entry]] = {}
     for entry in layer.values():
         if entry.expert is not None:

@@ -22,6 +22,8 @@ from ckptscope.core.units import plural
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
 from ckptscope.mappings.config import (
+    EXPORT_NOTES,
+    MEGATRON_CHECKS,
     MLA_ARCHS,
     ZERO_CENTRED_NORM,
     ModelConfig,
@@ -32,9 +34,8 @@ from ckptscope.mappings.config import (
     to_hf_config,
     to_megatron_args,
 )
-from ckptscope.mappings.fused_experts import fuse, has_fused_experts, unfuse
-from ckptscope.mappings.schemas import is_ignored
-from ckptscope.mappings.links import Box, Piece, Recipe
+from ckptscope.mappings.fused_experts import fuse, has_fused_experts, stores_per_expert, unfuse
+from ckptscope.mappings.links import Box, Piece, Recipe, map_box
 from ckptscope.mappings.resolve import (
     MappedView,
     TensorShape,
@@ -46,6 +47,7 @@ from ckptscope.mappings.resolve import (
 )
 from ckptscope.mappings.resolve import to_hf as map_to_hf
 from ckptscope.mappings.resolve import to_mcore as map_to_mcore
+from ckptscope.mappings.schemas import is_ignored
 from ckptscope.ops.diff.plan import identity_recipes
 from ckptscope.ops.model import ModelEntries, model_entries
 from ckptscope.ops.roots import resolve_root
@@ -118,6 +120,9 @@ class ConvertPlan:
     spec: str = "local"
     """Megatron-Core layer spec the output is named for: ``local`` or ``te`` (Transformer Engine)."""
     iteration: int = 0
+    num_files: int = 2
+    """torch_dist data files (``__0_K.distcp``): the output layout depends on this, never on how
+    many processes write it (megatron-core 0.16 writes 2 per rank; any count loads)."""
     shards: list[tuple[str, list[str]]] = field(default_factory=list)
     copies: list[tuple[Path, str]] = field(default_factory=list)
     """Files copied verbatim (tokenizer, generation config): (source path, destination name)."""
@@ -262,9 +267,9 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         if family == "mcore":
             view = map_to_hf(shapes, cfg, arch)
             notes.append(f"Megatron-Core names mapped to HF ({view.arch})")
-        elif family == "hf" and has_fused_experts(tensors):
+        elif family == "hf" and has_fused_experts(tensors) and stores_per_expert(arch or detect_arch(tensors, cfg)):
             arch_name = arch or detect_arch(tensors, cfg)
-            view = MappedView("hf", arch_name, cfg, unfuse(shapes, arch_name))
+            view = MappedView("hf", arch_name, cfg, unfuse(shapes, arch_name, hidden=cfg.hidden_size))
             notes.append("transformers v5 fused expert tensors read per expert")
         elif family == "hf":
             view = _identity_view(tensors, cfg, arch or cfg.arch or "llama")
@@ -338,7 +343,7 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
                          else "is stored apart but the config ties it (transformers ignores it on load); not written"))
         if has_fused_experts(tensors):  # read per expert, then composed back onto the fused tensors
             arch_name = arch_name or detect_arch(tensors, cfg)
-            source_space = unfuse(shapes, arch_name)
+            source_space = unfuse(shapes, arch_name, hidden=cfg.hidden_size)
             notes.append("transformers v5 fused expert tensors read per expert")
     else:
         raise CkptError(_unmapped_naming(family, tensors), src_path)
@@ -369,6 +374,8 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
     args["iteration"] = iteration
     if arch_name in MLA_ARCHS or view.arch in MLA_ARCHS:  # MLA's down projections split by spec (legacy_layout)
         args["transformer_impl"] = "local" if spec == "local" else "transformer_engine"
+    if view.arch in EXPORT_NOTES:
+        notes += EXPORT_NOTES[view.arch](cfg_out)
     out = [OutputTensor(n, r.shape, r.dtype if dtype == "keep" else dtype, r)
            for n, r in entries.to_stored(view.recipes).items()]
     if dtype != "keep":
@@ -398,6 +405,9 @@ def check_norm_convention(cfg: ModelConfig, arch: str, src: Path) -> None:
     if not wants and has:
         raise CkptError(f"this Megatron checkpoint was trained with zero-centred norms (apply_layernorm_1p) but "
                         f"{arch}'s HF norms are not: its norms would be off by 1.0; pass the right --arch", src)
+    problems = MEGATRON_CHECKS[arch](cfg) if arch in MEGATRON_CHECKS else []
+    if problems:  # the arch computes something its Megatron args do not describe (GPT-OSS's activation)
+        raise CkptError(f"this Megatron checkpoint would not compute {arch}: " + "; ".join(problems), src)
 
 
 def _split_report(entries: ModelEntries, skip_unknown: bool, src: Path) -> tuple[list[str], list[str]]:
@@ -445,13 +455,9 @@ def compose(outer: Recipe, inner: dict[str, Recipe]) -> Recipe:
                     break
                 lo_hi.append((lo, hi))
             else:
-                extra = len(sub.src_box) - len(sub.dst_box)
-                src_box = tuple(sub.src_box[:extra]) + tuple(
-                    (s0 + lo - d0, s0 + hi - d0) for (lo, hi), (d0, _), (s0, _) in
-                    zip(lo_hi, sub.dst_box, sub.src_box[extra:]))
-                dst_box = tuple((o0 + lo - p0, o0 + hi - p0) for (lo, hi), (p0, _), (o0, _) in
-                                zip(lo_hi, piece.src_box, piece.dst_box))
-                pieces.append(Piece(dst_box, sub.source, src_box))
+                box = tuple(lo_hi)
+                pieces.append(Piece(map_box(box, piece.src_box, piece.dst_box), sub.source,
+                                    map_box(box, sub.dst_box, sub.src_box)))
     return Recipe(outer.name, outer.shape, outer.dtype, pieces, outer.transforms, fill=outer.fill)
 
 

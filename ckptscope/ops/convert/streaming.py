@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ckptscope.core.dtypes import dtype_by_name
+from ckptscope.core.errors import CkptError
 from ckptscope.mappings.links import materialize
 from ckptscope.ops.convert.plan import ConvertPlan, OutputTensor
 
@@ -22,6 +23,40 @@ if TYPE_CHECKING:  # pragma: no cover
 
 Progress = Callable[[str, int], None]
 """``progress(tensor_name, nbytes_written)``."""
+
+FAIL_ENV = "CKPTSCOPE_FAIL_ON_TENSOR"
+"""Tests only: a tensor name; writing it fails as a real error would (``ops.parallel`` failure
+tests). ``NAME:kill`` kills the process outright instead (SIGKILL: a rank that dies)."""
+_current: dict[str, str] = {"name": ""}
+
+
+def note_tensor(name: str) -> None:
+    """Record the tensor a writer starts on (a failure names it: ``current_tensor``); honour ``FAIL_ENV``."""
+    import os
+
+    _current["name"] = name
+    target, _, mode = os.environ.get(FAIL_ENV, "").partition(":")
+    if name and target == name:
+        if mode == "kill":
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise CkptError(f"failure injected by {FAIL_ENV}")
+
+
+def current_tensor() -> str:
+    """The tensor the last ``note_tensor`` named ('' before any)."""
+    return _current["name"]
+
+
+def tracked(name: str, fn: Callable):
+    """``fn`` wrapped to call ``note_tensor(name)`` first (a writer's produce or runs callback)."""
+
+    def call():
+        note_tensor(name)
+        return fn()
+
+    return call
 
 
 def produce(plan: ConvertPlan, tensor: OutputTensor):

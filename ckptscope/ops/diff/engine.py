@@ -402,6 +402,16 @@ class DiffEngine:
         The report lists results in plan order. ``on_progress(done_pairs, total_pairs)`` is called
         after each pair.
         """
+        results = self.compare(on_result, cancelled, on_progress)
+        return self.report(results, self.bytes_read, cancelled=cancelled())
+
+    def compare(self, on_result: Callable[[PairResult], None] | None = None,
+                cancelled: Callable[[], bool] = lambda: False,
+                on_progress: Callable[[int, int], None] | None = None,
+                only: set[int] | None = None) -> dict[int, PairResult]:
+        """The per-pair half of ``run``: plan index -> result, for the pairs ``only`` names (all by
+        default). Processes that share a diff (``ops.parallel``) each compare their pairs and one
+        of them makes the ``report`` of all results."""
         pairs = self.plan.pairs
         results: dict[int, PairResult] = {}
         done = 0
@@ -433,6 +443,8 @@ class DiffEngine:
             for i, pair in enumerate(pairs):
                 if cancelled():
                     return
+                if only is not None and i not in only:
+                    continue
                 if pair.static_status is not None:
                     emit(i, self._finish(pair, None, False))
                     continue
@@ -493,13 +505,17 @@ class DiffEngine:
             self._bytes.close()
             self.plan.a.reader.release_pages()
             self.plan.b.reader.release_pages()
+        return results
+
+    def report(self, results: dict[int, PairResult], bytes_read: int, *, cancelled: bool = False) -> DiffReport:
+        """The report of ``compare``'s results (renamed pairs joined, padding checked, notes)."""
         ordered = [results[i] for i in sorted(results)]
-        if not cancelled():
+        if not cancelled:
             ordered = self._pair_renamed(ordered)
         report = DiffReport(self.plan.a.path, self.plan.b.path, self.plan.mapping, self.device, ordered,
                             notes=list(self.plan.notes),
                             ignored={"a": list(self.plan.a.ignored), "b": list(self.plan.b.ignored)},
-                            bytes_read=self.bytes_read)
+                            bytes_read=bytes_read)
         report.padding = self._padding_report()
         note = quant_note(ordered)
         if note is not None:

@@ -9,6 +9,8 @@ presented as HF tensors through the mapping layer, so a fused ``linear_qkv`` is 
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -192,11 +194,16 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
         ignored_a, ignored_b = [], []
         mapped_a = mapped_b = False
         used = "none" if same_stored else "names"
-        if not same_stored:  # transformers v5 fused experts are compared per expert, as save_pretrained writes
-            for label, fam, tensors, index in (("A", fam_a, ta, index_a), ("B", fam_b, tb, index_b)):
-                if fam == "hf" and has_fused_experts(tensors):
+        fused = {"A": fam_a == "hf" and has_fused_experts(ta), "B": fam_b == "hf" and has_fused_experts(tb)}
+        per_expert = {"A": fam_a == "mcore" or _names_experts(ta), "B": fam_b == "mcore" or _names_experts(tb)}
+        if set(ta) != set(tb):
+            # transformers v5 fused experts against a side that names experts one by one: compared per
+            # expert, as save_pretrained writes them (two fused sides, or no per-expert side, as they are)
+            for label, other, tensors, index in (("A", "B", ta, index_a), ("B", "A", tb, index_b)):
+                if fused[label] and per_expert[other] and not has_fused_experts(tb if label == "A" else ta):
                     fused_arch = arch or detect_arch(tensors, _side_config(index, tensors))
-                    recipes = unfuse(shapes_of(tensors), fused_arch)
+                    recipes = unfuse(shapes_of(tensors), fused_arch,
+                                     hidden=_side_config(index, tensors).hidden_size)
                     if label == "A":
                         recipes_a, mapped_a = recipes, True
                     else:
@@ -259,6 +266,9 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
 
     names = list(side_a.recipes) + [n for n in side_b.recipes if n not in side_a.recipes]
     names = select(names, include, exclude)
+    if not names and (include or exclude):  # a typo in a pattern must not read as "identical"
+        raise CkptError(f"no tensor of either side matches --include {' '.join(include) or '(all)'}"
+                        f"{' --exclude ' + ' '.join(exclude) if exclude else ''}")
     pairs = [DiffPair(n, side_a.recipes.get(n), side_b.recipes.get(n)) for n in names]
     padding = []
     for label, side in (("a", side_a), ("b", side_b)):
@@ -268,6 +278,15 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
                 padding.append({"side": label, "name": name, "source": source,
                                 "rows": [box[0][0], box[0][1]], "box": box})
     return DiffPlan(side_a, side_b, pairs, used, notes, padding)
+
+
+def _names_experts(names) -> bool:
+    """Whether an HF-named side names routed experts one by one (``...experts.3.gate_proj``); a
+    Megatron-Core side always maps to per-expert HF names."""
+    return any(_PER_EXPERT.search(name) for name in names)
+
+
+_PER_EXPERT = re.compile(r"\.experts\.\d+\.")
 
 
 def _gguf_recipes(label: str, index: CheckpointIndex, tensors: dict, notes: list[str]) -> dict[str, Recipe]:

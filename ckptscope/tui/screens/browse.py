@@ -263,7 +263,7 @@ class BrowseScreen(RenameActions, Screen[None]):
         self.iterations_root = message.root
 
         def picked(path: str | None) -> None:
-            if path is not None:
+            if path is not None and path != self.path:  # the one already open: nothing to reload or lose
                 self.confirm_discard(lambda: self.load(path), f"open {path}")
 
         self.app.push_screen(IterationPickerScreen(message.root, message.iterations,
@@ -621,6 +621,11 @@ class BrowseScreen(RenameActions, Screen[None]):
             return
         target = "hf" if merge else default_target(index)
         about = f"{index.format} · {len(index.tensors):,} tensors · {human_bytes(index.total_bytes)}"
+        pending = self.pending_rule_count()
+        if pending:  # the form reads the checkpoint as stored: say so rather than drop the rules silently
+            rules = f"{pending} pending rename rule{'s' if pending != 1 else ''}"
+            self.notify(f"The conversion reads the checkpoint as stored: {rules} not applied "
+                        "(A writes the renamed copy, which can then be converted).", severity="warning", timeout=6)
 
         def finished(path: str | None) -> None:
             if path is not None:

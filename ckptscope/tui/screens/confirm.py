@@ -1,5 +1,6 @@
 """A yes/no question before work is thrown away (pending renames on quit or on opening another
-checkpoint): never lose a plan silently."""
+checkpoint): never lose a plan silently. Its own footer names its keys (the screen below offered
+keys that do nothing while the question is open)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Static
+from textual.widgets import Button, Footer, Static
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -18,7 +19,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("y", "answer(True)", "yes", id="confirm.yes"),
-        Binding("n,escape", "answer(False)", "no", id="confirm.no"),
+        Binding("n,escape", "answer(False)", "no", id="confirm.no", key_display="n/esc"),
     ]
     DEFAULT_CSS = """
     ConfirmScreen { align: center middle; }
@@ -40,6 +41,7 @@ class ConfirmScreen(ModalScreen[bool]):
             with Horizontal(id="confirm-buttons"):
                 yield Button(f"{self.yes} (y)", variant="error", id="confirm-yes")
                 yield Button(f"{self.no} (n)", variant="primary", id="confirm-no")
+        yield Footer()
 
     def on_mount(self) -> None:
         self.query_one("#confirm-no", Button).focus()

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
-from textual import on, work
+from textual import events, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.cache import LRUCache
@@ -49,6 +49,9 @@ HEAT_MAX_COLS = 64
 WITH_VALUES = ("different", "close", "dtype_mismatch")
 """Statuses whose pairs have values that differ somewhere: the detail worker has something to show."""
 SORT_CYCLE: tuple[str | None, ...] = (None, *(c.key for c in COLUMNS))
+NARROW_BELOW = 120
+"""Screens narrower than this show the detail pane below the table: beside it, table and pane
+each got too little width (names cut to ``model.…oj.weight``, the pane cut at the right edge)."""
 
 
 def _sort_bindings() -> list[Binding]:
@@ -128,9 +131,13 @@ class DiffScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        self.set_class(self.app.size.width < NARROW_BELOW, "-narrow")
         self.query_one(PairDetailView).show_hint()
         self.query_one(DiffTable).loading = True
         self.call_after_refresh(self._run_diff)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.set_class(event.size.width < NARROW_BELOW, "-narrow")
 
     def on_unmount(self) -> None:
         for timer in (self._detail_timer, self._filter_timer, self._progress_timer):
@@ -238,6 +245,7 @@ class DiffScreen(Screen[None]):
             self.results[result.name] = result
             p.counts["renamed"] = p.counts.get("renamed", 0) + 1
         if renamed:
+            p.total -= len(renamed)  # the plan counted each renamed tensor twice (only in A, only in B)
             self._rebuild()
         p.state = "cancelled" if message.cancelled else "finished"
         p.done = len(message.report.results)

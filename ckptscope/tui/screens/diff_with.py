@@ -21,6 +21,9 @@ class DiffWithDialog(ModalScreen[str | None]):
     """Dismisses with the path of B (it exists), or None."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
+        # priority: the input's own enter (hidden in the footer) would otherwise hide this one
+        Binding("enter", "compare", "compare", id="diff_with.compare", priority=True,
+                tooltip="Compare with the path typed"),
         Binding("escape", "cancel", "cancel", id="diff_with.cancel", tooltip="Close without comparing"),
     ]
 
@@ -43,7 +46,11 @@ class DiffWithDialog(ModalScreen[str | None]):
 
     @on(Input.Submitted, "#diff-with-path")
     def _submitted(self, event: Input.Submitted) -> None:
-        value = event.value.strip()
+        self.action_compare()
+
+    def action_compare(self) -> None:
+        """Enter: check the path typed, then compare with it."""
+        value = self.query_one("#diff-with-path", Input).value.strip()
         status = self.query_one("#diff-with-status", Static)
         if not value:
             status.update(Text("Type the path of the checkpoint to compare with.", style="yellow"))

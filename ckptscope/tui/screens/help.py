@@ -1,6 +1,8 @@
 """``?``: every key of the current screen with its id (for remapping), generated from BINDINGS.
 
-Generated rather than written so that it cannot drift from the real bindings.
+Generated rather than written so that it cannot drift from the real bindings. The page scrolls with
+the keys every list here answers (j/k, g/G, ctrl+d/ctrl+u), and its own footer says so: the browser's
+footer under it offered keys that do nothing while the help is open.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Static
+from textual.widgets import Footer, Static
 
 KEYMAP_HINT = ("Remap any key by id in ~/.config/ckptscope/keymap.toml, e.g.\n"
                '  [keymap]\n  "browse.filter" = "ctrl+f"\n  "browse.stats" = "S"')
@@ -41,6 +43,14 @@ def bindings_table(title: str, bindings: list[Binding], keymap: dict[str, str]) 
 class HelpScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,q,question_mark", "dismiss", "close", id="help.close", tooltip="Close the help"),
+        Binding("j", "scroll_lines(1)", "scroll", id="help.down", key_display="j/k", tooltip="Scroll down a line"),
+        Binding("k", "scroll_lines(-1)", "up", show=False, id="help.up", tooltip="Scroll up a line"),
+        Binding("ctrl+d", "scroll_pages(0.5)", "half page", id="help.half_down", key_display="^d/^u",
+                tooltip="Scroll down half a page"),
+        Binding("ctrl+u", "scroll_pages(-0.5)", "half page up", show=False, id="help.half_up",
+                tooltip="Scroll up half a page"),
+        Binding("g", "scroll_to_end(False)", "top/bottom", id="help.top", key_display="g/G", tooltip="To the top"),
+        Binding("G", "scroll_to_end(True)", "bottom", show=False, id="help.bottom", tooltip="To the bottom"),
     ]
 
     def __init__(self, screen: Screen[object]) -> None:
@@ -74,6 +84,21 @@ class HelpScreen(ModalScreen[None]):
                                   "transforms) follows the fields; ctrl+s writes it, ctrl+r verifies a round trip, "
                                   "ctrl+o browses the result.", style="dim"), classes="help-group")
             yield Static(Text(KEYMAP_HINT, style="dim"), classes="help-group")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#help-box", VerticalScroll).focus()
+
+    def action_scroll_lines(self, lines: int) -> None:
+        self.query_one("#help-box", VerticalScroll).scroll_relative(y=lines, animate=False)
+
+    def action_scroll_pages(self, pages: float) -> None:
+        box = self.query_one("#help-box", VerticalScroll)
+        box.scroll_relative(y=round(box.scrollable_content_region.height * pages), animate=False)
+
+    def action_scroll_to_end(self, bottom: bool) -> None:
+        box = self.query_one("#help-box", VerticalScroll)
+        (box.scroll_end if bottom else box.scroll_home)(animate=False)
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(result)

@@ -70,6 +70,11 @@ class IterationPickerScreen(Screen[str | None]):
         if self.iterations and table.cursor_row is not None:
             self.dismiss(self.iterations[table.cursor_row].path)
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "back":  # the first picker has nothing to go back to: no "esc back" in its footer
+            return self.can_go_back
+        return True
+
     def action_back(self) -> None:
         if self.can_go_back:
             self.dismiss(None)

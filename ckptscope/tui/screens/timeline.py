@@ -5,6 +5,10 @@ log scale, the flags beside it (frozen, exploding, NaN/Inf, stale resume), and a
 highlighted module's norm over the iterations. Enter on a cell opens the diff of that module between
 the two iterations of its step; enter on a flag puts the cursor on its cell. The run itself is
 ``ops.timeline`` in a thread worker that posts past-tense messages; this screen only shows them.
+
+On a narrow screen the side panel goes below the heatmap (beside it, the heatmap showed one step),
+and long module and subject names keep their distinguishing end (``…layers.1.mlp``) in columns
+sized from the width there is.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import math
 from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
-from textual import on, work
+from textual import events, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
@@ -24,6 +28,8 @@ from textual.worker import get_current_worker
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.units import plural
+from ckptscope.tui.widgets.column_fit import fit_column
+from ckptscope.tui.widgets.diff_table import NameCell
 from ckptscope.tui.widgets.table_search import SearchableTable, search_bindings
 from ckptscope.tui.widgets.vim_keys import table_keys
 
@@ -33,6 +39,13 @@ if TYPE_CHECKING:  # pragma: no cover
 LEVELS = ("modules", "layers", "tensors")
 RAMP = ("#1d3b6e", "#2a5c8f", "#2f7f9f", "#3d9e8f", "#7fb85a", "#d6c541", "#f08a2c", "#d7301f")
 """Colours from small to large relative change (log10 from -6 to 0, one colour per 0.75 decade)."""
+NARROW_BELOW = 120
+"""Screens narrower than this show flags, detail and sparkline below the heatmap."""
+NAME_SHARE = 0.4
+"""Most of the heatmap's width its name column takes (the steps get the rest)."""
+MIN_NAME = 12
+FLAG_KIND, FLAG_AT = 9, 8
+"""Widths of the flag table's kind and iteration columns; the subject gets the rest (the reason scrolls)."""
 
 
 def change_cell(change: float, nan: int = 0) -> Text:
@@ -67,11 +80,26 @@ class HeatTable(SearchableTable, DataTable[object]):
         Binding("l", "cursor_right", "right", show=False, id="heat.right", tooltip="Next step"),
     ]
     search_what = "modules"
+    longest = MIN_NAME
+
+    def name_width(self) -> int:
+        return max(MIN_NAME, min(self.longest, int((self.size.width or 80) * NAME_SHARE)))
+
+    def on_resize(self, event: events.Resize) -> None:
+        fit_column(self, "name", self.name_width())
 
 
 class FlagTable(SearchableTable, DataTable[object]):
     BINDINGS: ClassVar[list[BindingType]] = [*table_keys("flags"), *search_bindings("flags")]
     search_what = "flags"
+    longest = MIN_NAME
+
+    def subject_width(self) -> int:
+        room = (self.size.width or 40) - FLAG_KIND - FLAG_AT - 6 * self.cell_padding - 1
+        return max(MIN_NAME, min(self.longest, room))
+
+    def on_resize(self, event: events.Resize) -> None:
+        fit_column(self, "subject", self.subject_width())
 
 
 class TimelineScreen(Screen[None]):
@@ -108,8 +136,12 @@ class TimelineScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        self.set_class(self.app.size.width < NARROW_BELOW, "-narrow")
         self.query_one(HeatTable).loading = True
         self._run()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.set_class(event.size.width < NARROW_BELOW, "-narrow")
 
     def on_unmount(self) -> None:
         self.workers.cancel_group(self, "timeline")
@@ -159,10 +191,14 @@ class TimelineScreen(Screen[None]):
             title.append(f"\n{note}", style="dim")
         self.query_one("#tl-title", Static).update(title)
         flags = self.query_one(FlagTable)
-        flags.add_columns("flag", "at", "subject", "reason")
+        flags.longest = max((len(flag.subject) for flag in result.flags), default=MIN_NAME)
+        flags.add_column("flag", width=FLAG_KIND)
+        flags.add_column("at", width=FLAG_AT)
+        flags.add_column("subject", key="subject", width=flags.subject_width())
+        flags.add_column("reason")
         for flag in result.flags:
             style = "bold red" if flag.kind in ("nan", "inf", "stale") else "yellow"
-            flags.add_row(Text(flag.kind, style=style), str(flag.iteration), flag.subject, flag.reason)
+            flags.add_row(Text(flag.kind, style=style), str(flag.iteration), NameCell(flag.subject, head=0.0), flag.reason)
         if not result.flags:
             flags.add_row(Text("none", style="green"), "", "nothing flagged", "")
         self._show_level()
@@ -177,11 +213,12 @@ class TimelineScreen(Screen[None]):
         heat = self.query_one(HeatTable)
         heat.clear(columns=True)
         self.rows = {"modules": result.modules, "layers": result.layers, "tensors": result.tensors}[self.level]
-        heat.add_column(self.level[:-1], key="name")
+        heat.longest = max((len(series.name) for series in self.rows), default=MIN_NAME)
+        heat.add_column(self.level[:-1], key="name", width=heat.name_width())
         for a, b in zip(result.iterations, result.iterations[1:]):
             heat.add_column(f"{a}→{b}", key=f"{a}-{b}", width=max(6, len(f"{a}→{b}")))
         for series in self.rows:
-            heat.add_row(series.name, *(change_cell(c, series.nan[k + 1]) for k, c in enumerate(series.change)))
+            heat.add_row(NameCell(series.name, head=0.0), *(change_cell(c, series.nan[k + 1]) for k, c in enumerate(series.change)))
         if self.rows and len(result.iterations) > 1:
             heat.move_cursor(row=0, column=1)
 

@@ -71,9 +71,10 @@ def header_renderable(progress: DiffProgress) -> Table:
             how.append(f" · {note}", style="dim")
         if len(progress.notes) > 2:
             how.append(f" · +{len(progress.notes) - 2} notes", style="dim")
+        how.no_wrap, how.overflow = True, "ellipsis"  # one line: a narrow screen keeps its rows for the table
         grid.add_row("paired", how)
     for pad in progress.padding[:2]:
-        grid.add_row(Text("padding", style="bold yellow"), Text(pad, style="yellow"))
+        grid.add_row(Text("padding", style="bold yellow"), Text(pad, style="yellow", no_wrap=True, overflow="ellipsis"))
     if progress.state in ("comparing", "finished", "cancelled"):
         bar = Table.grid(padding=(0, 1))
         bar.add_column(width=30)

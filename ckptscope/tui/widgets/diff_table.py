@@ -2,7 +2,10 @@
 
 The name column takes whatever width the metric columns leave and shows whole names; only a name
 that does not fit loses its middle (``model.layers.1…attn.q_proj.weight``): abbreviated components
-made similar names impossible to tell apart. The detail pane always shows the whole name.
+made similar names impossible to tell apart. On a narrow table the name column takes the width its
+longest name needs (up to what status and max_abs leave) and the other metrics scroll sideways:
+sixteen characters of ``model.…oj.weight`` told no row from another. The detail pane always shows
+the whole name.
 """
 
 from __future__ import annotations
@@ -19,30 +22,56 @@ from textual.widgets import DataTable
 
 from ckptscope.core.units import middle_ellipsis
 from ckptscope.tui.diff_rows import COLUMNS, row_cells
+from ckptscope.tui.widgets.column_fit import fit_column
 from ckptscope.tui.widgets.vim_keys import table_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.ops.diff.engine import PairResult
 
 MIN_NAME_WIDTH = 16
+KEEP_VISIBLE = ("status", "max_abs")
+"""Columns that stay on screen beside the name however narrow the table (the rest scroll)."""
+TAIL_ONLY_BELOW = 30
+"""Narrower than this, a cut name keeps only its end (``…attn.k_proj.weight``)."""
 
 
 def shorten(name: str, width: int) -> str:
     """The whole name when it fits; else its start and end around a middle ellipsis, the end given
-    more room (it tells ``q_proj.weight`` from ``k_proj.weight``)."""
-    return middle_ellipsis(name, width, head=0.4)
+    more room (it tells ``q_proj.weight`` from ``k_proj.weight``); in a narrow cell only the end."""
+    return middle_ellipsis(name, width, head=0.4 if width >= TAIL_ONLY_BELOW else 0.0)
+
+
+def name_width(table_width: int, longest: int, padding: int) -> int:
+    """The name column's width: what the other columns leave when that shows whole names or cuts
+    that keep both ends (``TAIL_ONLY_BELOW`` or more); else, on a narrow table, the longest name
+    as far as the columns in ``KEEP_VISIBLE`` leave room for it (the other metrics scroll)."""
+    cell = 2 * padding
+    others = sum((c.width or 0) + cell for c in COLUMNS[1:]) + cell
+    leftover = table_width - others - 2
+    if leftover >= min(longest, TAIL_ONLY_BELOW):
+        return max(MIN_NAME_WIDTH, leftover)
+    keep = sum((c.width or 0) + cell for c in COLUMNS if c.key in KEEP_VISIBLE) + cell
+    return max(MIN_NAME_WIDTH, leftover, min(longest, table_width - keep - 2))
 
 
 class NameCell:
-    """A tensor name as a table cell: drawn to the column's width, never parsed as markup."""
+    """A name as a table cell: shortened to the column's width when drawn (so a resized column
+    needs no new rows), never parsed as markup."""
 
-    __slots__ = ("name",)
+    __slots__ = ("name", "style", "head")
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, name: str, style: str = "", head: float | None = None) -> None:
+        self.name, self.style = name, style
+        self.head = head
+        """Share of a cut name's room given to its start (0: only the end); None: ``shorten``'s."""
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield Text(shorten(self.name, options.max_width), no_wrap=True, end="")
+        width = options.max_width
+        text = shorten(self.name, width) if self.head is None else middle_ellipsis(self.name, width, self.head)
+        yield Text(text, style=self.style, no_wrap=True, end="")
+
+    def __str__(self) -> str:
+        return self.name
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
         return Measurement(min(len(self.name), MIN_NAME_WIDTH), len(self.name))
@@ -55,6 +84,8 @@ class DiffTable(DataTable[object]):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, id=id)
+        self.longest = MIN_NAME_WIDTH
+        """Length of the longest name added (the name column's wish on a narrow table)."""
 
     def on_mount(self) -> None:
         for column in COLUMNS:
@@ -66,16 +97,9 @@ class DiffTable(DataTable[object]):
         self.fit_name_column()
 
     def fit_name_column(self) -> None:
-        """Give the name column the width the other columns leave (a vertical scrollbar included)."""
-        others = sum(c.width or 0 for c in COLUMNS[1:]) + 2 * self.cell_padding * len(COLUMNS)
-        width = max(MIN_NAME_WIDTH, self.size.width - others - 2)
-        column = self.columns.get("name")  # type: ignore[call-overload]
-        if column is None or column.width == width:
-            return
-        column.width, column.auto_width = width, False
-        self._clear_caches()
-        self._require_update_dimensions = True
-        self.refresh()
+        """Give the name column the width the other columns leave (a vertical scrollbar included),
+        or on a narrow table the width its names need (see ``name_width``)."""
+        fit_column(self, "name", name_width(self.size.width, self.longest, self.cell_padding))
 
     def set_sort(self, column: str | None, reverse: bool) -> None:
         """Mark the sorted column's header: ▼ largest (or last) first, ▲ smallest (or first) first."""
@@ -90,8 +114,13 @@ class DiffTable(DataTable[object]):
         self.refresh()
 
     def add_results(self, results: Iterable[PairResult]) -> None:
+        longest = self.longest
         for result in results:
+            longest = max(longest, len(result.name))
             self.add_row(NameCell(result.name), *row_cells(result)[1:], key=result.name)
+        if longest != self.longest:
+            self.longest = longest
+            self.fit_name_column()
 
     def order_by(self, key: Callable[[str], object]) -> None:
         """Sort rows by ``key(name)``; the cursor keeps its row index (the screen moves it)."""

@@ -12,11 +12,13 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from rich.text import Text
+from textual import events
 from textual.binding import BindingType
 from textual.widgets import DataTable, Static
 
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.units import middle_ellipsis
+from ckptscope.tui.widgets.column_fit import fit_column
 from ckptscope.tui.widgets.table_search import SearchableTable, search_bindings
 from ckptscope.tui.widgets.vim_keys import table_keys
 
@@ -24,9 +26,16 @@ MAX_ROWS = 5000
 MAX_VALUE = 120
 """Characters of a value shown in its cell; the row under the cursor shows it whole below the table."""
 MAX_FULL_VALUE = 20_000
-KEY_WIDTH = 36
-"""Key column width: longer keys (Megatron args have long ones) keep their start and end around a
-middle ellipsis, so the value column stays on screen; the whole key is shown below the table."""
+KEY_SHARE = 0.45
+"""Most of the tab's width the key column takes: the whole longest key when it fits in that, so
+space is never left empty beside a cut key; longer keys (Megatron args have long ones) keep their
+start and end around a middle ellipsis, and the whole key is shown below the table."""
+MIN_KEY_WIDTH = 16
+
+
+def key_width(tab_width: int, longest: int) -> int:
+    """The key column's width for a tab ``tab_width`` wide whose longest key has ``longest`` characters."""
+    return max(MIN_KEY_WIDTH, min(longest, int(tab_width * KEY_SHARE)))
 
 
 def flatten(prefix: str, value: Any, depth: int = 0) -> Iterator[tuple[str, str, str]]:
@@ -76,6 +85,11 @@ def object_rows(index: CheckpointIndex) -> list[tuple[str, str, str]]:
     return rows[:MAX_ROWS]
 
 
+def _key_cell(key: str, width: int) -> Text:
+    """A key cut to ``width``: start and end kept (``args.`` or ``optimizer.`` and the last word)."""
+    return Text(middle_ellipsis(key, width), style="bold")
+
+
 class ObjectsTable(SearchableTable, DataTable[object]):
     """Key / type / value of every object and metadata entry; long keys and values are shortened in
     their cells and shown whole by ``ObjectDetail`` for the row under the cursor. ``/`` searches the
@@ -90,16 +104,25 @@ class ObjectsTable(SearchableTable, DataTable[object]):
 
     def show(self, index: CheckpointIndex) -> None:
         self.clear(columns=True)
-        # keys get about a quarter of the terminal (the tab may be hidden, so its own size is not
-        # known yet): an 80-column terminal keeps the value column on screen
-        width = max(16, min(KEY_WIDTH, self.app.size.width // 4))
-        self.add_column("key", width=width)
-        self.add_columns("type", "value")
         self.rows_full = object_rows(index)
+        width = self._key_width()
+        self.add_column("key", width=width, key="key")
+        self.add_columns("type", "value")
         for key, kind, value in self.rows_full:
-            self.add_row(Text(middle_ellipsis(key, width), style="bold"), Text(kind, style="cyan"), _short(value))
+            self.add_row(_key_cell(key, width), Text(kind, style="cyan"), _short(value))
         if not self.rows_full:
             self.add_row(Text("no objects: this checkpoint holds only tensors", style="dim"), "", "")
+
+    def _key_width(self) -> int:
+        # the tab may be hidden (its size not known yet): then half the terminal is a fair guess
+        tab = self.size.width or self.app.size.width // 2
+        return key_width(tab, max((len(key) for key, _, _ in self.rows_full), default=MIN_KEY_WIDTH))
+
+    def on_resize(self, event: events.Resize) -> None:
+        width = self._key_width()
+        if self.rows_full and fit_column(self, "key", width):
+            for row, (key, _, _) in enumerate(self.rows_full):  # the cells hold keys cut to the old width
+                self.update_cell_at((row, 0), _key_cell(key, width))
 
     def row_text(self, row: int) -> str:
         full = self.full_row(row)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from rich.console import Group
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 from textual.reactive import reactive
@@ -13,6 +15,30 @@ from ckptscope.core.roles import MODEL, UNKNOWN
 from ckptscope.core.units import human_bytes, human_count, plural
 from ckptscope.ops.model import role_totals
 from ckptscope.tui.colors import dtype_color
+
+
+class Flow:
+    """Items on a line, separated by ``gap`` spaces, wrapping between items only: a dtype entry
+    (``● int8 10 B (3%)``) never breaks in two. An item wider than the line wraps on its own."""
+
+    def __init__(self, items: list[Text], gap: int = 3) -> None:
+        self.items, self.gap = items, gap
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        line = Text()
+        for item in self.items:
+            if line.cell_len and line.cell_len + self.gap + item.cell_len > width:
+                yield line
+                line = Text()
+            if line.cell_len:
+                line.append(" " * self.gap)
+            line.append_text(item)
+        yield line
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        widths = [cell_len(item.plain) for item in self.items]
+        return Measurement(max(widths, default=0), sum(widths) + self.gap * max(0, len(widths) - 1))
 
 
 def summary_renderable(index: CheckpointIndex) -> Table:
@@ -37,11 +63,11 @@ def summary_renderable(index: CheckpointIndex) -> Table:
         f"{plural(len(index.files), 'file')} ({human_bytes(total_files)})",
     )
     total = index.total_bytes or 1
+    items = [size]
     for dtype, nbytes in index.bytes_per_dtype().items():
-        size.append("   ")
-        size.append("● ", style=dtype_color(dtype))
-        size.append(f"{dtype} {human_bytes(nbytes)} ({100 * nbytes / total:.0f}%)")
-    grid.add_row("contents", size)
+        items.append(Text.assemble(("● ", dtype_color(dtype)), f"{dtype} {human_bytes(nbytes)} "
+                                   f"({100 * nbytes / total:.0f}%)"))
+    grid.add_row("contents", Flow(items))
     state = [(kind, totals) for kind, totals in roles.items() if kind != MODEL]
     if state:
         line = Text()

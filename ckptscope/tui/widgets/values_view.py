@@ -71,6 +71,20 @@ class ValuesTable(DataTable):
         Binding("colon", "edit_slice", "slice", id="values.slice", tooltip="Type a slice in NumPy syntax"),
     ]
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        pager = self.parent
+        if action == "step" and isinstance(pager, ValuesPager):  # ] [ only where there is an axis to step
+            return pager.selection is not None and pager.selection.can_step
+        return True
+
+    def action_scroll_top(self) -> None:
+        """g: the first row of the whole slice, not of the page read."""
+        self.post_message(ValuesPager.Move(edge=-1))
+
+    def action_scroll_bottom(self) -> None:
+        """G: the last row of the whole slice."""
+        self.post_message(ValuesPager.Move(edge=1))
+
     def action_page_rows(self, step: int) -> None:
         self.post_message(ValuesPager.Move(rows=step))
 
@@ -102,8 +116,10 @@ class ValuesPager(Vertical):
         """A paging key was pressed in the table."""
 
         def __init__(self, rows: int = 0, cols: int = 0, layer: int = 0, bits: bool = False,
-                     edit: bool = False) -> None:
+                     edit: bool = False, edge: int = 0) -> None:
             self.rows, self.cols, self.layer, self.bits, self.edit = rows, cols, layer, bits, edit
+            self.edge = edge
+            """-1: the first row of the slice (g), 1: the last (G)."""
             super().__init__()
 
     def __init__(self, *, id: str | None = None) -> None:
@@ -114,9 +130,11 @@ class ValuesPager(Vertical):
         self.page: ValuePage | None = None
         self.bits = False
         self._row = self._col = 0
+        self._land_last = False
+        """Put the cursor on the page's last row when it arrives (G)."""
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="slice, e.g. [3, :, 100:140]  (enter reads it)", id="values-slice")
+        yield Input(placeholder="slice: [3, :, 100:140]", id="values-slice")
         yield Static(id="values-title")
         yield ValuesTable(id="values-table", cursor_type="cell", zebra_stripes=True)
         yield Static(id="values-cell")
@@ -144,6 +162,7 @@ class ValuesPager(Vertical):
         if page.name != self.tensor:
             return
         self.page = page
+        self.screen.refresh_bindings()  # ] [ in the footer only when the slice has an axis to step
         cursor = self.query_one(ValuesTable).cursor_coordinate
         self.query_one("#values-title", Static).update(Text(page.title(), style="bold"))
         table = self.query_one(ValuesTable)
@@ -159,6 +178,8 @@ class ValuesPager(Vertical):
                                                        for v in values[i]))
         if len(table.columns) > 1:
             row, column = (cursor.row, cursor.column) if keep_cursor else (0, 1)
+            if self._land_last:
+                row, self._land_last = values.shape[0] - 1, False
             table.move_cursor(row=row, column=max(1, column))
             self._show_cell(table.cursor_coordinate.row, table.cursor_coordinate.column - 1)
 
@@ -211,6 +232,11 @@ class ValuesPager(Vertical):
             self.selection = self.selection.stepped(event.layer)
             self.query_one("#values-slice", Input).value = self.selection.text()
         page_rows, page_cols = self.page.values.shape
+        if event.edge:
+            self._row = 0 if event.edge < 0 else max(0, self.page.rows_total - PAGE_ROWS)
+            self._land_last = event.edge > 0
+            self._want()
+            return
         self._row = max(0, min(self._row + event.rows * page_rows, self.page.rows_total - 1))
         self._col = max(0, min(self._col + event.cols * page_cols, self.page.cols_total - 1))
         self._want()
