@@ -43,7 +43,7 @@ def test_one_arch_in_detail_shows_aliases_local_names_and_facts():
 def test_unknown_arch_is_one_line_and_exit_2():
     result = run_cli("archs", "gpt5")
     assert result.code == 2
-    assert result.err.strip().count("\n") == 0 and "known: gemma2" in result.err
+    assert result.err.strip().count("\n") == 0 and "known: " in result.err and "gemma2, " in result.err
 
 
 def test_adding_a_rule_changes_the_listing(monkeypatch):
@@ -68,7 +68,17 @@ def test_parallel_splits_come_from_the_layout_tables():
         for t in info.tensors:
             name = t.mcore.replace("{i}", "0").replace("{e}", "0")
             split = layout.split_layer(name)
-            if split is None:
+            mtp = layout.split_mtp(name)  # MTP layers live on the last stage
+            if mtp is not None and not mtp[1].startswith(layout.MTP_LAYER):
+                table = layout.MTP_LAYOUT[mtp[1]]
+                assert t.pp == "last stage"
+            elif mtp is not None:
+                sub = mtp[1][len(layout.MTP_LAYER):]
+                expert = layout.split_expert(sub)
+                table = (layout.EXPERT_LAYOUT[expert[1]] if expert else
+                         layout.MOE_LAYER_LAYOUT.get(sub) or layout.LAYER_LAYOUT[sub])
+                assert t.pp == "last stage"
+            elif split is None:
                 table = layout.TOP_LAYOUT[name]
                 assert t.pp == ("first stage" if name.startswith("embedding.") else "last stage")
             else:

@@ -3,6 +3,7 @@
 Architectures with their own module register into the shared tables here, once, on first import.
 """
 
+from ckptscope.mappings import deepseek as _deepseek  # noqa: F401  (registers deepseek_v3 on import)
 from ckptscope.mappings import gpt_oss as _gpt_oss
 from ckptscope.mappings import llama4 as _llama4
 

@@ -70,6 +70,9 @@ its per-layer pattern, local/global RoPE, the attention scale). They travel verb
 args under ``hf_config_extra`` so a round trip HF -> Megatron -> HF gives the same model."""
 
 
+MLA_ARCHS: set[str] = set()
+"""Multi-latent-attention archs: their attention tensors are not ``heads x head_dim`` (``hf_shape_problems``
+leaves them be) and their local spec has no torch_dist keys map (the Megatron names follow ``--spec``)."""
 EXPERT_FFN_IS_INTERMEDIATE: set[str] = {"mixtral"}
 """Archs whose HF ``intermediate_size`` is the experts' FFN size (no ``moe_intermediate_size``)."""
 LOCAL_EXPERTS_KEY: set[str] = {"mixtral"}
@@ -149,6 +152,8 @@ class ModelConfig:
     """What the *Megatron* side records (``apply_layernorm_1p``); HF configs leave it unknown."""
     hf_extra: dict[str, Any] | None = None
     """Arch-specific HF config keys (``HF_EXTRA_KEYS``), verbatim."""
+    mtp_num_layers: int | None = None
+    """Multi-token-prediction layers the *tensors* hold (Megatron's ``mtp_num_layers``)."""
     megatron_facts: dict[str, Any] | None = None
     """What the Megatron args say of ``MEGATRON_FACT_KEYS`` (checked by ``MEGATRON_CHECKS``)."""
 
@@ -198,7 +203,10 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
     head_dim = _first(text, "head_dim")
     if head_dim is None and heads and hidden:
         head_dim = hidden // heads
-    num_experts = _first(text, "num_local_experts", "num_experts")
+    num_experts = _first(text, "num_local_experts", "num_experts", "n_routed_experts")
+    shared_experts = _first(text, "shared_expert_intermediate_size")
+    if shared_experts is None and _first(text, "n_shared_experts") and _first(text, "moe_intermediate_size"):
+        shared_experts = text["n_shared_experts"] * text["moe_intermediate_size"]  # DeepSeek: n copies, one MLP
     rope = text.get("rope_parameters")  # transformers >= 5 keeps rope_theta there (flat for one RoPE)
     rope_theta = _first(text, "rope_theta") or (rope.get("rope_theta") if isinstance(rope, dict) else None)
     qkv_bias = _first(text, "attention_bias")
@@ -220,7 +228,7 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
         num_experts=num_experts,
         moe_ffn_hidden_size=_first(text, "moe_intermediate_size") or (_first(text, "intermediate_size")
                                                                       if arch in EXPERT_FFN_IS_INTERMEDIATE else None),
-        shared_expert_ffn_hidden_size=_first(text, "shared_expert_intermediate_size"),
+        shared_expert_ffn_hidden_size=shared_experts,
         moe_router_topk=_first(text, "num_experts_per_tok"),
         norm_epsilon=_first(text, "rms_norm_eps"),
         rope_theta=rope_theta,
@@ -266,6 +274,7 @@ def from_megatron_args(args: dict[str, Any]) -> ModelConfig:
         dtype=dtype,
         zero_centered_norm=bool(zero_centred) if zero_centred is not None else None,
         hf_extra=dict(extra) if extra else None,
+        mtp_num_layers=args.get("mtp_num_layers"),
         megatron_facts={k: args[k] for k in MEGATRON_FACT_KEYS if k in args} or None,
     )
 
@@ -436,15 +445,17 @@ def hf_shape_problems(hf_config: dict[str, Any], shapes: dict[str, tuple[int, ..
     """
     cfg = from_hf_config(hf_config)
     problems: dict[str, str] = {}
+    rules = [r for r in _HF_SHAPE_RULES if cfg.arch not in MLA_ARCHS or "self_attn." not in r[0]]
     for name, shape in shapes.items():
-        for suffix, rule in _HF_SHAPE_RULES:
+        for suffix, rule in rules:
             if name == suffix or name.endswith("." + suffix):
                 expected = rule(cfg)
                 if None not in expected and tuple(expected) != tuple(shape) and suffix not in problems:
                     problems[suffix] = (f"{name} is {list(shape)} but config.json implies {list(expected)}")
                 break
     layers = {int(m.group(1)) for name in shapes if (m := _HF_DECODER_LAYER.match(name))}
-    if layers and cfg.num_layers and layers != set(range(cfg.num_layers)):
+    mtp = int(hf_config.get("num_nextn_predict_layers") or 0)  # DeepSeek's MTP layers follow the decoder's
+    if layers and cfg.num_layers and not set(range(cfg.num_layers)) <= layers <= set(range(cfg.num_layers + mtp)):
         # A pipeline stage's share (Megatron's stage-local layer keys collide across stages in one
         # DCP save) would load with the missing layers silently re-initialised.
         problems["layers"] = (f"the tensors hold decoder layers {_ranges(sorted(layers))} but config.json "

@@ -47,8 +47,9 @@ def has_fused_experts(names: Iterable[str]) -> bool:
 
 def expert_templates(arch: str) -> tuple[str, str, str]:
     """(gate, up, down) per-expert HF name templates of ``arch``, read from its schema's expert rules."""
-    gate_up = [r for r in SCHEMAS.get(arch, ()) if r.transform == "gate_up" and "{e}" in r.hf[0]]
-    down = [r for r in SCHEMAS.get(arch, ()) if r.transform == "identity" and "{e}" in r.hf[0]]
+    rules = [r for r in SCHEMAS.get(arch, ()) if "{e}" in r.hf[0] and r.hf[0].startswith(L_HF)]  # not MTP's copy
+    gate_up = [r for r in rules if r.transform == "gate_up"]
+    down = [r for r in rules if r.transform == "identity"]
     if len(gate_up) != 1 or len(down) != 1:
         raise CkptError(f"{arch} has no routed experts: transformers' fused expert tensors do not fit it")
     return gate_up[0].hf[0], gate_up[0].hf[1], down[0].hf[0]

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.roles import naming_family
 from ckptscope.core.tensor import TensorMeta
+from ckptscope.mappings import deepseek
 from ckptscope.mappings.config import ModelConfig, from_hf_config, from_megatron_args
 from ckptscope.mappings.links import Link, Recipe, box_shape, recipes_from_links, uncovered
 from ckptscope.mappings.schemas import SCHEMAS, Rule, is_ignored
@@ -42,7 +43,8 @@ class MappedView:
     unmapped: list[str] = field(default_factory=list)
     """Source tensors no rule consumed; the caller decides (diff keeps them by name, convert refuses)."""
     ignored: list[str] = field(default_factory=list)
-    """Source tensors that are never values (``_extra_state``, ``inv_freq``)."""
+    """Source tensors that are never values (``_extra_state``, ``inv_freq``), or copies the target keeps once."""
+    notes: list[str] = field(default_factory=list)
 
 
 def config_from_index(index: CheckpointIndex) -> ModelConfig:
@@ -90,6 +92,8 @@ def detect_arch(names: Iterable[str], cfg: ModelConfig) -> str:
     if cfg.arch:
         return cfg.arch
     joined = "\n".join(names)
+    if "kv_a_proj_with_mqa." in joined or "linear_kv_down_proj." in joined:  # multi-latent attention
+        return deepseek.ARCH
     if ".self_attn.sinks" in joined or ".core_attention.softmax_offset" in joined:  # attention sinks
         return "gpt_oss"
     if ".feed_forward." in joined:  # Llama 4's HF module names
@@ -183,6 +187,8 @@ def to_hf(tensors: Mapping[str, TensorShape], cfg: ModelConfig, arch: str | None
                             f"not 0..{len(seen) - 1}")
     recipes = recipes_from_links(links, to="hf", shapes=dst_shapes, dtypes=dst_dtypes)
     _attach_padding(recipes, links, tensors)
+    if arch == deepseek.ARCH:  # MTP layers back under their stored names, with their shared copies
+        recipes = deepseek.from_view(recipes, cfg.num_layers)
     unmapped = [n for n in names if n not in consumed]
     ignored = [n for n in tensors if is_ignored(n)]
     return MappedView("hf", arch, cfg, recipes, unmapped, ignored)
@@ -196,6 +202,13 @@ def to_mcore(tensors: Mapping[str, TensorShape], cfg: ModelConfig, arch: str | N
     """
     arch = arch or detect_arch(tensors, cfg)
     rules = _check_rules(arch)
+    stored: dict[str, str] = {}
+    shared: list[str] = []
+    if arch == deepseek.ARCH:  # MTP layers under their own names (see mappings/deepseek.py)
+        renames, shared = deepseek.to_view(tensors, cfg.num_layers)
+        stored = {new: old for old, new in renames.items()}
+        tensors = {renames.get(n, n): m for n, m in tensors.items() if n not in shared}
+        cfg = replace(cfg, mtp_num_layers=len({n.split(".")[2] for n in stored}) or None)
     names = [n for n in tensors if not is_ignored(n)]
     present = set(names)
     links: list[Link] = []
@@ -206,6 +219,9 @@ def to_mcore(tensors: Mapping[str, TensorShape], cfg: ModelConfig, arch: str | N
         transform = TRANSFORMS[rule.transform]
         mcore_template = rule.local if (local_spec and rule.local) else rule.mcore[0]
         for first, found in list(_matches(rule.hf[0], names)):
+            if (rule.when and _fmt(rule.when, found) not in present) or (rule.unless and _fmt(rule.unless, found)
+                                                                          in present):
+                continue
             hf_names = [_fmt(t, found) for t in rule.hf]
             missing = [n for n in hf_names if n not in present]
             if missing:
@@ -236,9 +252,14 @@ def to_mcore(tensors: Mapping[str, TensorShape], cfg: ModelConfig, arch: str | N
     recipes = recipes_from_links(links, to="mcore", shapes=dst_shapes, dtypes=dst_dtypes)
     for recipe in recipes.values():
         recipe.fill = uncovered(recipe.shape, [p.dst_box for p in recipe.pieces])
-    unmapped = [n for n in names if n not in consumed]
-    ignored = [n for n in tensors if is_ignored(n)]
-    return MappedView("mcore", arch, cfg, recipes, unmapped, ignored)
+    deepseek.renamed_pieces(recipes, stored)
+    unmapped = [stored.get(n, n) for n in names if n not in consumed]
+    ignored = [stored.get(n, n) for n in tensors if is_ignored(n)]
+    view = MappedView("mcore", arch, cfg, recipes, unmapped, ignored + shared)
+    if shared:
+        view.notes.append(f"{len(shared)} MTP copies of the embedding / output head not written ({shared[0]}, ...): "
+                          f"Megatron's MTP layers share the main model's")
+    return view
 
 
 def _hf_fuses_experts(rule: Rule) -> bool:

@@ -19,6 +19,10 @@ class Rule:
     mcore: tuple[str, ...]
     transform: str = "identity"
     local: str | None = None
+    when: str | None = None
+    """HF name template (same ``{i}``) that must exist for the rule to apply to HF tensors (to_mcore)."""
+    unless: str | None = None
+    """HF name template that must not exist: DeepSeek's dense and MoE layers name their norm differently."""
 
 
 L_HF = "model.layers.{i}."

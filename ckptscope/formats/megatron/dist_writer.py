@@ -66,7 +66,9 @@ from ckptscope.formats.megatron.model_layout import (
     LAYERS,
     LINEARS,
     LOCAL_TO_TE,
+    MLA_LINEARS,
     MOE_NORM,
+    REPLICATED,
     Entry,
     ModelTensors,
     OutTensor,
@@ -86,6 +88,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["DistLayout", "OutTensor", "Progress", "finish_torch_dist", "legacy_rank_dir", "pipeline_layer_ranges",
            "plan_torch_dist", "write_dist_files", "write_torch_dist", "write_torch_legacy"]
 
+HETERO_LINEARS = MLA_LINEARS
+"""Replicated linears that still carry an ``_extra_state`` (MLA's duplicated down projections)."""
 COMMON_FILE = "common.pt"
 MARKER_FILE = "metadata.json"
 CHECKPOINT_VERSION = 3.0
@@ -105,18 +109,18 @@ class _Chunk:
 
 
 def _dist_key(entry: Entry, model: ModelTensors, spec: str) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
-    """The torch_dist key of one tensor and the axes prepended to it: (key, offsets, global sizes)."""
-    if entry.layer is None:
+    """The torch_dist key of one tensor and the axes prepended to it: (key, offsets, global sizes).
+    Layers that differ (``model.hetero``) are keyed one by one, without the layer axis."""
+    if entry.layer is None and not entry.owner:
         return entry.sub, (), ()
-    # dense and MoE layers mixed: megatron-core saves per-layer keys without the layer axis
-    layers = f"{LAYERS}{entry.layer}." if model.moe_layers is not None else LAYERS
-    axis, size = ((), ()) if model.moe_layers is not None else ((entry.layer,), (model.num_layers,))
+    prefix, axis, size = (entry.owner, (), ()) if model.hetero else (LAYERS, (entry.layer,), (model.num_layers,))
     if entry.expert is not None:
-        return layers + DIST_EXPERTS + entry.expert_sub, axis + (entry.expert,), size + (model.num_experts,)
+        return prefix + DIST_EXPERTS + entry.expert_sub, axis + (entry.expert,), size + (model.num_experts,)
     sub = entry.sub
-    if model.is_moe_layer(entry.layer) and spec == "local" and sub.startswith(MOE_NORM):
+    if (entry.layer is not None and model.is_moe_layer(entry.layer) and spec == "local" and not model.mla
+            and sub.startswith(MOE_NORM)):
         sub = LOCAL_TO_TE[MOE_NORM] + sub[len(MOE_NORM):]  # the local spec's keys map still applies
-    return layers + sub, axis, size
+    return prefix + sub, axis, size
 
 
 def _chunks(entry: Entry, model: ModelTensors, spec: str = "local") -> list[_Chunk]:
@@ -138,15 +142,24 @@ def _chunks(entry: Entry, model: ModelTensors, spec: str = "local") -> list[_Chu
 def _extra_state_objects(model: ModelTensors) -> list[str]:
     """ShardedObject keys of the layers' linears' ``_extra_state``, in the order megatron-core's
     sharded state dict lists them: per layer the attention linears, then the dense ``linear_fc1`` /
-    ``linear_fc2``, or each routed expert's (``shard_{i}.{e}_{L}.{E}``) and the shared experts'."""
+    ``linear_fc2``, or each routed expert's (``shard_{i}.{e}_{L}.{E}``) and the shared experts'.
+    Layers that differ (``model.hetero``): per-layer keys, ``shard_0_1`` per linear, ``shard_{e}_{E}``
+    per expert; MLA's duplicated down projections and an MTP layer's ``eh_proj`` have one too."""
     layers, experts = model.num_layers, model.num_experts
-    if model.moe_layers is None:
+    if not model.hetero:
         subs = set(model.layer_subs)
         return [LAYERS + key.format(i=i) for i in range(layers) for key in _extra_keys(subs, experts, layers)]
-    out = []  # per-layer keys without the layer axis (non-homogeneous layers)
-    for i in range(layers):
-        subs = set(model.moe_layer_subs if i in model.moe_layers else model.layer_subs)
-        out += [f"{LAYERS}{i}." + key for key in _extra_keys(subs, experts, None)]
+    by_owner: dict[str, set[str]] = {}
+    for entry in model.entries:
+        if entry.owner and entry.expert is None:
+            by_owner.setdefault(entry.owner, set()).add(entry.sub)
+        elif entry.expert is not None:
+            by_owner.setdefault(entry.owner, set()).add(f"{EXPERTS}{entry.expert}.{entry.expert_sub}")
+    out = []
+    for owner, subs in by_owner.items():
+        out += [owner + key for key in _extra_keys(subs, experts, None)]
+        out += [f"{owner}{module}._extra_state/shard_0_1" for module in HETERO_LINEARS + ("eh_proj",)
+                if module not in LINEARS and f"{module}.weight" in subs]
     return out
 
 

@@ -43,14 +43,20 @@ class Split(str, Enum):
 
 
 _COLUMN_MODULES = {"word_embeddings", "output_layer", "linear_qkv", "query_key_value", "linear_q_proj",
-                   "linear_q_up_proj", "linear_kv_up_proj"}
+                   "linear_q_up_proj", "linear_kv_up_proj", "eh_proj"}  # eh_proj: MTP's column-parallel linear
 _GLU_MODULES = {"linear_fc1", "dense_h_to_4h"}
 _ROW_MODULES = {"linear_proj", "linear_fc2", "dense_4h_to_h"}
 
 
-def tp_split(name: str, *, swiglu: bool) -> Split:
+_MLA_DOWN = {"linear_q_down_proj", "linear_kv_down_proj"}
+"""MLA's down projections: ``TELinear(parallel_mode="duplicated")`` with TransformerEngine (whole on every
+rank), ``ColumnParallelLinear`` with the local spec (``transformer_impl: local``), megatron-core 0.16.1."""
+
+
+def tp_split(name: str, *, swiglu: bool, local_impl: bool = False) -> Split:
     """The TP split of a parameter by its name (MAPPING.md §4). Anything not in the table
-    (norms, ``layer_norm_weight``, router, position embeddings, row-parallel biases) is replicated."""
+    (norms, ``layer_norm_weight``, router, position embeddings, row-parallel biases) is replicated.
+    ``local_impl``: the args say ``transformer_impl: local`` (MLA's down projections are split then)."""
     parts = name.split(".")
     if len(parts) < 2:
         return Split.REPLICATED
@@ -62,7 +68,7 @@ def tp_split(name: str, *, swiglu: bool) -> Split:
     param, module = match.group(1), parts[-2]
     if module in _GLU_MODULES:
         return Split.GLU if swiglu else Split.COLUMN
-    if module in _COLUMN_MODULES:
+    if module in _COLUMN_MODULES or (local_impl and module in _MLA_DOWN):
         return Split.COLUMN
     is_row = module in _ROW_MODULES or (module == "dense" and len(parts) >= 3 and parts[-3] == "self_attention")
     if is_row:
@@ -128,6 +134,8 @@ class Parallelism:
     num_layers: int | None = None
     num_experts: int | None = None
     swiglu: bool = False
+    local_impl: bool = False
+    """``transformer_impl: local`` (Megatron-LM's default is transformer_engine)."""
 
     @classmethod
     def from_args(cls, args: dict[str, Any]) -> Parallelism:
@@ -141,6 +149,7 @@ class Parallelism:
             num_layers=_int(args, "num_layers", "encoder_num_layers"),
             num_experts=_int(args, "num_experts", "num_moe_experts"),
             swiglu=bool(args.get("swiglu") or args.get("gated_linear_unit")),  # GeGLU (Gemma) is gated too
+            local_impl=args.get("transformer_impl") == "local",
         )
 
 

@@ -386,7 +386,7 @@ class MegatronLegacyReader(CheckpointReader):
             return Split.REPLICATED
         if expert and sizes.etp == 1:
             return Split.REPLICATED  # experts not split over TP: every TP file has the whole expert
-        return tp_split(local, swiglu=sizes.swiglu)
+        return tp_split(local, swiglu=sizes.swiglu, local_impl=sizes.local_impl)
 
     def _assemble(self, index: CheckpointIndex, name: str, entry: _Logical, sizes: Parallelism) -> TensorMeta:
         """The global tensor: one chunk per TP piece (two for SwiGLU fc1), at its global offset."""

@@ -246,22 +246,125 @@ def _layout(model: ModelTensors, tp: int, pp: int, ep: int, etp: int, args: dict
                         names.append(top)
                 elif (p, x, top) in placed:
                     names.append(top)
-            unplaced = {name for (stage_index, ep_rank, name) in placed if (stage_index, ep_rank) == (p, x)}
-            unplaced -= set(names)
-            if unplaced:  # unreachable: every known tensor has its place in the orders above
-                raise CkptError(f"no place in the legacy state dict for {sorted(unplaced)}")
-            for t in range(tp):
-                rank = files[(p, x, t)]
-                for name in names:
-                    if name == "output_layer._extra_state":  # mcore's own linear in both specs
-                        rank.model[name] = None
-                    elif name.endswith(EXTRA):
-                        rank.model[name] = extra if extra is None else extra.clone()
-                    else:
-                        entry = placed[(p, x, name)]
-                        split = etp if entry.expert is not None else tp
-                        rank.model[name] = _Slot(_slice_shape(entry.out.shape, entry.layout, split, entry.out.name),
-                                                 entry.dtype)
+            _fill_stage(files, (p, x), names, placed, tp, etp, extra)
+    return list(files.values()), targets
+
+
+def _fill_stage(files: dict, stage: tuple[int, int], names: list[str], placed: dict, tp: int, etp: int,
+                extra: Any) -> None:
+    """Put ``names`` (in order) into the TP files of one (pp, ep) stage: a ``_Slot`` per tensor, the
+    ``_extra_state`` values themselves; every tensor placed on the stage must be among the names."""
+    p, x = stage
+    unplaced = {name for (stage_index, ep_rank, name) in placed if (stage_index, ep_rank) == (p, x)} - set(names)
+    if unplaced:  # unreachable: every known tensor has its place in the orders
+        raise CkptError(f"no place in the legacy state dict for {sorted(unplaced)[:3]}")
+    for t in range(tp):
+        rank = files[(p, x, t)]
+        for name in names:
+            if name == "output_layer._extra_state":  # mcore's own linear in both specs
+                rank.model[name] = None
+            elif name.endswith(EXTRA):
+                rank.model[name] = extra if extra is None else extra.clone()
+            else:
+                entry = placed[(p, x, name)]
+                split = etp if entry.expert is not None else tp
+                rank.model[name] = _Slot(_slice_shape(entry.out.shape, entry.layout, split, entry.out.name),
+                                         entry.dtype)
+
+
+_MLA_LOCAL = (  # megatron-core 0.16.1 MLASelfAttention, local spec: state_dict() order checked on CPU
+    "input_layernorm.weight",
+    "self_attention.linear_proj.weight", "self_attention.linear_proj._extra_state",
+    "self_attention.linear_q_proj.weight", "self_attention.linear_q_proj._extra_state",
+    "self_attention.linear_q_down_proj.weight", "self_attention.linear_q_down_proj._extra_state",
+    "self_attention.linear_q_up_proj.weight", "self_attention.linear_q_up_proj._extra_state",
+    "self_attention.linear_kv_down_proj.weight", "self_attention.linear_kv_down_proj._extra_state",
+    "self_attention.linear_kv_up_proj.weight", "self_attention.linear_kv_up_proj._extra_state",
+    "self_attention.q_layernorm.weight", "self_attention.kv_layernorm.weight",
+)
+_MLA_TE = (  # the same modules with TE's fused latent norms (not checked against a TE install)
+    "input_layernorm.weight", "self_attention.core_attention._extra_state",
+    "self_attention.linear_proj.weight", "self_attention.linear_proj._extra_state",
+    "self_attention.linear_q_proj.weight", "self_attention.linear_q_proj._extra_state",
+    "self_attention.linear_q_down_proj.weight", "self_attention.linear_q_down_proj._extra_state",
+    "self_attention.linear_q_up_proj.layer_norm_weight",
+    "self_attention.linear_q_up_proj.weight", "self_attention.linear_q_up_proj._extra_state",
+    "self_attention.linear_kv_down_proj.weight", "self_attention.linear_kv_down_proj._extra_state",
+    "self_attention.linear_kv_up_proj.layer_norm_weight",
+    "self_attention.linear_kv_up_proj.weight", "self_attention.linear_kv_up_proj._extra_state",
+)
+_MTP_HEAD = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "eh_proj._extra_state")
+"""An MTP layer's own modules before its ``transformer_layer`` (then ``final_layernorm``), megatron-core 0.16.1."""
+
+
+def _layout_heterogeneous(model: ModelTensors, tp: int, pp: int, ep: int, etp: int, args: dict[str, Any],
+                          spec: str, iter_dir: Path) -> tuple[list[_RankFile], list[list[_Place]]]:
+    """``_layout`` for layers that differ (dense and MoE layers mixed: Llama 4, DeepSeek; MLA; MTP layers).
+    Each name is ``Entry.owner`` + ``sub`` in ``spec``'s spelling; MTP layers live on the last stage, after
+    the decoder's final norm, as in ``GPTModel.state_dict()``. A layer's entries follow ``_MLA_*`` and
+    the dense or MoE MLP order; the ``_extra_state`` of each linear present follows its weight."""
+    ranges = pipeline_layer_ranges(model.num_layers, pp, args)
+    stage_of = {layer: p for p, r in enumerate(ranges) for layer in r}
+    files = {(p, x, t): _RankFile(iter_dir / legacy_rank_dir(t, p, pp, x, ep) / LEGACY_FILE)
+             for p in range(pp) for x in range(ep) for t in range(tp)}
+    local_experts = max(model.num_experts // ep, 1)
+    targets: list[list[_Place]] = []
+    placed: dict[tuple[int, int, str], Entry] = {}
+    for entry in model.entries:
+        if not entry.owner:
+            stage = 0 if entry.sub.startswith("embedding.") else pp - 1
+            prefix, sub = "", entry.sub
+        elif entry.layer is not None:
+            stage = stage_of[entry.layer]
+            prefix, sub = f"{LAYERS}{entry.layer - ranges[stage].start}.", spec_sub(entry.sub, spec)
+        else:
+            stage, prefix, sub = pp - 1, entry.owner, spec_sub(entry.sub, spec)
+        if entry.expert is not None:
+            x, local = divmod(entry.expert, local_experts)
+            places = [(stage, x, f"{prefix}{EXPERTS}{local}.{entry.expert_sub}")]
+        else:
+            places = [(stage, x, prefix + sub) for x in range(ep)]
+        for place in places:
+            placed[place] = entry
+        split = etp if entry.expert is not None else tp
+        targets.append([_Place(files[(p, x, t)], name, split, t if split > 1 else 0)
+                        for p, x, name in places for t in range(tp)])
+
+    if model.mla:
+        attention = _MLA_LOCAL if spec == "local" else _MLA_TE
+    else:
+        attention = _ATTN_LOCAL if spec == "local" else _ATTN_TE
+    mlp = _MLP_LOCAL if spec == "local" else _MLP_TE
+    layer_order = list(dict.fromkeys(attention + mlp + _moe_mlp_order(local_experts)))
+    mtp_layers = sorted({e.owner.split(".")[2] for e in model.entries if e.owner.startswith("mtp.")}, key=int)
+    extra = extra_state_value(spec)
+    for p, stage in enumerate(ranges):
+        for x in range(ep):
+            candidates: list[str] = []
+            for top in _ORDER_TOP:
+                if top is None:
+                    candidates += [f"{LAYERS}{local}.{sub}" for local in range(len(stage)) for sub in layer_order]
+                    continue
+                if top == "output_layer.weight" and p == pp - 1:
+                    for k in mtp_layers:
+                        head = f"mtp.layers.{k}."
+                        candidates += [head + sub for sub in _MTP_HEAD]
+                        candidates += [f"{head}transformer_layer.{sub}" for sub in layer_order]
+                        candidates.append(head + "final_layernorm.weight")
+                candidates.append(top)
+            names = []
+            for name in candidates:
+                if name == "output_layer._extra_state":
+                    if p == pp - 1:
+                        names.append(name)
+                elif name.endswith(EXTRA):
+                    module = name[: -len(EXTRA)]
+                    owner = module.rpartition(".")[0] + ".linear_proj" if module.endswith("core_attention") else module
+                    if (p, x, owner + ".weight") in placed:
+                        names.append(name)
+                elif (p, x, name) in placed:
+                    names.append(name)
+            _fill_stage(files, (p, x), names, placed, tp, etp, extra)
     return list(files.values()), targets
 
 
@@ -482,6 +585,7 @@ def _prepare(iter_dir: Path, tensors: list[OutTensor], *, args: dict, iteration:
     if any(isinstance(v, torch.Tensor) for v in args.values()):  # would shift torch.save's storage numbering
         raise CkptError("args must not hold tensors")
     iter_dir = Path(iter_dir)
-    ranks, targets = _layout(model, tp, pp, ep, etp, args, spec, iter_dir)
+    layout = _layout_heterogeneous if model.hetero else _layout
+    ranks, targets = layout(model, tp, pp, ep, etp, args, spec, iter_dir)
     header = {"args": argparse.Namespace(**args), "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration}
     return model, ranks, targets, header

@@ -81,9 +81,33 @@ LAYER_LAYOUT: dict[str, str] = {  # canonical (TE) per-layer names; fc1 is GLU w
     # row-parallel linear (src/megatron/bridge/models/gemma/modules.py), so they are replicated
     "self_attention.linear_proj.post_layernorm.weight": REPLICATED,
     "mlp.linear_fc2.post_layernorm.weight": REPLICATED,
+    # multi-latent attention (megatron-core multi_latent_attention.py). The TE spec builds the down projections
+    # as ``TELinear(parallel_mode="duplicated")``: whole on every TP rank; the up projections and the
+    # single ``linear_q_proj`` are column-parallel; the latent norms are fused into the up projections (TE)
+    # or the ``q_layernorm`` / ``kv_layernorm`` modules (local spec), replicated either way
+    "input_layernorm.weight": REPLICATED,
+    "self_attention.linear_q_proj.weight": COLUMN,
+    "self_attention.linear_q_down_proj.weight": REPLICATED,
+    "self_attention.linear_q_up_proj.weight": COLUMN,
+    "self_attention.linear_q_up_proj.layer_norm_weight": REPLICATED,
+    "self_attention.linear_kv_down_proj.weight": REPLICATED,
+    "self_attention.linear_kv_up_proj.weight": COLUMN,
+    "self_attention.linear_kv_up_proj.layer_norm_weight": REPLICATED,
+    "self_attention.kv_layernorm.weight": REPLICATED,
     # GPT-OSS's attention sinks: DotProductAttention's learnable softmax offset, one per head, so split
     # over TP like the heads (its sharded_state_dict shards axis 0)
     "self_attention.core_attention.softmax_offset": COLUMN,
+}
+MLA_LINEARS = ("self_attention.linear_q_proj", "self_attention.linear_q_down_proj", "self_attention.linear_q_up_proj",
+               "self_attention.linear_kv_down_proj", "self_attention.linear_kv_up_proj", "self_attention.linear_proj")
+MLA_DOWN = ("self_attention.linear_q_down_proj.weight", "self_attention.linear_kv_down_proj.weight")
+MTP = "mtp.layers."
+MTP_LAYER = "transformer_layer."
+MTP_LAYOUT: dict[str, str] = {  # megatron-core multi_token_prediction.py, MultiTokenPredictionLayer
+    "enorm.weight": REPLICATED,
+    "hnorm.weight": REPLICATED,
+    "eh_proj.weight": COLUMN,  # column_parallel_linear, gather_output=False
+    "final_layernorm.weight": REPLICATED,
 }
 LOCAL_TO_TE = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_",
                "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
@@ -117,6 +141,30 @@ DIST_EXPERTS = "mlp.experts.experts."
 MOE_PREFIXES = ("mlp.router.", "mlp.experts.", "mlp.shared_experts.")
 
 
+def is_heterogeneous(args: dict[str, Any]) -> bool:
+    """Layers that are not all alike (megatron-core ``TransformerBlock.sharded_state_dict``'s
+    ``non_homogeneous_layers``): a ``moe_layer_freq`` list or one above 1, MTP layers, or MLA (whose
+    names this writer takes verbatim: its two specs spell the latent norms differently, and the
+    mapping already chose). torch_dist then keys every layer on its own, with no layer axis."""
+    freq = args.get("moe_layer_freq")
+    return (isinstance(freq, (list, tuple)) or (isinstance(freq, int) and freq > 1)
+            or bool(args.get("mtp_num_layers")) or bool(args.get("multi_latent_attention")))
+
+
+def _split_indexed(name: str, prefix: str) -> tuple[int, str] | None:
+    """``{prefix}3.x.y`` -> ``(3, "x.y")``; None when ``name`` is not so."""
+    if not name.startswith(prefix):
+        return None
+    index, _, rest = name[len(prefix):].partition(".")
+    return (int(index), rest) if index.isdigit() and rest else None
+
+
+def split_mtp(name: str) -> tuple[str, str] | None:
+    """``mtp.layers.0.transformer_layer.x.y`` -> ``("mtp.layers.0.", "transformer_layer.x.y")``; None otherwise."""
+    split = _split_indexed(name, MTP)
+    return (f"{MTP}{split[0]}.", split[1]) if split else None
+
+
 def is_gated(args: dict[str, Any]) -> bool:
     """fc1 is ``[gate; up]`` (split per TP rank as two halves): Megatron-LM's ``--swiglu``, or a gated
     MLP with another activation (``gated_linear_unit``, e.g. Gemma's GeGLU as Megatron-Bridge sets it)."""
@@ -125,12 +173,7 @@ def is_gated(args: dict[str, Any]) -> bool:
 
 def split_layer(name: str) -> tuple[int, str] | None:
     """``decoder.layers.3.x.y`` -> ``(3, "x.y")``; None for a top-level name."""
-    if not name.startswith(LAYERS):
-        return None
-    index, _, sub = name[len(LAYERS):].partition(".")
-    if not index.isdigit() or not sub:
-        return None
-    return int(index), sub
+    return _split_indexed(name, LAYERS)
 
 
 def te_sub(sub: str) -> str:
@@ -209,6 +252,9 @@ class Entry:
     """Global expert id of a routed expert's tensor; None for everything else."""
     expert_sub: str = ""
     """The expert's own suffix (``linear_fc1.weight``) when ``expert`` is set."""
+    owner: str = ""
+    """Heterogeneous models: the name up to the layer (``decoder.layers.3.``,
+    ``mtp.layers.0.transformer_layer.``, ``mtp.layers.0.``); ``sub`` follows it."""
 
     @property
     def nbytes(self) -> int:
@@ -228,21 +274,27 @@ class ModelTensors:
     moe: bool = False
     """Every layer is a MoE layer (router, experts, maybe shared experts)."""
     num_experts: int = 0
-    moe_layers: frozenset[int] | None = None
-    """Set when only some layers are MoE (Megatron's ``moe_layer_freq``; Llama 4): those layers. Then
-    ``layer_subs`` are a dense layer's names and ``moe_layer_subs`` a MoE layer's, and megatron-core
+    hetero: bool = False
+    """Layers differ (``is_heterogeneous``: dense and MoE layers mixed, MLA, MTP layers): megatron-core
     saves per-layer torch_dist keys (``TransformerBlock.sharded_state_dict``, non-homogeneous layers)."""
-    moe_layer_subs: list[str] = field(default_factory=list)
+    moe_layers: frozenset[int] = frozenset()
+    """``hetero``: the decoder layers that are MoE layers (Megatron's ``moe_layer_freq``)."""
+    mla: bool = False
+    """Multi-latent attention: names are taken as the mapping spelled them for ``--spec`` (MLA's local
+    spec has no torch_dist keys map, and its latent norms have no other spelling)."""
 
     def is_moe_layer(self, layer: int) -> bool:
-        return self.moe if self.moe_layers is None else layer in self.moe_layers
+        return layer in self.moe_layers if self.hetero else self.moe
 
 
 def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
     """Validate names, shapes and layers before anything is produced or written."""
-    swiglu = is_gated(args)
+    layers = {split[0] for split in (split_layer(t.name) for t in tensors) if split is not None}
     moe_layers = {split[0] for split in (split_layer(t.name) for t in tensors)
                   if split is not None and _is_moe_sub(split[1])}
+    if is_heterogeneous(args) or 0 < len(moe_layers) < len(layers):  # dense and MoE layers mixed: args must say so
+        return _analyse_heterogeneous(tensors, args)
+    swiglu = is_gated(args)
     moe = bool(moe_layers)
     entries: list[Entry] = []
     seen: set[tuple[int | None, str]] = set()
@@ -265,45 +317,53 @@ def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
             raise CkptError(f"{out.name}: not a dense GPTModel tensor the Megatron writers know, nor a MoE one "
                             "(router, SequentialMLP experts.local_experts.{e}, shared_experts); other layer "
                             "types are not supported")
-        if any(s < 0 for s in shape) or (layout != REPLICATED and not shape) or (layout == ROW and len(shape) < 2):
-            raise CkptError(f"{out.name}: bad shape {shape}")
-        if (layer, sub) in seen:
-            raise CkptError(f"{out.name}: given twice")
-        seen.add((layer, sub))
-        if layout == GLU and shape[0] % 2:
-            raise CkptError(f"{out.name}: SwiGLU fc1 needs an even number of rows ([gate; up]), got {shape}")
+        _check_entry(out.name, shape, layout, (layer, sub), seen)
         entry = Entry(OutTensor(out.name, shape, dtype.name, out.produce, out.runs), dtype, layer, sub, layout,
                       expert[0] if expert else None, expert[1] if expert else "")
         entries.append(entry)
         if layer is not None:
             per_layer.setdefault(layer, {})[sub] = entry
 
-    num_layers = len(per_layer)
-    if sorted(per_layer) != list(range(num_layers)):
-        raise CkptError(f"layer indices must run 0..{num_layers - 1} without gaps, got {sorted(per_layer)}")
-    expected = args.get("num_layers")
-    if expected is not None and int(expected) != num_layers:
-        raise CkptError(f"args say num_layers={expected} but the tensors hold {num_layers} layers")
-    mixed = moe and len(moe_layers) < num_layers
-    if mixed:
-        _check_moe_layer_freq(sorted(moe_layers), num_layers, args)
-    firsts = {kind: min(i for i in per_layer if (i in moe_layers) == kind) for kind in (False, True)
-              if any((i in moe_layers) == kind for i in per_layer)}
+    num_layers = _layer_count(per_layer, args)
+    subs = list(per_layer[0]) if per_layer else []
     for i, layer in per_layer.items():
-        reference = firsts[i in moe_layers]
-        subs = per_layer[reference]
         if set(layer) != set(subs):
             differ = ", ".join(sorted(set(subs) ^ set(layer)))
-            raise CkptError(f"layer {i} does not hold the same tensors as layer {reference} ({differ}); "
+            raise CkptError(f"layer {i} does not hold the same tensors as layer 0 ({differ}); "
                             "Megatron stacks homogeneous layers only (besides dense and MoE layers)")
         for sub, entry in layer.items():
-            first = subs[sub]
+            first = per_layer[0][sub]
             if (entry.out.shape, entry.dtype) != (first.out.shape, first.dtype):
-                raise CkptError(f"{entry.out.name}: {entry.out.shape} {entry.dtype.name} differs from layer "
-                                f"{reference}'s {first.out.shape} {first.dtype.name}")
-    subs = list(per_layer[firsts[False]]) if False in firsts else list(per_layer[0]) if per_layer else []
-    num_experts = _check_moe(per_layer[firsts[True]], args) if moe else 0
-    names = {e.sub for e in entries if e.layer is None}
+                raise CkptError(f"{entry.out.name}: {entry.out.shape} {entry.dtype.name} differs from layer 0's "
+                                f"{first.out.shape} {first.dtype.name}")
+    num_experts = _check_moe(per_layer[0] if per_layer else {}, args) if moe else 0
+    tied = _embeddings_tied({e.sub for e in entries if e.layer is None}, args)
+    return ModelTensors(entries, num_layers, tied, subs, moe, num_experts)
+
+
+def _check_entry(name: str, shape: tuple[int, ...], layout: str, key: object, seen: set) -> None:
+    if any(s < 0 for s in shape) or (layout != REPLICATED and not shape) or (layout == ROW and len(shape) < 2):
+        raise CkptError(f"{name}: bad shape {shape}")
+    if key in seen:
+        raise CkptError(f"{name}: given twice")
+    seen.add(key)
+    if layout == GLU and shape[0] % 2:
+        raise CkptError(f"{name}: SwiGLU fc1 needs an even number of rows ([gate; up]), got {shape}")
+
+
+def _layer_count(layers, args: dict[str, Any]) -> int:
+    """The number of decoder layers, after checking they run 0..L-1 and agree with ``args``."""
+    count = len(layers)
+    if sorted(layers) != list(range(count)):
+        raise CkptError(f"layer indices must run 0..{count - 1} without gaps, got {sorted(layers)}")
+    expected = args.get("num_layers")
+    if expected is not None and int(expected) != count:
+        raise CkptError(f"args say num_layers={expected} but the tensors hold {count} layers")
+    return count
+
+
+def _embeddings_tied(names: set[str], args: dict[str, Any]) -> bool:
+    """Whether the output layer is the embedding, checked against the top-level tensors given."""
     if "untie_embeddings_and_output_weights" in args:
         tied = not args["untie_embeddings_and_output_weights"]
     else:  # Megatron's default is tied; without the flag, the tensors say which
@@ -315,10 +375,73 @@ def analyse(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
         raise CkptError("embeddings are untied but output_layer.weight is missing")
     if "embedding.word_embeddings.weight" not in names:
         raise CkptError("embedding.word_embeddings.weight is missing")
-    if mixed:
-        return ModelTensors(entries, num_layers, tied, subs, False, num_experts, frozenset(moe_layers),
-                            list(per_layer[firsts[True]]))
-    return ModelTensors(entries, num_layers, tied, subs, moe, num_experts)
+    return tied
+
+
+def _place(name: str) -> tuple[int | None, str, str, str | None]:
+    """(decoder layer, owner prefix, sub, layout) of a name in a heterogeneous model."""
+    split = split_layer(name)
+    if split is not None:
+        return split[0], f"{LAYERS}{split[0]}.", split[1], _layer_layout(split[1])
+    mtp = split_mtp(name)
+    if mtp is not None:
+        prefix, rest = mtp
+        if rest.startswith(MTP_LAYER):
+            sub = rest[len(MTP_LAYER):]
+            return None, prefix + MTP_LAYER, sub, _layer_layout(sub)
+        return None, prefix, rest, MTP_LAYOUT.get(rest)
+    return None, "", name, TOP_LAYOUT.get(name)
+
+
+def _analyse_heterogeneous(tensors: Sequence[OutTensor], args: dict[str, Any]) -> ModelTensors:
+    """``analyse`` for models whose layers differ (dense and MoE layers mixed, MLA, MTP layers): each layer
+    (and each MTP layer's decoder layer) is checked on its own, as megatron-core keys each on its own.
+    Decoder names take the canonical spelling (``canonical_sub``) except with MLA, whose names are kept
+    as the mapping spelled them for ``--spec``."""
+    swiglu = is_gated(args)
+    mla = bool(args.get("multi_latent_attention"))
+    local_impl = args.get("transformer_impl") == "local"
+    moe_layers = {split[0] for split in (split_layer(t.name) for t in tensors)
+                  if split is not None and _is_moe_sub(split[1])}
+    entries: list[Entry] = []
+    seen: set[tuple[str, str]] = set()
+    owners: dict[str, dict[str, Entry]] = {}
+    layers: set[int] = set()
+    for out in tensors:
+        dtype = dtype_by_name(out.dtype)
+        shape = tuple(int(s) for s in out.shape)
+        layer, owner, sub, layout = _place(out.name)
+        if layer is not None and not mla:
+            sub = canonical_sub(sub, layer in moe_layers)
+            layout = _layer_layout(sub)
+        expert = split_expert(sub) if owner else None
+        if local_impl and sub.endswith(MLA_DOWN):  # ColumnParallelLinear in the local spec, TELinear duplicated in TE
+            layout = COLUMN
+        if layout == COLUMN and _is_fc1(sub) and swiglu:
+            layout = GLU
+        if layout is None:
+            raise CkptError(f"{out.name}: not a GPTModel tensor the Megatron writers know (dense, MoE, MLA or MTP)")
+        _check_entry(out.name, shape, layout, (owner, sub), seen)
+        entry = Entry(OutTensor(out.name, shape, dtype.name, out.produce, out.runs), dtype, layer,
+                      sub if owner else out.name, layout, expert[0] if expert else None, expert[1] if expert else "",
+                      owner)
+        entries.append(entry)
+        if layer is not None:
+            layers.add(layer)
+        if owner and (layer is not None or owner.endswith(MTP_LAYER)):
+            owners.setdefault(owner, {})[sub] = entry
+    num_layers = _layer_count(layers, args)
+    if args.get("moe_layer_freq") is not None or 0 < len(moe_layers) < num_layers:
+        _check_moe_layer_freq(sorted(moe_layers), num_layers, args)
+    counts = {_check_moe(layer, args) for layer in owners.values() if any(_is_moe_sub(sub) for sub in layer)}
+    if len(counts) > 1:
+        raise CkptError(f"MoE layers hold different numbers of experts: {sorted(counts)}")
+    mtp = {e.owner for e in entries if e.owner.startswith(MTP) and not e.owner.endswith(MTP_LAYER)}
+    if args.get("mtp_num_layers") is not None and len(mtp) != int(args["mtp_num_layers"] or 0):
+        raise CkptError(f"args say mtp_num_layers={args['mtp_num_layers']} but the tensors hold {len(mtp)} MTP layers")
+    tied = _embeddings_tied({e.sub for e in entries if e.layer is None and not e.owner}, args)
+    return ModelTensors(entries, num_layers, tied, [], bool(counts), counts.pop() if counts else 0, hetero=True,
+                        moe_layers=frozenset(moe_layers), mla=mla)
 
 
 def _check_moe_layer_freq(moe_layers: list[int], num_layers: int, args: dict[str, Any]) -> None:

@@ -24,6 +24,7 @@ from ckptscope.formats.registry import open_checkpoint
 from ckptscope.mappings.config import (
     EXPORT_NOTES,
     MEGATRON_CHECKS,
+    MLA_ARCHS,
     ZERO_CENTRED_NORM,
     ModelConfig,
     from_hf_config,
@@ -46,6 +47,7 @@ from ckptscope.mappings.resolve import (
 )
 from ckptscope.mappings.resolve import to_hf as map_to_hf
 from ckptscope.mappings.resolve import to_mcore as map_to_mcore
+from ckptscope.mappings.schemas import is_ignored
 from ckptscope.ops.diff.plan import identity_recipes
 from ckptscope.ops.model import ModelEntries, model_entries
 from ckptscope.ops.roots import resolve_root
@@ -351,14 +353,14 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
     padded = padded_vocab(cfg.vocab_size, divisible, tp)
     cfg_out = ModelConfig(**{**cfg.to_dict(), "padded_vocab_size": padded})
     if source_space is None:
-        view = map_to_mcore(shapes, cfg_out, arch_name, local_spec=ckpt_format == "torch" and spec == "local")
+        view = map_to_mcore(shapes, cfg_out, arch_name, local_spec=_local_names(ckpt_format, spec, arch_name))
     else:  # Megatron -> Megatron (re-shard / re-format): go through the HF space, composing recipes
         hf_shapes = {n: TensorShape(r.shape, r.dtype) for n, r in source_space.items()}
-        view = map_to_mcore(hf_shapes, cfg_out, arch_name, local_spec=ckpt_format == "torch" and spec == "local")
+        view = map_to_mcore(hf_shapes, cfg_out, arch_name, local_spec=_local_names(ckpt_format, spec, arch_name))
         view.recipes = {n: compose(r, source_space) for n, r in view.recipes.items()}
     if view.unmapped:
         raise CkptError(f"{plural(len(view.unmapped), 'tensor matches', 'tensors match')} no {view.arch} rule (first: {view.unmapped[0]})")
-    cfg_out = cfg_out.merged(ModelConfig(arch=view.arch))
+    cfg_out = cfg_out.merged(ModelConfig(arch=view.arch, mtp_num_layers=view.config.mtp_num_layers))
     if cfg_out.tie_word_embeddings is None:
         cfg_out = ModelConfig(**{**cfg_out.to_dict(), "tie_word_embeddings": "output_layer.weight" not in view.recipes})
     if ep > 1 and (not cfg_out.num_experts or cfg_out.num_experts % ep):
@@ -370,6 +372,8 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
     args = to_megatron_args(cfg_out, tp=tp, pp=pp, ep=ep, ckpt_format=ckpt_format,
                             make_vocab_size_divisible_by=divisible)
     args["iteration"] = iteration
+    if arch_name in MLA_ARCHS or view.arch in MLA_ARCHS:  # MLA's down projections split by spec (legacy_layout)
+        args["transformer_impl"] = "local" if spec == "local" else "transformer_engine"
     if view.arch in EXPORT_NOTES:
         notes += EXPORT_NOTES[view.arch](cfg_out)
     out = [OutputTensor(n, r.shape, r.dtype if dtype == "keep" else dtype, r)
@@ -457,8 +461,17 @@ def compose(outer: Recipe, inner: dict[str, Recipe]) -> Recipe:
     return Recipe(outer.name, outer.shape, outer.dtype, pieces, outer.transforms, fill=outer.fill)
 
 
+def _local_names(ckpt_format: str, spec: str, arch: str | None) -> bool:
+    """Whether the Megatron names are the local spec's. Per-rank files always use them with ``--spec local``;
+    torch_dist stores the local spec's norms under the TE names (its keys map), except for MLA, whose local
+    spec has no keys map (mappings/deepseek.py), so there the spelling follows ``--spec`` too."""
+    return spec == "local" and (ckpt_format == "torch" or arch in MLA_ARCHS)
+
+
 def view_notes(view: MappedView) -> list[str]:
-    return [f"{plural(len(view.ignored), 'non-value entry', 'non-value entries')} skipped (_extra_state, inv_freq)"] if view.ignored else []
+    skipped = sum(1 for n in view.ignored if is_ignored(n))  # the rest: copies the target keeps once (view.notes)
+    return ([f"{plural(skipped, 'non-value entry', 'non-value entries')} skipped (_extra_state, inv_freq)"]
+            if skipped else []) + view.notes
 
 
 def _shard(tensors: list[OutputTensor], limit: int) -> list[tuple[str, list[str]]]:
