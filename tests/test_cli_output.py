@@ -75,7 +75,7 @@ def test_diff_summary_adds_up(tmp_path):
 def test_timeline_at_80_columns_keeps_module_names_and_the_latest_steps(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from conftest import load_sample_module
+    from tests.conftest import load_sample_module
 
     root = load_sample_module("make_timeline_samples").write_timeline_hf(tmp_path)
     result = run_cli("timeline", str(root), env=columns(80))

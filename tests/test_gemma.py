@@ -13,7 +13,6 @@ of the tensors it has; the numbers are judged by transformers' logits after the 
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
@@ -23,6 +22,7 @@ transformers = pytest.importorskip("transformers")
 from ckptscope.ops.convert.execute import execute_convert  # noqa: E402
 from ckptscope.ops.convert.plan import plan_convert  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
+from tests.arch_roundtrip import rewrite_args  # noqa: E402
 from tests.mcore_reference import generators  # noqa: E402
 
 DIMS = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -97,19 +97,7 @@ def test_megatron_args_record_zero_centred_norms_and_gemma_facts(hf_dir, dist_di
     assert args["qk_layernorm"] is (src["model_type"] == "gemma3_text")
 
 
-def _rewrite_args(dist_dir, tmp_path, **changes):
-    """A copy of ``dist_dir`` whose common.pt args differ (``None`` deletes a key)."""
-    copy = tmp_path / "edited"
-    shutil.copytree(dist_dir, copy)
-    path = copy / "iter_0000000" / "common.pt"
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    for key, value in changes.items():
-        if value is None:
-            delattr(state["args"], key)
-        else:
-            setattr(state["args"], key, value)
-    torch.save(state, path)
-    return copy
+_rewrite_args = rewrite_args  # one helper for every arch's Megatron-args edits (tests/arch_roundtrip.py)
 
 
 @pytest.mark.parametrize("changes", [dict(apply_layernorm_1p=False, layernorm_zero_centered_gamma=False),
