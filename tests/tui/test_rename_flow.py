@@ -151,6 +151,9 @@ async def test_rename_flow_end_to_end(src, tmp_path):
         table = panel.query_one(DataTable)
         assert table.row_count == 3
         assert "--drop" in str(table.get_row_at(2)[3])
+        await pilot.press("G")  # (vim keys) the highlighted rule in full under the table (its CLI column may be off screen)
+        await settle(pilot)
+        assert "--drop" in text_of(panel.query_one("#pending-rule", Static))
         await pilot.press("u")
         await settle(pilot)
         assert table.row_count == 2

@@ -17,6 +17,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Footer, Static
 
 from ckptscope.ops.rename.rules import rule_hits
+from ckptscope.tui.widgets.table_search import SearchableTable, search_bindings
+from ckptscope.tui.widgets.vim_keys import table_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.tui.renaming import PendingRenames
@@ -32,6 +34,13 @@ class PendingOwner(Protocol):
     def action_rename_undo(self) -> None: ...
 
     def action_rename_apply(self) -> None: ...
+
+
+class PendingTable(SearchableTable, DataTable[object]):
+    """The rules, with the vim keys and / search every list has."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [*table_keys("pending"), *search_bindings("pending")]
+    search_what = "rules"
 
 
 class PendingRenamesScreen(ModalScreen[None]):
@@ -50,8 +59,9 @@ class PendingRenamesScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="pending-box"):
             yield Static(Text("Pending renames", style="bold"), id="pending-title")
-            table: DataTable[object] = DataTable(id="pending-table", cursor_type="row", zebra_stripes=True)
+            table = PendingTable(id="pending-table", cursor_type="row", zebra_stripes=True)
             yield table
+            yield Static("", id="pending-rule")
             yield Static("", id="pending-status")
             yield Static(Text("Substitutions apply in order, each to the names the ones before produced; drops "
                               "match the stored names. The last column is the same rule for `ckptscope rename`.",
@@ -101,6 +111,18 @@ class PendingRenamesScreen(ModalScreen[None]):
         if error is not None:
             line.append(f"\n✗ {error}", style="bold red")
         status.update(line)
+
+    @on(DataTable.RowHighlighted, "#pending-table")
+    def _rule_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        """The highlighted rule in full, wrapped: its CLI option stays readable on an 80-column
+        terminal, where the table's last column is off screen."""
+        pending = self.owner.pending_renames()
+        if pending is None or not 0 <= event.cursor_row < len(pending.rules):
+            self.query_one("#pending-rule", Static).update("")
+            return
+        rule = pending.rules[event.cursor_row]
+        self.query_one("#pending-rule", Static).update(Text.assemble(
+            (f"#{event.cursor_row + 1} ", "bold"), rule.label, "\n", ("ckptscope rename ... ", "dim"), rule.as_cli()))
 
     # --- actions -----------------------------------------------------------------------------
 
