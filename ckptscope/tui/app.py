@@ -107,6 +107,12 @@ class CkptScopeApp(App[None]):
         """Under 110 columns footer keys drop their padding, so more of them fit an 80-column footer."""
         self.set_class(event.size.width < 110, "-narrow-terminal")
 
+    def action_archs(self) -> None:
+        """The supported architectures page (palette: "view: supported architectures")."""
+        from ckptscope.tui.screens.archs import ArchsScreen
+
+        self.push_screen(ArchsScreen())
+
     def action_toggle_dark(self) -> None:
         self.theme = LIGHT.name if self.theme == DARK.name else DARK.name
 

@@ -44,6 +44,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
 APP_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("view: toggle light / dark theme", "toggle_dark", "Switch between the light and the dark theme"),
     ("view: help (keys)", "help", "Every key and its id"),
+    ("view: supported architectures", "archs", "Every architecture convert and diff map, tensor by tensor"),
     ("app: quit", "quit", "Quit ckptscope"),
 )
 
