@@ -40,7 +40,17 @@ def _spawn(fn, out: Path, world_size: int = 2) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
-        mp.spawn(fn, args=(world_size, str(out), init_file), nprocs=world_size, join=True)
+        mp.spawn(_run_then_exit, args=(fn, world_size, str(out), init_file), nprocs=world_size, join=True)
+
+
+def _run_then_exit(rank: int, fn, world_size: int, out: str, init_file: str) -> None:
+    """A rank that finished its work leaves at once: gloo's teardown at interpreter exit sometimes
+    aborts a process (SIGABRT) on a loaded machine, which would fail a sample that was written whole.
+    An exception in ``fn`` still reaches ``mp.spawn`` (it never gets here)."""
+    fn(rank, world_size, out, init_file)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _init_gloo(rank: int, world_size: int, init_file: str) -> None:
