@@ -45,6 +45,15 @@ def has_fused_experts(names: Iterable[str]) -> bool:
     return any(_FUSED.match(name) for name in names)
 
 
+_PER_EXPERT = re.compile(r"\.experts\.\d+\.")
+
+
+def names_experts_one_by_one(names: Iterable[str]) -> bool:
+    """Whether HF names hold routed experts one by one (``...experts.3.gate_proj``, as save_pretrained
+    writes Mixtral / Qwen-MoE): the layout a fused side is unfused to when compared with it."""
+    return any(_PER_EXPERT.search(name) for name in names)
+
+
 def expert_templates(arch: str) -> tuple[str, str, str]:
     """(gate, up, down) per-expert HF name templates of ``arch``, read from its schema's expert rules."""
     rules = [r for r in SCHEMAS.get(arch, ()) if "{e}" in r.hf[0] and r.hf[0].startswith(L_HF)]  # not MTP's copy

@@ -2,7 +2,7 @@
 
 The diff report says *how much* a tensor changed; this says *where* and *how the change is
 spread*: a few large outliers, a whole band of rows, or noise everywhere. It reads the pair the same
-way the engine does (the canonical boxes of ``_overlaps``, cut by ``_split``, read by ``read_piece``),
+way the engine does (the canonical boxes of ``_overlaps``, cut by ``split_box``, read by ``read_piece``),
 one block at a time, and keeps only fixed-size summaries, so memory is one block whatever the
 tensor's size. The TUI runs it on demand in a cancellable worker (``should_stop``).
 
@@ -28,7 +28,7 @@ import numpy as np
 
 from ckptscope.core.errors import CkptError
 from ckptscope.mappings.links import Box, box_shape
-from ckptscope.ops.diff.engine import _overlaps, _split, read_piece
+from ckptscope.ops.diff.engine import _overlaps, read_piece, split_box
 from ckptscope.ops.diff.plan import DiffPair, DiffPlan
 
 DEFAULT_ROWS = 16
@@ -254,7 +254,7 @@ def pair_detail(plan: DiffPlan, pair: DiffPair | str, *, rows: int = DEFAULT_ROW
     grid = _Grid(shape, rows, cols)
     max_elems = max(1, block_elems)
     for box, pa, pb in _overlaps(pair.a, pair.b):
-        for block in _split(box, max_elems):
+        for block in split_box(box, max_elems):
             if should_stop():
                 return None
             grid.add(read_piece(plan.a, pa, block), read_piece(plan.b, pb, block), block)

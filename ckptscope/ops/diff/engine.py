@@ -193,7 +193,7 @@ def _overlaps(a: Recipe, b: Recipe) -> Iterator[tuple[Box, Piece, Piece]]:
                 yield tuple(box), pa, pb
 
 
-def _split(box: Box, max_elems: int) -> Iterator[Box]:
+def split_box(box: Box, max_elems: int) -> Iterator[Box]:
     """Cut ``box`` along its first axis into boxes of at most ``max_elems`` elements (>= one row)."""
     if not box:
         yield box
@@ -359,7 +359,7 @@ class DiffEngine:
         max_elems = max(1, min(VALUE_BLOCK_ELEMS, self.options.block_bytes // itemsize))
         units = []
         for box, pa, pb in _overlaps(pair.a, pair.b):
-            for block in _split(box, max_elems):
+            for block in split_box(box, max_elems):
                 units.append((self._values_task, block, pa, pb))
         return units
 
@@ -565,7 +565,7 @@ class DiffEngine:
             side = self.plan.a if item["side"] == "a" else self.plan.b
             rows = item["rows"][1] - item["rows"][0]
             zero = True
-            for block in _split(item["box"], self.options.block_bytes // 8):
+            for block in split_box(item["box"], self.options.block_bytes // 8):
                 values = side.reader.read(item["source"], tuple(slice(lo, hi) for lo, hi in block))
                 if np.count_nonzero(values.view(_uint_view(values.dtype.itemsize))):
                     zero = False
@@ -584,7 +584,7 @@ def _content_digest(side: DiffSide, recipe: Recipe) -> bytes:
     hasher = hashlib.blake2b(digest_size=32)
     pieces = recipe.pieces
     if len(pieces) == 1 and pieces[0].dst_box == tuple((0, n) for n in recipe.shape):
-        for box in _split(pieces[0].dst_box, BLOCK_BYTES // max(1, _itemsize(recipe.dtype))):
+        for box in split_box(pieces[0].dst_box, BLOCK_BYTES // max(1, _itemsize(recipe.dtype))):
             hasher.update(np.ascontiguousarray(read_piece(side, pieces[0], box)).tobytes())
         return hasher.digest()
     whole = None  # several pieces (a fused or permuted tensor): assembled once, in the recipe's order

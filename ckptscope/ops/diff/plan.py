@@ -9,8 +9,6 @@ presented as HF tensors through the mapping layer, so a fused ``linear_qkv`` is 
 
 from __future__ import annotations
 
-import re
-
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +19,7 @@ from ckptscope.core.units import plural
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
 from ckptscope.mappings.config import ZERO_CENTRED_NORM, ModelConfig
-from ckptscope.mappings.fused_experts import has_fused_experts, unfuse
+from ckptscope.mappings.fused_experts import has_fused_experts, names_experts_one_by_one, unfuse
 from ckptscope.mappings.gguf import gguf_as_hf
 from ckptscope.mappings.links import Piece, Recipe, box_text, full_box
 from ckptscope.mappings.resolve import (
@@ -195,7 +193,8 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
         mapped_a = mapped_b = False
         used = "none" if same_stored else "names"
         fused = {"A": fam_a == "hf" and has_fused_experts(ta), "B": fam_b == "hf" and has_fused_experts(tb)}
-        per_expert = {"A": fam_a == "mcore" or _names_experts(ta), "B": fam_b == "mcore" or _names_experts(tb)}
+        per_expert = {"A": fam_a == "mcore" or names_experts_one_by_one(ta),
+                      "B": fam_b == "mcore" or names_experts_one_by_one(tb)}
         if set(ta) != set(tb):
             # transformers v5 fused experts against a side that names experts one by one: compared per
             # expert, as save_pretrained writes them (two fused sides, or no per-expert side, as they are)
@@ -278,15 +277,6 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
                 padding.append({"side": label, "name": name, "source": source,
                                 "rows": [box[0][0], box[0][1]], "box": box})
     return DiffPlan(side_a, side_b, pairs, used, notes, padding)
-
-
-def _names_experts(names) -> bool:
-    """Whether an HF-named side names routed experts one by one (``...experts.3.gate_proj``); a
-    Megatron-Core side always maps to per-expert HF names."""
-    return any(_PER_EXPERT.search(name) for name in names)
-
-
-_PER_EXPERT = re.compile(r"\.experts\.\d+\.")
 
 
 def _gguf_recipes(label: str, index: CheckpointIndex, tensors: dict, notes: list[str]) -> dict[str, Recipe]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptscope.ops.diff.engine import RELEASE_EVERY
-from ckptscope.ops.diff.engine import _split as split_rows
+from ckptscope.ops.diff.engine import split_box as split_rows
 from ckptscope.ops.timeline.flags import (
     DEFAULT_FACTOR,
     Flag,
