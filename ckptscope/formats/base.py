@@ -131,6 +131,25 @@ class CheckpointReader(ABC):
             return scaled.read(self._read_stored, bounds)
         return self._read_stored(meta, bounds)
 
+    def read_mapped(self, name: str, region: Region | None = None) -> "np.ndarray":
+        """``read``, but without the copy where the region is one contiguous run of raw bytes
+        (``byte_span``): a read-only array over the mapped file. For streaming consumers that are
+        done with the array before they read on (diff, timeline): copying every block into fresh
+        memory cost them more than their arithmetic. The view keeps the map open while it lives."""
+        import numpy as np
+
+        span = self.byte_span(name, region)
+        if span is None:
+            return self.read(name, region)
+        path, offset, length = span
+        meta = self.meta(name)
+        shape = tuple(hi - lo for lo, hi in normalize_region(meta.shape, region))
+        dtype = meta.dtype_info.numpy()
+        mapped = self._map_file(str(path), path)
+        if length == 0 or offset + length > len(mapped):
+            return self.read(name, region)  # empty, or truncated: read() says so in one line
+        return np.frombuffer(mapped, dtype=dtype, count=length // dtype.itemsize, offset=offset).reshape(shape)
+
     def _read_stored(self, meta: TensorMeta, bounds: tuple[tuple[int, int], ...]) -> "np.ndarray":
         """The box ``bounds`` of a tensor as stored: its chunks assembled (a block-scaled tensor reads
         its payload and scales through here, under their stored metadata)."""
@@ -250,17 +269,19 @@ class CheckpointReader(ABC):
 
     def _buffer(self, rel: str) -> Any:
         """A read-only memory map of one file, opened once and shared."""
+        return self._map_file(rel, self._file_path(rel))
+
+    def _map_file(self, key: str, path: Path) -> Any:
         with self._lock:
-            mapped = self._maps.get(rel)
+            mapped = self._maps.get(key)
             if mapped is None:
-                path = self._file_path(rel)
                 try:
                     with open(path, "rb") as handle:
                         size = os.fstat(handle.fileno()).st_size
                         mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
                 except OSError as exc:
                     raise CkptError(f"cannot read: {exc.strerror or exc}", path) from None
-                self._maps[rel] = mapped
+                self._maps[key] = mapped
             return mapped
 
     def _read_chunk(self, meta: TensorMeta, chunk: Chunk, local: tuple[tuple[int, int], ...]) -> "np.ndarray":

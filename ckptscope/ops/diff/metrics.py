@@ -18,9 +18,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
+from typing import TYPE_CHECKING
 
-_UINT_BY_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+from ckptscope.ops.blockmath import sum_squares
+
+if TYPE_CHECKING:
+    import numpy as np
+
+_UINT_BY_SIZE = {1: "u1", 2: "u2", 4: "u4", 8: "u8"}
+"""numpy is imported by the functions that need it: a diff whose tensors are all byte-equal never
+decodes a value, and so never pays numpy's import."""
 
 
 @dataclass
@@ -72,6 +79,8 @@ class Accumulator:
 
 
 def _as_float64(x: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     if x.dtype == np.float64:
         return x
     if x.dtype.kind == "b":
@@ -82,23 +91,25 @@ def _as_float64(x: np.ndarray) -> np.ndarray:
 def compare_block(a: np.ndarray, b: np.ndarray, origin: tuple[int, ...], *, atol: float = 0.0,
                   rtol: float = 0.0) -> Accumulator:
     """Metrics for one block; ``origin`` is the block's first element in canonical coordinates."""
+    import numpy as np
+
     acc = Accumulator(numel=int(a.size))
     if a.size == 0:
         return acc
     flat_a, flat_b = a.reshape(-1), b.reshape(-1)
     if a.dtype == b.dtype and a.dtype.itemsize in _UINT_BY_SIZE and a.dtype.kind != "c":
-        kind = _UINT_BY_SIZE[a.dtype.itemsize]
-        differ = np.not_equal(np.ascontiguousarray(flat_a).view(kind), np.ascontiguousarray(flat_b).view(kind))
-        where = np.flatnonzero(differ)
-        a64 = _as_float64(flat_a)
-        total = float(np.dot(a64, a64))
+        kind = np.dtype(_UINT_BY_SIZE[a.dtype.itemsize])
+        flat_a, flat_b = np.ascontiguousarray(flat_a), np.ascontiguousarray(flat_b)
+        where = np.flatnonzero(np.not_equal(flat_a.view(kind), flat_b.view(kind)))
+        total = sum_squares(flat_a)
         if math.isfinite(total):
             # Outside ``where`` b equals a bit for bit, so one full reduction suffices: b's norm and
             # <a, b> are ||a||^2 corrected on the differing elements only.
-            _sparse_sums(acc, total, a64[where], _as_float64(flat_b[where]))
-            _diff_stats(acc, where, a64[where], _as_float64(flat_b[where]), a.shape, origin, atol, rtol)
+            da, db = _as_float64(flat_a[where]), _as_float64(flat_b[where])
+            _sparse_sums(acc, total, da, db)
+            _diff_stats(acc, where, da, db, a.shape, origin, atol, rtol)
             return acc
-        b64 = _as_float64(flat_b)
+        a64, b64 = _as_float64(flat_a), _as_float64(flat_b)
     else:
         a64, b64 = _as_float64(flat_a), _as_float64(flat_b)
         where = np.flatnonzero(~((a64 == b64) | (np.isnan(a64) & np.isnan(b64))))
@@ -113,6 +124,8 @@ def _sparse_sums(acc: Accumulator, total: float, da: np.ndarray, db: np.ndarray)
     """Norms and dot product from ``total = ||a||^2`` (all finite) and the differing elements.
 
     Sums run over elements finite on both sides, as in the dense path."""
+    import numpy as np
+
     finite = np.isfinite(db)
     drop = float(np.dot(da[~finite], da[~finite])) if not finite.all() else 0.0
     fa, fb = da[finite], db[finite]
@@ -124,6 +137,8 @@ def _sparse_sums(acc: Accumulator, total: float, da: np.ndarray, db: np.ndarray)
 def _diff_stats(acc: Accumulator, where: np.ndarray, da: np.ndarray, db: np.ndarray, shape: tuple[int, ...],
                 origin: tuple[int, ...], atol: float, rtol: float) -> None:
     """Counts, |a-b| sums, the largest difference and its location, from the differing elements."""
+    import numpy as np
+
     acc.num_diff = int(where.size)
     if acc.num_diff == 0:
         return

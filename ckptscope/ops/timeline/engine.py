@@ -24,6 +24,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptscope.ops.blockmath import same_bytes, sum_squares
 from ckptscope.ops.diff.engine import RELEASE_EVERY
 from ckptscope.ops.diff.engine import split_box as split_rows
 from ckptscope.ops.timeline.flags import (
@@ -200,8 +201,11 @@ def _load(raw, out, narrow) -> None:
 def _tensor_block(plan: TimelinePlan, reading: _Reading, tensor: TimelineTensor, box) -> Sums:
     """One block of rows through every iteration: per iteration the sum of squares and NaN / Inf
     counts, per step the squared difference, the earlier side's squares and max |difference| (over
-    elements finite on both sides). Finite blocks take the fast path: one cast into a reused float64
-    buffer, then a few vectorised passes."""
+    elements finite on both sides).
+
+    The block is read as stored (a view of the mapped file where possible) and decoded to float64
+    only when a step needs the difference: a block whose bytes equal the previous iteration's
+    (frozen weights) costs one ``memcmp``, and a norm alone comes from ``sum_squares``."""
     import numpy as np
 
     n = len(plan.readers)
@@ -210,23 +214,36 @@ def _tensor_block(plan: TimelinePlan, reading: _Reading, tensor: TimelineTensor,
     for lo, hi in box:
         size *= hi - lo
     cur, prev, diff, narrow = (b[:size] for b in _buffers(size))
+    prev_raw = None
+    prev_loaded = False
     prev_mask = None
     for i, reader in enumerate(plan.readers):
-        raw = reader.read(tensor.stored[i], _slices(box))
+        raw = reader.read_mapped(tensor.stored[i], _slices(box))
         reading.count(raw.nbytes)
-        _load(raw, cur, narrow)
-        sq = _sumsq(cur)
-        mask = None
+        k = i - 1
+        if prev_raw is not None and raw.dtype == prev_raw.dtype and same_bytes(raw, prev_raw):
+            # Unchanged since the previous iteration (a frozen block): its sums are the previous
+            # ones and the step is exactly zero, without decoding it again.
+            sums.sq[i], sums.nan[i], sums.inf[i] = sums.sq[k], sums.nan[k], sums.inf[k]
+            sums.psq[k], sums.dsq[k], sums.dmax[k] = sums.sq[k], 0.0, 0.0
+            continue
+        sq = sum_squares(raw)
+        loaded, mask = False, None
         if math.isfinite(sq):
             sums.sq[i] = sq
         else:
+            _load(raw, cur, narrow)
+            loaded = True
             mask = np.isfinite(cur)
             nans = int(np.count_nonzero(np.isnan(cur)))
             sums.nan[i], sums.inf[i] = nans, int(cur.size - np.count_nonzero(mask)) - nans
-            kept = cur[mask]
-            sums.sq[i] = _sumsq(kept)
+            sums.sq[i] = _sumsq(cur[mask])
         if i:
-            k = i - 1
+            if not prev_loaded:
+                _load(prev_raw, prev, narrow)
+            if not loaded:
+                _load(raw, cur, narrow)
+                loaded = True
             if mask is None and prev_mask is None:
                 d = np.subtract(cur, prev, out=diff)
                 sums.psq[k] = sums.sq[k]
@@ -237,7 +254,9 @@ def _tensor_block(plan: TimelinePlan, reading: _Reading, tensor: TimelineTensor,
                 sums.psq[k] = _sumsq(earlier)
             sums.dsq[k] = _sumsq(d)
             sums.dmax[k] = max(float(d.max()), -float(d.min())) if d.size else 0.0
-        cur, prev, prev_mask = prev, cur, mask
+        if loaded:
+            cur, prev = prev, cur
+        prev_raw, prev_loaded, prev_mask = raw, loaded, mask
     sums.numel = size
     return sums
 

@@ -1,0 +1,89 @@
+"""The block primitives of diff and timeline (ops/blockmath.py) and the zero-copy read they use.
+
+``sum_squares`` squares narrow floats in float32 for speed; these tests pin that it equals the
+float64 reference in every case where float32 could go wrong (overflow, underflow, NaN, inf).
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from ckptscope.core.errors import CkptError
+from ckptscope.formats.registry import open_checkpoint
+from ckptscope.ops.blockmath import PIECE, same_bytes, sum_squares
+
+NARROW = [ml_dtypes.bfloat16, np.float16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2]
+
+
+def _reference(values: np.ndarray) -> float:
+    wide = values.astype(np.float64).ravel()
+    return math.fsum(float(x) * float(x) for x in wide)
+
+
+@pytest.mark.parametrize("dtype", NARROW + [np.float32, np.float64, np.int32])
+def test_sum_squares_equals_exact_sum(dtype):
+    rng = np.random.default_rng(7)
+    values = (rng.standard_normal(3 * PIECE + 17) * 4).astype(dtype)
+    got, ref = sum_squares(values), _reference(values)
+    assert got == pytest.approx(ref, rel=1e-13)
+
+
+@pytest.mark.parametrize("case, values", [
+    ("square overflows float32", [3e30, -2e25, 1.0]),
+    ("square underflows float32", [1e-25, -3e-30, 2e-28]),
+    ("all zero", [0.0, -0.0, 0.0]),
+])
+def test_sum_squares_redoes_in_float64_where_float32_fails(case, values):
+    array = np.array(values, dtype=ml_dtypes.bfloat16)
+    got = sum_squares(array)
+    assert got == pytest.approx(_reference(array), rel=1e-13, abs=0.0), case
+    assert math.isfinite(got)
+
+
+def test_sum_squares_propagates_nan_and_inf():
+    assert math.isnan(sum_squares(np.array([1.0, np.nan], dtype=ml_dtypes.bfloat16)))
+    assert sum_squares(np.array([1.0, np.inf], dtype=ml_dtypes.bfloat16)) == math.inf
+    assert sum_squares(np.zeros(0, dtype=np.float32)) == 0.0
+
+
+def test_same_bytes():
+    a = np.arange(PIECE * 3, dtype=np.float32)
+    b = a.copy()
+    assert same_bytes(a, b)
+    b[-1] = -b[-1] - 1
+    assert not same_bytes(a, b)
+    assert not same_bytes(a, a[:-1])
+    assert same_bytes(a.view(np.uint32), a)  # bytes, not values, are compared
+    assert same_bytes(a.reshape(3, -1)[:, ::2], a.reshape(3, -1)[:, ::2].copy())  # non-contiguous
+
+
+def test_read_mapped_is_a_view_with_the_values_of_read(tmp_path):
+    rng = np.random.default_rng(3)
+    tensors = {"w": (rng.standard_normal((64, 32))).astype(ml_dtypes.bfloat16),
+               "b": rng.standard_normal(32).astype(np.float32)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with open_checkpoint(tmp_path) as reader:
+        for name, region in (("w", None), ("w", (slice(8, 20),)), ("b", (slice(3, 9),))):
+            view, copy = reader.read_mapped(name, region), reader.read(name, region)
+            assert view.dtype == copy.dtype and view.shape == copy.shape
+            assert same_bytes(view, copy)
+            assert not view.flags.writeable  # a view of the mapped file, not a fresh copy
+            assert copy.flags.writeable
+        # a region that is not one contiguous run is read (copied) as before
+        cols = reader.read_mapped("w", (slice(0, 4), slice(0, 5)))
+        np.testing.assert_array_equal(cols.view(np.uint16), tensors["w"][:4, :5].view(np.uint16))
+
+
+def test_read_mapped_on_a_truncated_file_is_one_clear_error(tmp_path):
+    save_file({"w": np.ones((256, 64), np.float32)}, str(tmp_path / "model.safetensors"))
+    with open_checkpoint(tmp_path) as reader:
+        reader.index()
+        path = tmp_path / "model.safetensors"
+        path.write_bytes(path.read_bytes()[:-1024])
+        with pytest.raises(CkptError, match="truncated"):
+            reader.read_mapped("w")
