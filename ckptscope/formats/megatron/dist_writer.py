@@ -49,6 +49,8 @@ import io
 import json
 import os
 import struct
+import threading
+from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -379,10 +381,16 @@ def plan_torch_dist(tensors: list[OutTensor], *, args: dict, spec: str = "local"
 
 
 def write_dist_files(iter_dir: Path, layout: DistLayout, files: set[int] | None = None,
-                     progress: Progress | None = None) -> dict[int, int]:
+                     progress: Progress | None = None,
+                     on_failure: Callable[[str], None] | None = None) -> dict[int, int]:
     """Write the data files ``files`` of ``layout`` (all by default) into ``iter_dir``; returns the
     CRC-32 of every tensor item written (item index -> CRC), which ``.metadata``'s save id needs.
-    Each tensor is produced once, when its first chunk here is due; ``progress(nbytes)`` follows it."""
+    Each tensor is produced once, when its first chunk here is due; ``progress(nbytes)`` follows it.
+
+    When every tensor is copied file to file (``runs``) and lies in one data file, the data files
+    are written side by side, one thread each: the kernel's copies then use every core, where
+    ``cp`` uses one. Tensors that must be produced in memory keep the one-at-a-time order (and
+    with it the memory bound). ``on_failure(name)`` hears which tensor's write failed."""
     wanted = set(range(len(layout.file_names))) if files is None else set(files)
     iter_dir.mkdir(parents=True, exist_ok=True)
     handles = {k: _DataFile(iter_dir / layout.file_names[k]) for k in sorted(wanted)}
@@ -397,16 +405,49 @@ def write_dist_files(iter_dir: Path, layout: DistLayout, files: set[int] | None 
                 _expect(handles[item.file], item, handles[item.file].append(layout.payload))
             else:
                 by_entry.setdefault(item.entry, []).append(i)
-        for e, indices in by_entry.items():  # dict order: the entries' write order
-            entry = layout.model.entries[e]
-            crcs.update(_write_entry(entry, [(i, layout.items[i]) for i in indices], handles, checksums))
-            if progress:
-                progress(entry.nbytes)
+        lanes = _file_lanes(layout, by_entry)
+        if lanes is None:
+            lanes = [list(by_entry)]
+        lock = threading.Lock()
+
+        def write_lane(entries: list[int]) -> None:
+            for e in entries:  # dict order within a file: the entries' write order
+                entry = layout.model.entries[e]
+                try:
+                    got = _write_entry(entry, [(i, layout.items[i]) for i in by_entry[e]], handles, checksums)
+                except BaseException:
+                    if on_failure:
+                        on_failure(entry.out.name)
+                    raise
+                with lock:
+                    crcs.update(got)
+                    if progress:
+                        progress(entry.nbytes)
+
+        if len(lanes) == 1:
+            write_lane(lanes[0])
+        else:
+            with ThreadPoolExecutor(len(lanes), thread_name_prefix="ckptscope-write") as pool:
+                for future in [pool.submit(write_lane, lane) for lane in lanes]:
+                    future.result()
     finally:
         checksums.shutdown(wait=True, cancel_futures=True)
         for data_file in handles.values():
             data_file.close()
     return crcs
+
+
+def _file_lanes(layout: DistLayout, by_entry: dict[int, list[int]]) -> list[list[int]] | None:
+    """The entries grouped by data file, in write order, when each is a kernel copy into a single
+    file (so files can be written concurrently without holding arrays); None otherwise."""
+    lanes: dict[int, list[int]] = {}
+    for e, indices in by_entry.items():
+        files = {layout.items[i].file for i in indices}
+        runs = layout.model.entries[e].out.runs
+        if len(files) != 1 or runs is None or runs() is None:
+            return None
+        lanes.setdefault(files.pop(), []).append(e)
+    return list(lanes.values())
 
 
 def _write_entry(entry: Entry, items: list[tuple[int, DistItem]], handles: dict[int, _DataFile],

@@ -8,14 +8,21 @@ come assembled from the ``Prefetcher`` in shard order.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ckptscope.core.errors import CkptError
 from ckptscope.formats.filecopy import copy_range
 from ckptscope.formats.safetensors.writer import new_file_header
 from ckptscope.ops.convert.plan import ConvertPlan
-from ckptscope.ops.convert.streaming import Prefetcher, Progress, file_runs, note_tensor
+from ckptscope.ops.convert.streaming import Prefetcher, Progress, clear_failure, file_runs, note_failure, note_tensor
+
+MAX_COPY_THREADS = 4
+"""Shards copied at once when every tensor is a kernel copy: beyond a few, the page cache, not the
+cores, is what they wait for."""
 
 
 def write_hf(plan: ConvertPlan, out: Path, progress: Progress | None = None) -> None:
@@ -32,32 +39,59 @@ def hf_shard_bytes(plan: ConvertPlan) -> dict[str, int]:
 def write_hf_shards(plan: ConvertPlan, out: Path, files: set[str] | None = None,
                     progress: Progress | None = None) -> None:
     """Write the safetensors shards ``files`` (all by default): each file's bytes depend on the plan
-    alone, so processes can share them (``ops.parallel``)."""
+    alone, so processes can share them (``ops.parallel``).
+
+    When every tensor is a kernel copy of source bytes, shards are written side by side on a few
+    threads (the copies then use every core, where ``cp`` uses one); otherwise one at a time, in
+    the order the ``Prefetcher`` assembles tensors (which keeps the memory bound)."""
+    clear_failure()
     by_name = {t.name: t for t in plan.tensors}
     shards = [(f, names) for f, names in plan.shards if files is None or f in files]
     runs = {n: file_runs(plan, by_name[n]) for _, names in shards for n in names}
     order = [by_name[n] for _, names in shards for n in names if runs[n] is None]
+    lock = threading.Lock()
+
+    def advance(name: str, nbytes: int) -> None:
+        if progress:
+            with lock:
+                progress(name, nbytes)
+
+    def write_shard(filename: str, names: list[str], prefetched: Prefetcher | None) -> None:
+        tensors = [by_name[n] for n in names]
+        with open(out / filename, "wb") as handle:
+            handle.write(new_file_header([(t.name, t.dtype, t.shape, t.nbytes) for t in tensors]))
+            for t in tensors:
+                try:
+                    write_tensor(handle, t, prefetched)
+                except BaseException:
+                    note_failure(t.name)
+                    raise
+
+    def write_tensor(handle, t, prefetched: Prefetcher | None) -> None:
+        note_tensor(t.name)
+        spans = runs[t.name]
+        if spans is not None:
+            for path, offset, length in spans:
+                copy_range(path, handle, offset, length)
+            advance(t.name, t.nbytes)
+            return
+        assert prefetched is not None
+        array = prefetched.get(t)
+        if array.shape != t.shape:
+            raise CkptError(f"{t.name}: assembled shape {array.shape} is not the planned {t.shape}")
+        handle.write(memoryview(array.reshape(-1).view("uint8")) if array.size else b"")
+        del array
+        advance(t.name, t.nbytes)
+
+    lanes = min(len(shards), os.cpu_count() or 1, MAX_COPY_THREADS)
+    if not order and lanes > 1:
+        with ThreadPoolExecutor(lanes, thread_name_prefix="ckptscope-write") as pool:
+            for future in [pool.submit(write_shard, f, names, None) for f, names in shards]:
+                future.result()
+        return
     with Prefetcher(plan, order) as tensors_in_order:
         for filename, names in shards:
-            tensors = [by_name[n] for n in names]
-            with open(out / filename, "wb") as handle:
-                handle.write(new_file_header([(t.name, t.dtype, t.shape, t.nbytes) for t in tensors]))
-                for t in tensors:
-                    note_tensor(t.name)
-                    spans = runs[t.name]
-                    if spans is not None:
-                        for path, offset, length in spans:
-                            copy_range(path, handle, offset, length)
-                        if progress:
-                            progress(t.name, t.nbytes)
-                        continue
-                    array = tensors_in_order.get(t)
-                    if array.shape != t.shape:
-                        raise CkptError(f"{t.name}: assembled shape {array.shape} is not the planned {t.shape}")
-                    handle.write(memoryview(array.reshape(-1).view("uint8")) if array.size else b"")
-                    del array
-                    if progress:
-                        progress(t.name, t.nbytes)
+            write_shard(filename, names, tensors_in_order)
 
 
 def finish_hf(plan: ConvertPlan, out: Path) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ckptscope.ops.convert.plan import ConvertPlan
-from ckptscope.ops.convert.streaming import Prefetcher, Progress, file_runs, produce, tracked
+from ckptscope.ops.convert.streaming import Prefetcher, Progress, clear_failure, file_runs, note_failure, produce, tracked
 
 
 def write_mcore(plan: ConvertPlan, out: Path, progress: Progress | None = None) -> None:
@@ -43,6 +43,7 @@ def write_mcore_files(plan: ConvertPlan, out: Path, files: set[str] | None = Non
 
     iter_dir = out / iter_dir_name(plan)
     iter_dir.mkdir(exist_ok=True)
+    clear_failure()
     step = _step(plan, progress)
     if plan.ckpt_format == "torch":  # per-rank files revisit each tensor: no read-ahead
         tensors = [OutTensor(t.name, t.shape, t.dtype, tracked(t.name, lambda t=t: produce(plan, t)))
@@ -61,7 +62,7 @@ def write_mcore_files(plan: ConvertPlan, out: Path, files: set[str] | None = Non
     order = [by_name[layout.model.entries[e].out.name] for e in mine]
     with Prefetcher(plan, [t for t in order if runs[t.name] is None]) as prefetcher:
         ahead["p"] = prefetcher
-        return write_dist_files(iter_dir, layout, wanted, progress=step)
+        return write_dist_files(iter_dir, layout, wanted, progress=step, on_failure=note_failure)
 
 
 def finish_mcore(plan: ConvertPlan, out: Path, crcs: dict[int, int]) -> None:

@@ -41,12 +41,24 @@ def note_tensor(name: str) -> None:
             import signal
 
             os.kill(os.getpid(), signal.SIGKILL)
+        note_failure(name)
         raise CkptError(f"failure injected by {FAIL_ENV}")
+
+
+def clear_failure() -> None:
+    """Forget the failure of an earlier write in this process (a writer calls it as it starts)."""
+    _current.pop("failed", None)
+
+
+def note_failure(name: str) -> None:
+    """Record the tensor whose write failed (the first one wins): with several writer threads the
+    last tensor started is not necessarily the one that failed."""
+    _current.setdefault("failed", name)
 
 
 def current_tensor() -> str:
     """The tensor the last ``note_tensor`` named ('' before any)."""
-    return _current["name"]
+    return _current.get("failed") or _current["name"]
 
 
 def tracked(name: str, fn: Callable):
