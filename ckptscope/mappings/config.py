@@ -73,6 +73,9 @@ args under ``hf_config_extra`` so a round trip HF -> Megatron -> HF gives the sa
 MLA_ARCHS: set[str] = set()
 """Multi-latent-attention archs: their attention tensors are not ``heads x head_dim`` (``hf_shape_problems``
 leaves them be) and their local spec has no torch_dist keys map (the Megatron names follow ``--spec``)."""
+MTP_ARCHS: set[str] = set()
+"""Archs whose HF checkpoints keep multi-token-prediction layers after the decoder's, DeepSeek-V3's way
+(``model.layers.{num_hidden_layers + k}``; mappings/deepseek.py renames them for the rules)."""
 EXPERT_FFN_IS_INTERMEDIATE: set[str] = {"mixtral"}
 """Archs whose HF ``intermediate_size`` is the experts' FFN size (no ``moe_intermediate_size``)."""
 LOCAL_EXPERTS_KEY: set[str] = {"mixtral"}
@@ -80,7 +83,8 @@ LOCAL_EXPERTS_KEY: set[str] = {"mixtral"}
 MEGATRON_FACT_KEYS = ("softmax_type", "glu_linear_offset", "activation_func_clamp_value", "quick_geglu",
                       "add_bias_linear", "gated_linear_unit", "swiglu", "window_size", "window_attn_skip_freq",
                       "position_embedding_type", "rotary_interleaved", "qk_l2_norm", "no_rope_freq",
-                      "moe_layer_freq", "moe_apply_probs_on_input", "moe_router_score_function")
+                      "moe_layer_freq", "moe_apply_probs_on_input", "moe_router_score_function", "rotary_percent",
+                      "moe_router_topk_scaling_factor")
 """Megatron args that decide what a layer computes beyond the tensors (kept in ``megatron_facts``)."""
 MEGATRON_ARGS_HOOKS: dict[str, Callable[[ModelConfig, dict[str, Any]], None]] = {}
 """Arch -> edits of the Megatron args ``to_megatron_args`` writes (the arch's activation, attention)."""
