@@ -18,7 +18,6 @@ compared with transformers' and its ``sharded_state_dict()`` keys and shapes wit
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
@@ -26,10 +25,12 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("megatron.core")
 
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 
 from tests import mcore_reference  # noqa: E402
-from tests.arch_roundtrip import convert, mcore_load, megatron_args, rewrite_args  # noqa: E402
+from tests.arch_roundtrip import (append_mtp_layer, assert_diff_clean, assert_hf_config_refused,  # noqa: E402
+                                  convert, load_strictly, mcore_load, megatron_args, perturbed_logits,
+                                  rewrite_args)
 from tests.conftest import run_cli  # noqa: E402
 from tests.mcore_reference import generators  # noqa: E402
 
@@ -59,21 +60,7 @@ def _write_fixture(out, **change):
             if name.endswith("e_score_correction_bias"):
                 buffer.normal_(0.0, 1.0)
     model.save_pretrained(out)
-    tensors = load_file(out / "model.safetensors")
-    gen = torch.Generator().manual_seed(1)
-    for name, value in list(tensors.items()):  # MTP layer 0: a MoE decoder layer like the last one...
-        if name.startswith("model.layers.3."):
-            tensors[MTP + name[len("model.layers.3."):]] = value + 0.05 * torch.randn(value.shape, generator=gen)
-    hidden = DIMS["hidden_size"]
-    tensors.update({  # ...and the MTP modules, as the GLM-4.5 release stores them
-        MTP + "enorm.weight": 1 + 0.1 * torch.randn(hidden, generator=gen),
-        MTP + "hnorm.weight": 1 + 0.1 * torch.randn(hidden, generator=gen),
-        MTP + "eh_proj.weight": 0.05 * torch.randn(hidden, 2 * hidden, generator=gen),
-        MTP + "shared_head.norm.weight": 1 + 0.1 * torch.randn(hidden, generator=gen),
-        MTP + "embed_tokens.weight": tensors["model.embed_tokens.weight"].clone(),
-        MTP + "shared_head.head.weight": tensors["lm_head.weight"].clone(),
-    })
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    append_mtp_layer(out, DIMS["num_hidden_layers"], DIMS["hidden_size"])
     return out
 
 
@@ -129,10 +116,7 @@ def test_air_variant_without_qk_norm_round_trips(tmp_path):
 
 def test_diff_across_naming_is_clean(hf_dir, dist_dir, tmp_path):
     legacy = convert(hf_dir, tmp_path / "leg", to="mcore", ckpt_format="torch", tp=2, ep=2)
-    for mcore in (dist_dir, legacy):
-        result = run_cli("diff", str(hf_dir), str(mcore), "--plain")
-        assert result.code == 0, result.out + result.err
-        assert ": identical" in result.out and " 0 different" in result.out, result.out
+    assert_diff_clean(hf_dir, dist_dir, legacy)
 
 
 def test_megatron_args_are_megatron_bridges_glm45_settings(dist_dir):
@@ -217,34 +201,12 @@ def test_torch_dist_keys_and_shapes_are_megatron_cores_with_mtp(dist_dir, hf_dir
     """Built with its MTP block, the real model's ``sharded_state_dict()`` asks for exactly the stored keys
     (shapes equal; a layer's experts stacked under one key), loads with nothing missing or unexpected, and
     the MTP modules hold the HF tensors."""
-    from megatron.core import dist_checkpointing
-    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensorFactory
-    from megatron.core.dist_checkpointing.validation import StrictHandling
-    from torch.distributed.checkpoint import FileSystemReader
-
-    iter_dir = dist_dir / "iter_0000000"
-    stored = FileSystemReader(str(iter_dir)).read_metadata().state_dict_metadata
     mcore_reference.allow_router_without_te()
     gen = generators()
     gen.ensure_single_rank_world()
     with gen.cpu_megatron():
         model = _mcore_model(megatron_args(dist_dir), mtp=True)
-        sharded = model.sharded_state_dict()
-        wanted = {}
-        for item in sharded.values():
-            if isinstance(item, ShardedObject):
-                wanted[item.unique_key] = None
-            elif isinstance(item, ShardedTensorFactory):
-                wanted[item.key] = tuple(item.data.shape)
-            else:
-                wanted[item.key] = tuple(item.global_shape)
-        assert set(wanted) == set(stored)
-        for key, shape in wanted.items():
-            if shape is not None:
-                assert tuple(stored[key].size)[-len(shape):] == shape, key
-                assert tuple(stored[key].size) == shape or ".experts.experts." in key, key
-        loaded = dist_checkpointing.load({"model": sharded}, str(iter_dir), strict=StrictHandling.RAISE_ALL)
-        model.load_state_dict(loaded["model"], strict=True)
+        load_strictly(model, dist_dir / "iter_0000000")
     hf = load_file(hf_dir / "model.safetensors")
     state = model.state_dict()
     for mc, name in (("enorm.weight", "enorm.weight"), ("eh_proj.weight", "eh_proj.weight"),
@@ -257,19 +219,15 @@ def test_torch_dist_keys_and_shapes_are_megatron_cores_with_mtp(dist_dir, hf_dir
 # --- each pitfall, seen by megatron-core --------------------------------------------------------------------
 
 
+def _mcore_logits(model):
+    gen = generators()
+    with gen.cpu_megatron():
+        return gen.mcore_model_logits(model, TOKENS)[..., :DIMS["vocab_size"]]
+
+
 def _perturbed_logits(model, name, value):
     """megatron-core logits with one loaded parameter or buffer replaced."""
-    target = dict(model.named_parameters()) | dict(model.named_buffers())
-    saved = target[name].detach().clone()
-    with torch.no_grad():
-        target[name].copy_(value(saved))
-    try:
-        gen = generators()
-        with gen.cpu_megatron():
-            return gen.mcore_model_logits(model, TOKENS)[..., :DIMS["vocab_size"]]
-    finally:
-        with torch.no_grad():
-            target[name].copy_(saved)
+    return perturbed_logits(model, name, value, _mcore_logits)
 
 
 def _grouped_qkv(q, k, v):
@@ -328,14 +286,7 @@ def test_first_layer_is_dense_and_the_rest_moe_with_shared_experts(mcore_loaded,
                                             ({"rope_parameters": {"rope_type": "linear", "factor": 2.0,
                                                                   "rope_theta": 10000.0}}, "rope type")])
 def test_settings_megatron_cannot_express_are_refused(hf_dir, tmp_path, change, message):
-    edited = tmp_path / "hf"
-    shutil.copytree(hf_dir, edited)
-    config = json.loads((edited / "config.json").read_text())
-    config.update(change)
-    (edited / "config.json").write_text(json.dumps(config))
-    result = run_cli("convert", str(edited), str(tmp_path / "out"), "--to", "mcore")
-    assert result.code == 2 and message in result.err, result.err
-    assert not (tmp_path / "out").exists()
+    assert_hf_config_refused(hf_dir, tmp_path, change, message)
 
 
 @pytest.mark.parametrize("key,value", [("moe_router_score_function", "softmax"), ("rotary_interleaved", True),
