@@ -70,6 +70,12 @@ its per-layer pattern, local/global RoPE, the attention scale). They travel verb
 args under ``hf_config_extra`` so a round trip HF -> Megatron -> HF gives the same model."""
 
 
+HF_EXTRA_REQUIRED = frozenset({"gemma2", "gemma3"})
+"""Archs whose config.json cannot be derived from Megatron args alone: their models compute with facts only
+HF spells (soft-capping, sliding window and its pattern, the attention scale, local/global RoPE). Without
+``hf_config_extra`` (a Megatron-LM run that never saw HF, a Megatron-Bridge save) transformers would fill in
+its defaults, another model that loads without a complaint: refused unless ``--hf-config`` gives them."""
+
 MLA_ARCHS: set[str] = set()
 """Multi-latent-attention archs: their attention tensors are not ``heads x head_dim`` (``hf_shape_problems``
 leaves them be) and their local spec has no torch_dist keys map (the Megatron names follow ``--spec``)."""
@@ -292,6 +298,10 @@ def padded_vocab(vocab: int, divisible_by: int = 128, tp: int = 1) -> int:
 def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
     """A transformers ``config.json`` for ``cfg`` (used when a Megatron source has no HF config)."""
     arch = cfg.arch or "llama"
+    if arch in HF_EXTRA_REQUIRED and not cfg.hf_extra:
+        raise CkptError(f"{arch}: the Megatron args do not carry the settings only its HF config spells "
+                        f"({', '.join(k for k in HF_EXTRA_KEYS[arch][1:6])} ..., hf_config_extra); pass --hf-config DIR "
+                        "(the HF model the run started from)")
     heads = cfg.require("num_attention_heads")
     out: dict[str, Any] = {
         "architectures": [HF_CLASS_BY_ARCH[arch]],

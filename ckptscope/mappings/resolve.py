@@ -17,6 +17,7 @@ from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.roles import naming_family
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.mappings import deepseek
+from ckptscope.mappings.bridge_config import from_run_config, is_run_config
 from ckptscope.mappings.config import MTP_ARCHS, ModelConfig, from_hf_config, from_megatron_args
 from ckptscope.mappings.links import Link, Recipe, box_shape, recipes_from_links, uncovered
 from ckptscope.mappings.schemas import SCHEMAS, Rule, is_ignored
@@ -49,7 +50,8 @@ class MappedView:
 
 def config_from_index(index: CheckpointIndex) -> ModelConfig:
     """Everything the checkpoint itself says about the model: an HF config.json (HF dirs, verl's
-    ``huggingface/``) first, then Megatron ``args``, then what tensor shapes imply."""
+    ``huggingface/``) first, then Megatron ``args`` (or Megatron-Bridge's ``run_config.yaml``), then what
+    tensor shapes imply."""
     hf_cfg = ModelConfig()
     mc_cfg = ModelConfig()
     for obj in index.objects:
@@ -60,6 +62,8 @@ def config_from_index(index: CheckpointIndex) -> ModelConfig:
             hf_cfg = from_hf_config(value)
         elif value.get("__class__", "").endswith("Namespace") and "num_layers" in value and mc_cfg.hidden_size is None:
             mc_cfg = from_megatron_args(value)
+        elif obj.name == "run_config" and is_run_config(value) and mc_cfg.hidden_size is None:
+            mc_cfg = from_run_config(value)  # Megatron-Bridge: the model section of run_config.yaml
     for key in ("hf_config", "huggingface_config"):
         if isinstance(index.metadata.get(key), dict) and hf_cfg.hidden_size is None:
             hf_cfg = from_hf_config(index.metadata[key])
