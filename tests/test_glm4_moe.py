@@ -307,3 +307,51 @@ def test_megatron_args_without_hf_config_extra_still_give_glm45(dist_dir, hf_dir
     assert got["model_type"] == "glm4_moe" and got["first_k_dense_replace"] == 1
     assert got["rope_parameters"]["partial_rotary_factor"] == 0.5 and got["routed_scaling_factor"] == 2.5
     assert torch.equal(_logits(back), hf_logits)
+
+
+def test_transformers_v5_fused_experts_convert_like_per_expert_ones(hf_dir, hf_logits, tmp_path):
+    """``save_pretrained(save_original_format=False)`` keeps transformers v5's fused expert tensors."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+    model.save_pretrained(tmp_path / "fused", save_original_format=False)
+    assert "model.layers.1.mlp.experts.gate_up_proj" in load_file(tmp_path / "fused" / "model.safetensors")
+    back = convert(convert(tmp_path / "fused", tmp_path / "mcore", to="mcore"), tmp_path / "hf", to="hf")
+    assert torch.equal(_logits(back), hf_logits)
+    src, got = load_file(hf_dir / "model.safetensors"), load_file(back / "model.safetensors")
+    assert all(torch.equal(got[n], src[n]) for n in got)
+
+
+def test_a_megatron_bridge_save_converts_from_its_run_config(dist_dir, hf_logits, tmp_path):
+    """Megatron-Bridge's layout (tests/test_bridge_run_config.py has the sources): no ``args`` in common.pt,
+    the GLM-4.5 provider's fields in ``run_config.yaml`` under megatron-core's TransformerConfig names
+    (glm45_provider.py's ``GLMMoEModelProvider``), no HF config anywhere. The export to HF gets everything from
+    that file and computes transformers' logits exactly."""
+    yaml = pytest.importorskip("yaml")
+    import shutil
+
+    save = tmp_path / "bridge"
+    shutil.copytree(dist_dir, save)
+    common = save / "iter_0000000" / "common.pt"
+    state = torch.load(common, map_location="cpu", weights_only=False)
+    args = vars(state.pop("args"))
+    torch.save(state, common)
+    same = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
+            "vocab_size", "make_vocab_size_divisible_by", "normalization", "add_qkv_bias", "qk_layernorm",
+            "add_bias_linear", "position_embedding_type", "rotary_base", "rotary_percent", "rotary_interleaved",
+            "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_router_topk", "moe_layer_freq",
+            "moe_router_score_function", "moe_router_enable_expert_bias", "moe_router_topk_scaling_factor",
+            "moe_router_num_groups", "moe_router_group_topk", "moe_router_pre_softmax", "mtp_num_layers", "bf16", "fp16")
+    model = {key: args[key] for key in same}
+    model.update({"_target_": "megatron.bridge.models.glm.glm45_provider.GLMMoEModelProvider",
+                  "num_moe_experts": args["num_experts"], "layernorm_epsilon": args["norm_epsilon"],
+                  "seq_length": args["max_position_embeddings"], "share_embeddings_and_output_weights": False,
+                  "gated_linear_unit": True, "layernorm_zero_centered_gamma": False,
+                  "activation_func": {"_target_": "torch.nn.functional.silu", "_call_": False},
+                  "params_dtype": {"_target_": "torch.float32", "_call_": False}})
+    with open(save / "iter_0000000" / "run_config.yaml", "w") as handle:
+        yaml.safe_dump({"_target_": "megatron.bridge.training.config.ConfigContainer", "model": model}, handle,
+                       default_flow_style=False)
+    back = convert(save, tmp_path / "hf", to="hf")
+    config = json.loads((back / "config.json").read_text())
+    assert config["model_type"] == "glm4_moe" and config["first_k_dense_replace"] == 1
+    assert config["num_nextn_predict_layers"] == 1 and config["use_qk_norm"] is True
+    assert torch.equal(_logits(back), hf_logits)
