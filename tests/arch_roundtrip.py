@@ -101,3 +101,100 @@ def assert_round_trip(hf_dir: Path, tmp_path: Path, tokens, carried: tuple[str, 
     for key in carried:
         assert got.get(key) == src.get(key), key
     assert got["architectures"] == [hf_class]
+
+
+def assert_diff_clean(hf_dir: Path, *mcore_dirs: Path) -> None:
+    """``ckptscope diff`` across naming finds every HF tensor identical in each Megatron output."""
+    from tests.conftest import run_cli
+
+    for mcore in mcore_dirs:
+        result = run_cli("diff", str(hf_dir), str(mcore), "--plain")
+        assert result.code == 0, result.out + result.err
+        assert ": identical" in result.out and " 0 different" in result.out, result.out
+
+
+def load_strictly(model, iter_dir: Path) -> None:
+    """Fill ``model`` from a torch_dist dir after checking that the real model's ``sharded_state_dict()``
+    asks for exactly the stored keys (tensors with their shapes; a layer's stacked experts by their trailing
+    axes; the linears' extra-state objects by storage key), with megatron-core's strictest load. Run it
+    where the model was built (its CPU shims on)."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensorFactory
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+    from torch.distributed.checkpoint import FileSystemReader
+
+    stored = FileSystemReader(str(iter_dir)).read_metadata().state_dict_metadata
+    sharded = model.sharded_state_dict()
+    wanted = {}
+    for item in sharded.values():
+        if isinstance(item, ShardedObject):  # the linears' extra states: one storage key per shard
+            wanted[item.unique_key] = None
+        elif isinstance(item, ShardedTensorFactory):  # gated fc1 (W and V halves): its whole tensor
+            wanted[item.key] = tuple(item.data.shape)
+        else:
+            wanted[item.key] = tuple(item.global_shape)
+    assert set(wanted) == set(stored)
+    for key, shape in wanted.items():
+        if shape is not None:
+            assert tuple(stored[key].size)[-len(shape):] == shape, key
+            assert tuple(stored[key].size) == shape or ".experts.experts." in key, key
+    loaded = dist_checkpointing.load({"model": sharded}, str(iter_dir), strict=StrictHandling.RAISE_ALL)
+    model.load_state_dict(loaded["model"], strict=True)
+
+
+def perturbed_logits(model, name: str, value: Callable, logits: Callable):
+    """``logits(model)`` with one loaded parameter or buffer replaced by ``value(current)``, then restored."""
+    import torch
+
+    target = dict(model.named_parameters()) | dict(model.named_buffers())
+    saved = target[name].detach().clone()
+    with torch.no_grad():
+        target[name].copy_(value(saved))
+    try:
+        return logits(model)
+    finally:
+        with torch.no_grad():
+            target[name].copy_(saved)
+
+
+def append_mtp_layer(hf_dir: Path, num_layers: int, hidden: int) -> str:
+    """Add MTP layer 0 to ``hf_dir/model.safetensors`` as the DeepSeek-V3 and GLM-4.5 releases store it
+    (transformers builds no MTP layers, so ``save_pretrained`` writes none): ``model.layers.{num_layers}.``
+    holds a decoder layer like the last one (perturbed), ``enorm``, ``hnorm``, ``eh_proj``,
+    ``shared_head.norm`` and copies of the embedding and head. Returns that prefix."""
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = hf_tensors(hf_dir)
+    mtp, last = f"model.layers.{num_layers}.", f"model.layers.{num_layers - 1}."
+    gen = torch.Generator().manual_seed(1)
+    for name, value in list(tensors.items()):
+        if name.startswith(last):
+            tensors[mtp + name[len(last):]] = value + 0.05 * torch.randn(value.shape, generator=gen)
+    tensors.update({
+        mtp + "enorm.weight": 1 + 0.1 * torch.randn(hidden, generator=gen),
+        mtp + "hnorm.weight": 1 + 0.1 * torch.randn(hidden, generator=gen),
+        mtp + "eh_proj.weight": 0.05 * torch.randn(hidden, 2 * hidden, generator=gen),
+        mtp + "shared_head.norm.weight": 1 + 0.1 * torch.randn(hidden, generator=gen),
+        mtp + "embed_tokens.weight": tensors["model.embed_tokens.weight"].clone(),
+        mtp + "shared_head.head.weight": tensors["lm_head.weight"].clone(),
+    })
+    save_file(tensors, Path(hf_dir) / "model.safetensors", metadata={"format": "pt"})
+    return mtp
+
+
+def assert_hf_config_refused(hf_dir: Path, tmp_path: Path, change: dict, message: str) -> None:
+    """An export to Megatron of ``hf_dir`` with ``change`` made to its config.json exits 2 naming
+    ``message``, and writes nothing."""
+    import json
+
+    from tests.conftest import run_cli
+
+    edited = tmp_path / "hf"
+    shutil.copytree(hf_dir, edited)
+    config = json.loads((edited / "config.json").read_text())
+    config.update(change)
+    (edited / "config.json").write_text(json.dumps(config))
+    result = run_cli("convert", str(edited), str(tmp_path / "out"), "--to", "mcore")
+    assert result.code == 2 and message in result.err, result.err
+    assert not (tmp_path / "out").exists()

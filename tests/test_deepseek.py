@@ -26,10 +26,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("megatron.core")
 
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 
 from ckptscope.ops.convert.execute import execute_convert  # noqa: E402
 from ckptscope.ops.convert.plan import plan_convert  # noqa: E402
+from tests.arch_roundtrip import append_mtp_layer, assert_hf_config_refused, load_strictly, perturbed_logits  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
 from tests import mcore_reference  # noqa: E402
 from tests.mcore_reference import generators  # noqa: E402
@@ -56,21 +57,7 @@ def _write_fixture(out, q_lora_rank):
             if name.endswith("e_score_correction_bias"):  # zeros by default: make a lost bias change the routing
                 buffer.normal_(0.0, 1.0)
     model.save_pretrained(out)
-    tensors = load_file(out / "model.safetensors")
-    gen = torch.Generator().manual_seed(1)
-    for name, value in list(tensors.items()):  # MTP layer 0: a MoE decoder layer like the last one...
-        if name.startswith("model.layers.2."):
-            tensors[MTP + name[len("model.layers.2."):]] = value + 0.05 * torch.randn(value.shape, generator=gen)
-    hidden = DIMS["hidden_size"]
-    tensors.update({  # ...and the MTP modules, as the release checkpoints store them
-        MTP + "enorm.weight": 1 + 0.1 * torch.randn(hidden, generator=gen),
-        MTP + "hnorm.weight": 1 + 0.1 * torch.randn(hidden, generator=gen),
-        MTP + "eh_proj.weight": 0.05 * torch.randn(hidden, 2 * hidden, generator=gen),
-        MTP + "shared_head.norm.weight": 1 + 0.1 * torch.randn(hidden, generator=gen),
-        MTP + "embed_tokens.weight": tensors["model.embed_tokens.weight"].clone(),
-        MTP + "shared_head.head.weight": tensors["lm_head.weight"].clone(),
-    })
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    append_mtp_layer(out, DIMS["num_hidden_layers"], DIMS["hidden_size"])
     return out
 
 
@@ -185,31 +172,9 @@ def test_mtp_layer_loads_strictly_into_megatron_core(dist_dir, hf_dir):
     """Built with its MTP block, the real model's sharded_state_dict asks for exactly the stored keys (weights
     and the linears' extra states, shapes equal), loads with nothing missing or unexpected, and the MTP
     modules hold the HF tensors."""
-    from megatron.core import dist_checkpointing
-    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensorFactory
-    from megatron.core.dist_checkpointing.validation import StrictHandling
-    from torch.distributed.checkpoint import FileSystemReader
-
-    iter_dir = dist_dir / "iter_0000000"
-    stored = FileSystemReader(str(iter_dir)).read_metadata().state_dict_metadata
     with megatron_on_cpu():
         model = gpt_model(_args(dist_dir), mtp=True)
-        sharded = model.sharded_state_dict()
-        wanted = {}
-        for item in sharded.values():
-            if isinstance(item, ShardedObject):  # the linears' extra states: one storage key per shard
-                wanted[item.unique_key] = None
-            elif isinstance(item, ShardedTensorFactory):  # gated fc1 (W and V halves): its whole tensor
-                wanted[item.key] = tuple(item.data.shape)
-            else:
-                wanted[item.key] = tuple(item.global_shape)
-        assert set(wanted) == set(stored)
-        for key, shape in wanted.items():
-            if shape is not None:
-                assert tuple(stored[key].size)[-len(shape):] == shape, key
-                assert tuple(stored[key].size) == shape or ".experts.experts." in key, key
-        loaded = dist_checkpointing.load({"model": sharded}, str(iter_dir), strict=StrictHandling.RAISE_ALL)
-        model.load_state_dict(loaded["model"], strict=True)
+        load_strictly(model, dist_dir / "iter_0000000")
     hf = load_file(hf_dir / "model.safetensors")
     state = model.state_dict()
     for mc, name in (("enorm.weight", "enorm.weight"), ("hnorm.weight", "hnorm.weight"),
@@ -225,15 +190,7 @@ def test_mtp_layer_loads_strictly_into_megatron_core(dist_dir, hf_dir):
 
 def _perturbed_logits(model, name, value):
     """megatron-core logits with one loaded parameter or buffer replaced."""
-    target = dict(model.named_parameters()) | dict(model.named_buffers())
-    saved = target[name].detach().clone()
-    with torch.no_grad():
-        target[name].copy_(value(saved))
-    try:
-        return _mcore_logits(model)
-    finally:
-        with torch.no_grad():
-            target[name].copy_(saved)
+    return perturbed_logits(model, name, value, _mcore_logits)
 
 
 def test_router_bias_is_the_score_correction_bias_and_matters(mcore_model, hf_dir, hf_logits):
@@ -360,14 +317,7 @@ def test_legacy_tp2_splits_mla_as_megatron_core_does(hf_dir, tmp_path):
                                             ({"n_group": 4, "topk_group": 2}, "top 2 experts")])
 def test_routing_and_rope_megatron_cannot_express_are_refused(hf_dir, tmp_path, change, message):
     """Settings where megatron-core's MLA or router would compute something else than transformers."""
-    edited = tmp_path / "hf"
-    shutil.copytree(hf_dir, edited)
-    config = json.loads((edited / "config.json").read_text())
-    config.update(change)
-    (edited / "config.json").write_text(json.dumps(config))
-    result = run_cli("convert", str(edited), str(tmp_path / "out"), "--to", "mcore")
-    assert result.code == 2 and message in result.err, result.err
-    assert not (tmp_path / "out").exists()
+    assert_hf_config_refused(hf_dir, tmp_path, change, message)
 
 
 def test_legacy_tp2_rank_files_equal_megatron_core_per_rank(hf_dir, tmp_path):

@@ -70,9 +70,18 @@ its per-layer pattern, local/global RoPE, the attention scale). They travel verb
 args under ``hf_config_extra`` so a round trip HF -> Megatron -> HF gives the same model."""
 
 
+HF_EXTRA_REQUIRED = frozenset({"gemma2", "gemma3"})
+"""Archs whose config.json cannot be derived from Megatron args alone: their models compute with facts only
+HF spells (soft-capping, sliding window and its pattern, the attention scale, local/global RoPE). Without
+``hf_config_extra`` (a Megatron-LM run that never saw HF, a Megatron-Bridge save) transformers would fill in
+its defaults, another model that loads without a complaint: refused unless ``--hf-config`` gives them."""
+
 MLA_ARCHS: set[str] = set()
 """Multi-latent-attention archs: their attention tensors are not ``heads x head_dim`` (``hf_shape_problems``
 leaves them be) and their local spec has no torch_dist keys map (the Megatron names follow ``--spec``)."""
+MTP_ARCHS: set[str] = set()
+"""Archs whose HF checkpoints keep multi-token-prediction layers after the decoder's, DeepSeek-V3's way
+(``model.layers.{num_hidden_layers + k}``; mappings/deepseek.py renames them for the rules)."""
 EXPERT_FFN_IS_INTERMEDIATE: set[str] = {"mixtral"}
 """Archs whose HF ``intermediate_size`` is the experts' FFN size (no ``moe_intermediate_size``)."""
 LOCAL_EXPERTS_KEY: set[str] = {"mixtral"}
@@ -80,7 +89,8 @@ LOCAL_EXPERTS_KEY: set[str] = {"mixtral"}
 MEGATRON_FACT_KEYS = ("softmax_type", "glu_linear_offset", "activation_func_clamp_value", "quick_geglu",
                       "add_bias_linear", "gated_linear_unit", "swiglu", "window_size", "window_attn_skip_freq",
                       "position_embedding_type", "rotary_interleaved", "qk_l2_norm", "no_rope_freq",
-                      "moe_layer_freq", "moe_apply_probs_on_input", "moe_router_score_function")
+                      "moe_layer_freq", "moe_apply_probs_on_input", "moe_router_score_function", "rotary_percent",
+                      "moe_router_topk_scaling_factor")
 """Megatron args that decide what a layer computes beyond the tensors (kept in ``megatron_facts``)."""
 MEGATRON_ARGS_HOOKS: dict[str, Callable[[ModelConfig, dict[str, Any]], None]] = {}
 """Arch -> edits of the Megatron args ``to_megatron_args`` writes (the arch's activation, attention)."""
@@ -288,6 +298,10 @@ def padded_vocab(vocab: int, divisible_by: int = 128, tp: int = 1) -> int:
 def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
     """A transformers ``config.json`` for ``cfg`` (used when a Megatron source has no HF config)."""
     arch = cfg.arch or "llama"
+    if arch in HF_EXTRA_REQUIRED and not cfg.hf_extra:
+        raise CkptError(f"{arch}: the Megatron args do not carry the settings only its HF config spells "
+                        f"({', '.join(k for k in HF_EXTRA_KEYS[arch][1:6])} ..., hf_config_extra); pass --hf-config DIR "
+                        "(the HF model the run started from)")
     heads = cfg.require("num_attention_heads")
     out: dict[str, Any] = {
         "architectures": [HF_CLASS_BY_ARCH[arch]],

@@ -102,13 +102,19 @@ def _in_mtp(rule: Rule) -> Rule:
                 hf(rule.when), hf(rule.unless))
 
 
+def mtp_rules(layer: tuple[Rule, ...]) -> tuple[Rule, ...]:
+    """The MTP layers' rules for a model whose decoder layer has the rules ``layer`` (DeepSeek-V3, GLM-4.5):
+    that decoder layer as ``transformer_layer`` plus the MTP modules of their own."""
+    return tuple(_in_mtp(r) for r in layer) + (
+        Rule((MTP_HF + "enorm.weight",), (MTP_MC + "enorm.weight",)),
+        Rule((MTP_HF + "hnorm.weight",), (MTP_MC + "hnorm.weight",)),
+        Rule((MTP_HF + "eh_proj.weight",), (MTP_MC + "eh_proj.weight",)),
+        Rule((MTP_HF + "shared_head.norm.weight",), (MTP_MC + "final_layernorm.weight",)),
+    )
+
+
 LAYER = MLA + DENSE + MOE
-MTP = tuple(_in_mtp(r) for r in LAYER) + (
-    Rule((MTP_HF + "enorm.weight",), (MTP_MC + "enorm.weight",)),
-    Rule((MTP_HF + "hnorm.weight",), (MTP_MC + "hnorm.weight",)),
-    Rule((MTP_HF + "eh_proj.weight",), (MTP_MC + "eh_proj.weight",)),
-    Rule((MTP_HF + "shared_head.norm.weight",), (MTP_MC + "final_layernorm.weight",)),
-)
+MTP = mtp_rules(LAYER)
 
 _TOP = tuple(r for r in SCHEMAS["llama"] if not r.hf[0].startswith(L_HF))
 SCHEMAS[ARCH] = _TOP + LAYER + MTP
@@ -195,9 +201,35 @@ args (``hf_config_extra``) so HF -> Megatron -> HF gives the same config.json.""
 _MLA_DIMS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
-def _rope(extra: dict) -> dict:
+def rope_of(extra: dict) -> dict:
     rope = extra.get("rope_parameters") or extra.get("rope_scaling") or {}
     return rope if isinstance(rope, dict) else {}
+
+
+def routed_moe_args(cfg: _config.ModelConfig, arch: str) -> dict:
+    """Megatron args of the DeepSeek-style MoE (shared by GLM-4.5): first-k dense layers, a sigmoid router
+    with the score-correction bias, group-limited routing, MTP. Refuses routings megatron-core computes
+    differently from transformers' ``DeepseekV3TopkRouter`` / ``Glm4MoeTopkRouter``."""
+    extra = cfg.hf_extra or {}
+    topk = cfg.moe_router_topk or extra.get("num_experts_per_tok") or 1
+    if extra.get("norm_topk_prob") is False and topk > 1:
+        raise CkptError(f"{arch} with norm_topk_prob=false: megatron-core's sigmoid router always normalises "
+                        "the top-k weights, so this model has no Megatron equivalent")
+    groups, group_topk = extra.get("n_group") or 1, extra.get("topk_group") or 1
+    if 1 < groups and group_topk < groups and topk // group_topk != 2:
+        raise CkptError(f"{arch} with {topk} experts per token from {group_topk} of {groups} groups: transformers "
+                        f"scores a group by its top 2 experts, megatron-core by its top {topk // group_topk}")
+    layers = cfg.require("num_layers")
+    dense = int(extra.get("first_k_dense_replace") or 0)
+    return {
+        "moe_layer_freq": [0] * dense + [1] * (layers - dense),
+        "moe_router_enable_expert_bias": True,
+        "moe_router_score_function": extra.get("scoring_func") or "sigmoid",
+        "moe_router_topk_scaling_factor": extra.get("routed_scaling_factor"),
+        "moe_router_num_groups": extra.get("n_group"),
+        "moe_router_group_topk": extra.get("topk_group"),
+        "mtp_num_layers": cfg.mtp_num_layers or None,
+    }
 
 
 def megatron_args(cfg: _config.ModelConfig) -> dict:
@@ -209,18 +241,8 @@ def megatron_args(cfg: _config.ModelConfig) -> dict:
     if extra.get("rope_interleave", True) is False:
         raise CkptError("deepseek_v3 with rope_interleave=false: megatron-core's MLA always de-interleaves "
                                 "the rope half of q and k, so this model has no Megatron equivalent")
-    topk = cfg.moe_router_topk or extra.get("num_experts_per_tok") or 1
-    if extra.get("norm_topk_prob") is False and topk > 1:
-        raise CkptError("deepseek_v3 with norm_topk_prob=false: megatron-core's sigmoid router always normalises "
-                        "the top-k weights, so this model has no Megatron equivalent")
-    groups, group_topk = extra.get("n_group") or 1, extra.get("topk_group") or 1
-    if 1 < groups and group_topk < groups and topk // group_topk != 2:
-        raise CkptError(f"deepseek_v3 with {topk} experts per token from {group_topk} of {groups} groups: transformers "
-                        f"scores a group by its top 2 experts, megatron-core by its top {topk // group_topk}")
-    rope = _rope(extra)
+    rope = rope_of(extra)
     rope_type = rope.get("rope_type") or rope.get("type") or "default"
-    layers = cfg.require("num_layers")
-    dense = int(extra.get("first_k_dense_replace") or 0)
     args = {
         "multi_latent_attention": True,
         "q_lora_rank": extra.get("q_lora_rank"),
@@ -232,13 +254,7 @@ def megatron_args(cfg: _config.ModelConfig) -> dict:
         "qk_layernorm": True,  # MLA's latent norms (q_a_layernorm, kv_a_layernorm)
         "rotary_interleaved": False,  # MLA de-interleaves by itself, as HF's rope_interleave=True
         "rope_type": "rope" if rope_type == "default" else rope_type,
-        "moe_layer_freq": [0] * dense + [1] * (layers - dense),
-        "moe_router_enable_expert_bias": True,
-        "moe_router_score_function": extra.get("scoring_func") or "sigmoid",
-        "moe_router_topk_scaling_factor": extra.get("routed_scaling_factor"),
-        "moe_router_num_groups": extra.get("n_group"),
-        "moe_router_group_topk": extra.get("topk_group"),
-        "mtp_num_layers": cfg.mtp_num_layers or None,
+        **routed_moe_args(cfg, ARCH),
         "hf_config_extra": {**extra, "model_type": extra.get("model_type") or ARCH},  # kimi_k2 stays kimi_k2
     }
     if rope_type == "yarn":  # DeepSeek-V3's long-context RoPE (args of Megatron-LM's --rope-type yarn)
@@ -274,6 +290,7 @@ _config.HF_EXTRA_KEYS.setdefault(ARCH, HF_KEYS)
 _config.MEGATRON_ARGS_HOOKS[ARCH] = edit_megatron_args
 _config.HF_CONFIG_HOOKS[ARCH] = finish_hf_config
 _config.MLA_ARCHS.add(ARCH)
+_config.MTP_ARCHS.add(ARCH)
 _config.ARCH_FACTS[ARCH] = [
     "multi-latent attention: Megatron args say multi_latent_attention, q_lora_rank, kv_lora_rank, qk_head_dim, "
     "qk_pos_emb_head_dim, v_head_dim; rotary_interleaved=False (MLA de-interleaves itself = HF rope_interleave)",

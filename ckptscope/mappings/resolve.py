@@ -17,7 +17,8 @@ from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.roles import naming_family
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.mappings import deepseek
-from ckptscope.mappings.config import ModelConfig, from_hf_config, from_megatron_args
+from ckptscope.mappings.bridge_config import from_run_config, is_run_config
+from ckptscope.mappings.config import MTP_ARCHS, ModelConfig, from_hf_config, from_megatron_args
 from ckptscope.mappings.links import Link, Recipe, box_shape, recipes_from_links, uncovered
 from ckptscope.mappings.schemas import SCHEMAS, Rule, is_ignored
 from ckptscope.mappings.transforms import TRANSFORMS, hf_stacked, stacked
@@ -49,7 +50,8 @@ class MappedView:
 
 def config_from_index(index: CheckpointIndex) -> ModelConfig:
     """Everything the checkpoint itself says about the model: an HF config.json (HF dirs, verl's
-    ``huggingface/``) first, then Megatron ``args``, then what tensor shapes imply."""
+    ``huggingface/``) first, then Megatron ``args`` (or Megatron-Bridge's ``run_config.yaml``), then what
+    tensor shapes imply."""
     hf_cfg = ModelConfig()
     mc_cfg = ModelConfig()
     for obj in index.objects:
@@ -60,6 +62,8 @@ def config_from_index(index: CheckpointIndex) -> ModelConfig:
             hf_cfg = from_hf_config(value)
         elif value.get("__class__", "").endswith("Namespace") and "num_layers" in value and mc_cfg.hidden_size is None:
             mc_cfg = from_megatron_args(value)
+        elif obj.name == "run_config" and is_run_config(value) and mc_cfg.hidden_size is None:
+            mc_cfg = from_run_config(value)  # Megatron-Bridge: the model section of run_config.yaml
     for key in ("hf_config", "huggingface_config"):
         if isinstance(index.metadata.get(key), dict) and hf_cfg.hidden_size is None:
             hf_cfg = from_hf_config(index.metadata[key])
@@ -94,6 +98,8 @@ def detect_arch(names: Iterable[str], cfg: ModelConfig) -> str:
     joined = "\n".join(names)
     if "kv_a_proj_with_mqa." in joined or "linear_kv_down_proj." in joined:  # multi-latent attention
         return deepseek.ARCH
+    if "e_score_correction_bias" in joined or ".router.expert_bias" in joined:  # DeepSeek's router, plain attention
+        return "glm4_moe"
     if ".self_attn.sinks" in joined or ".core_attention.softmax_offset" in joined:  # attention sinks
         return "gpt_oss"
     if ".feed_forward." in joined:  # Llama 4's HF module names
@@ -187,7 +193,7 @@ def to_hf(tensors: Mapping[str, TensorShape], cfg: ModelConfig, arch: str | None
                             f"not 0..{len(seen) - 1}")
     recipes = recipes_from_links(links, to="hf", shapes=dst_shapes, dtypes=dst_dtypes)
     _attach_padding(recipes, links, tensors)
-    if arch == deepseek.ARCH:  # MTP layers back under their stored names, with their shared copies
+    if arch in MTP_ARCHS:  # MTP layers back under their stored names, with their shared copies
         recipes = deepseek.from_view(recipes, cfg.num_layers)
     unmapped = [n for n in names if n not in consumed]
     ignored = [n for n in tensors if is_ignored(n)]
@@ -204,7 +210,7 @@ def to_mcore(tensors: Mapping[str, TensorShape], cfg: ModelConfig, arch: str | N
     rules = _check_rules(arch)
     stored: dict[str, str] = {}
     shared: list[str] = []
-    if arch == deepseek.ARCH:  # MTP layers under their own names (see mappings/deepseek.py)
+    if arch in MTP_ARCHS:  # MTP layers under their own names (see mappings/deepseek.py)
         renames, shared = deepseek.to_view(tensors, cfg.num_layers)
         stored = {new: old for old, new in renames.items()}
         tensors = {renames.get(n, n): m for n, m in tensors.items() if n not in shared}

@@ -5,7 +5,8 @@ Underneath it is a DCP directory (``DcpReader`` does the chunks and bytes entrie
 * ``metadata.json`` with ``sharded_backend`` (written last, so it marks a complete save);
 * ``common.pt`` (core <= 0.18) or the ``common_state`` ShardedObject (0.19+): args, iteration,
   checkpoint_version, optimizer param groups ... shown as objects; iteration goes to
-  ``index.metadata["iteration"]``;
+  ``index.metadata["iteration"]``; Megatron-Bridge saves carry their config in ``run_config.yaml`` instead
+  (run_config.py);
 * stacked layers: a homogeneous ``TransformerBlock`` saves all layers of one parameter as one
   tensor ``decoder.layers.<suffix>`` whose axis 0 is the global layer index. It is kept as stored
   and also exposed as per-layer views ``decoder.layers.{i}.<suffix>`` (``CheckpointIndex.views``),
@@ -28,6 +29,7 @@ from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.formats.dcp.reader import METADATA_FILE, DcpContents, DcpReader, group_summary
 from ckptscope.formats.pickles.safe import TensorRef, to_plain, type_name
+from ckptscope.formats.megatron.run_config import add_run_config
 from ckptscope.formats.pickles.torch_file import flatten, read_torch_zip, tensor_meta
 from ckptscope.formats.registry import register_reader
 
@@ -124,6 +126,7 @@ class MegatronDistReader(DcpReader):
             self.index_without_metadata(index)
         index.files.append(FileInfo(MARKER_FILE, (self.path / MARKER_FILE).stat().st_size, "metadata"))
         self._add_common(index, contents)
+        add_run_config(index, self.path)  # Megatron-Bridge's saves: the model config (no args in common.pt)
         if "iteration" not in index.metadata and (iteration := iteration_of_dir(self.path)) is not None:
             index.metadata["iteration"] = iteration
         if contents is not None:

@@ -70,6 +70,7 @@ from ckptscope.formats.megatron.model_layout import (
     LOCAL_TO_TE,
     MLA_LINEARS,
     MOE_NORM,
+    MTP_LAYER,
     REPLICATED,
     Entry,
     ModelTensors,
@@ -119,9 +120,11 @@ def _dist_key(entry: Entry, model: ModelTensors, spec: str) -> tuple[str, tuple[
     if entry.expert is not None:
         return prefix + DIST_EXPERTS + entry.expert_sub, axis + (entry.expert,), size + (model.num_experts,)
     sub = entry.sub
-    if (entry.layer is not None and model.is_moe_layer(entry.layer) and spec == "local" and not model.mla
-            and sub.startswith(MOE_NORM)):
-        sub = LOCAL_TO_TE[MOE_NORM] + sub[len(MOE_NORM):]  # the local spec's keys map still applies
+    moe = model.is_moe_layer(entry.layer) if entry.layer is not None else entry.owner.endswith(MTP_LAYER)
+    if moe and spec == "local" and not model.mla and sub.startswith(MOE_NORM):
+        # the local spec's keys map still applies (an MTP layer's decoder layer too: a MoE norm is only
+        # spelled pre_mlp_layernorm there when that layer is MoE, as GLM-4.5's is)
+        sub = LOCAL_TO_TE[MOE_NORM] + sub[len(MOE_NORM):]
     return prefix + sub, axis, size
 
 

@@ -1,0 +1,64 @@
+"""Megatron-Bridge's ``run_config.yaml``: the run's whole configuration, written into each iteration dir.
+
+Megatron-Bridge (``src/megatron/bridge/training/checkpointing.py``, ``save_checkpoint``: the rank-0
+``train_state_finalize_fn``) saves ``iter_XXXXXXX/`` with megatron-core's ``dist_checkpointing`` and then
+writes beside it ``train_state.pt``, ``run_config.yaml`` (``cfg.to_yaml``, ``CONFIG_FILE`` in
+``training/utils/checkpoint_utils.py``) and, in the save root, ``latest_train_state.pt`` and the Megatron-LM
+tracker ``latest_checkpointed_iteration.txt``. Its ``common.pt`` holds no ``args`` (``generate_state_dict``
+puts ``checkpoint_version``, ``iteration``, the optimizer and RNG state there), so the model's
+configuration, zero-centred norms included, is only in ``run_config.yaml``.
+
+The YAML is ``ConfigContainer.to_dict()`` through ``yaml.safe_dump`` (``_ConfigContainerBase.to_yaml`` in
+``training/utils/config_utils.py``; Megatron-LM's ``ConfigContainerBase`` in newer releases): each
+dataclass is a mapping with a ``_target_`` class path, functions and dtypes are ``{_target_, _call_}``
+mappings (``utils/yaml_utils.py``), the model provider is the ``model`` section. It is read here with
+``yaml.safe_load`` only: ``_target_`` stays a string, nothing is imported or called, and a YAML tag that
+asks for a Python object is an error, not an instruction.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
+
+RUN_CONFIG_FILE = "run_config.yaml"
+OBJECT_NAME = "run_config"
+"""The index object holding the parsed file (``core.roles`` files ``run_config`` under args)."""
+MAX_BYTES = 16 << 20
+"""A run config is a few hundred KiB at most; anything far larger is not one and is not parsed."""
+
+
+def read_run_config(path: Path) -> dict[str, Any]:
+    """The parsed ``run_config.yaml`` at ``path``; ValueError (with the reason) when it cannot be used."""
+    try:
+        import yaml
+    except ImportError as exc:  # PyYAML is not a ckptscope dependency; transformers and Megatron-Bridge bring it
+        raise ValueError("PyYAML is not installed (pip install pyyaml), so the run config cannot be read") from exc
+    size = path.stat().st_size
+    if size > MAX_BYTES:
+        raise ValueError(f"{size} bytes: too large for a Megatron-Bridge run config")
+    try:
+        with path.open("r", encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"not plain YAML ({first})") from exc
+    if not isinstance(data, dict):
+        raise ValueError("not a mapping of config sections")
+    return data
+
+
+def add_run_config(index: CheckpointIndex, iter_dir: Path) -> None:
+    """Add ``iter_dir/run_config.yaml`` to ``index`` as the ``run_config`` object (when there is one)."""
+    path = iter_dir / RUN_CONFIG_FILE
+    if not path.is_file():
+        return
+    index.files.append(FileInfo(RUN_CONFIG_FILE, path.stat().st_size, "config"))
+    try:
+        data = read_run_config(path)
+    except (OSError, ValueError) as exc:
+        index.add_issue("unreadable-file", f"{exc}; the model config it holds is unknown", file=RUN_CONFIG_FILE)
+        return
+    index.objects.append(ObjectEntry(OBJECT_NAME, "dict", data))
