@@ -86,7 +86,7 @@ def _config_block(index: CheckpointIndex) -> tuple[int, int] | None:
     return None
 
 
-def _fp8_pair(payload: TensorMeta, scale: TensorMeta, block: tuple[int, int]) -> str | None:
+def fp8_pair_problem(payload: TensorMeta, scale: TensorMeta, block: tuple[int, int]) -> str | None:
     """Why ``payload`` + ``scale`` is not an FP8 block pair, or None when it is."""
     if payload.dtype not in FP8_PAYLOADS or scale.dtype not in FP8_SCALES:
         return f"dtypes {payload.dtype} + {scale.dtype}"
@@ -125,7 +125,7 @@ def fold_block_scaled(index: CheckpointIndex) -> dict[str, BlockScaled]:
         if payload is None or not (_plain(payload) and _plain(scale)):
             continue
         if scheme == "fp8_block":
-            problem = _fp8_pair(payload, scale, block)
+            problem = fp8_pair_problem(payload, scale, block)
         else:
             problem = _mxfp4_pair(payload, scale)
             if problem is None and logical in tensors:
