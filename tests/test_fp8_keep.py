@@ -22,6 +22,7 @@ pytest.importorskip("transformers")
 
 from safetensors import safe_open  # noqa: E402
 
+from ckptscope.core.errors import CkptError  # noqa: E402
 from ckptscope.ops.convert.execute import execute_convert  # noqa: E402
 from ckptscope.ops.convert.plan import plan_convert  # noqa: E402
 
@@ -175,7 +176,7 @@ def test_a_split_inside_a_scale_block_is_refused(ds, tmp_path, args, message):
 def test_a_fusion_that_mixes_blocks_is_refused(tmp_path):
     """Llama with hidden 200: q/k/v rows of 50 per head would be interleaved inside 128-row blocks."""
     src = write_fp8_llama(tmp_path / "llama")
-    with pytest.raises(Exception) as refused:
+    with pytest.raises(CkptError) as refused:
         plan_convert(src, tmp_path / "out", to="mcore")
     assert "linear_qkv.weight: its qkv transform cuts axis 0" in str(refused.value)
     assert "128-wide FP8 scale block" in str(refused.value)
@@ -185,3 +186,28 @@ def test_dequantising_the_megatron_layout_is_refused_not_guessed(legacy_tp2, tmp
     result = run_cli("convert", str(legacy_tp2), str(tmp_path / "out"), "--to", "hf", "--dtype", "bfloat16")
     assert result.code == 2 and "--dtype keep" in result.err and "Traceback" not in result.err
     assert not (tmp_path / "out").exists()
+
+
+def test_fused_hf_experts_with_fp8_kept_are_refused(ds, tmp_path):
+    """transformers 5.24 on CPU reports fused ``gate_up_proj_scale_inv`` as unexpected and loads the
+    experts unscaled; nothing here can check its GPU path, so that output is not written."""
+    with pytest.raises(CkptError, match="--hf-experts fused with the FP8 weights kept"):
+        plan_convert(ds, tmp_path / "out", to="hf", hf_experts="fused")
+
+
+def test_vocab_padding_moves_whole_scale_blocks_or_is_refused():
+    """A padded FP8 tensor (rows of zeros after the source's): whole padding blocks get zero scales; a
+    source whose last block is partial cannot be followed by padding rows inside that block."""
+    from ckptscope.mappings.links import Piece, Recipe
+    from ckptscope.ops.convert.fp8_keep import scale_recipe
+
+    def padded(rows):
+        return Recipe("w", (384, 256), "float8_e4m3fn", [Piece(((0, rows), (0, 256)), "src", ((0, rows), (0, 256)))],
+                      ["vocab padding"], fill=[((rows, 384), (0, 256))])
+
+    scales = scale_recipe(padded(256), {"src": (256, 256)}, {"src": "src_scale_inv"}, "float32", (BLOCK, BLOCK))
+    assert scales.name == "w_scale_inv" and scales.shape == (3, 2)
+    assert scales.pieces == [Piece(((0, 2), (0, 2)), "src_scale_inv", ((0, 2), (0, 2)))]
+    assert scales.fill == [((2, 3), (0, 2))]
+    with pytest.raises(CkptError, match=r"w: its vocab padding transform cuts axis 0 at 300, inside a 128-wide"):
+        scale_recipe(padded(300), {"src": (300, 256)}, {"src": "src_scale_inv"}, "float32", (BLOCK, BLOCK))

@@ -76,13 +76,21 @@ def _plain(meta: TensorMeta) -> bool:
             and meta.chunks[0].shape == meta.shape and meta.chunks[0].strides is None)
 
 
+def config_block_size(config: dict) -> tuple[int, int] | None:
+    """An HF config's ``quantization_config.weight_block_size``, when it names a 2-D block."""
+    quant = config.get("quantization_config")
+    size = quant.get("weight_block_size") if isinstance(quant, dict) else None
+    if isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and v > 0 for v in size):
+        return size[0], size[1]
+    return None
+
+
 def _config_block(index: CheckpointIndex) -> tuple[int, int] | None:
     for obj in index.objects:
         if obj.name == "config" and isinstance(obj.value, dict):
-            quant = obj.value.get("quantization_config")
-            size = quant.get("weight_block_size") if isinstance(quant, dict) else None
-            if isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and v > 0 for v in size):
-                return size[0], size[1]
+            size = config_block_size(obj.value)
+            if size is not None:
+                return size
     return None
 
 

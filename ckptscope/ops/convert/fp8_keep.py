@@ -13,11 +13,11 @@ split axis must be whole blocks.
 
 The Megatron side stores the scale as that sibling tensor, ``<weight>_scale_inv``, split over TP like
 its weight (rows of a column-parallel weight, columns of a row-parallel one, gate and up halves of a
-SwiGLU fc1, whole for replicated ones). This is ckptscope's own layout: Megatron-Core has no on-disk
-form for block-scaled weights (its FP8 parameters are TransformerEngine tensors, saved in high
-precision), and Megatron-Bridge dequantises DeepSeek-V3's FP8 on import (NVIDIA-NeMo/Megatron-Bridge
-PR #3778; export of FP8 + ``scale_inv`` exists only from in-memory TE parameters to HF, PR #1994).
-Such a checkpoint round-trips to HF bit for bit; Megatron-Core cannot train from it as is.
+SwiGLU fc1, whole for replicated ones). This is ckptscope's own layout, as no real one was found:
+Megatron-Core's checkpoints have no separate scale tensors for block-scaled weights, Megatron-Bridge
+dequantises DeepSeek-V3's FP8 on import (NVIDIA-NeMo/Megatron-Bridge PR #3778) and exports FP8 +
+``scale_inv`` only from in-memory parameters to HF (PR #1994; issue #1746 leaves a native FP8 Megatron
+checkpoint open). Such a checkpoint round-trips to HF bit for bit; Megatron-Core does not load it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import math
 from ckptscope.core.errors import CkptError
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.core.units import plural
-from ckptscope.formats.blockscaled import DEFAULT_FP8_BLOCK, FP8_PAYLOADS, fp8_pair_problem
+from ckptscope.formats.blockscaled import DEFAULT_FP8_BLOCK, FP8_PAYLOADS, config_block_size, fp8_pair_problem
 from ckptscope.mappings.links import Box, Piece, Recipe
 
 SCALE_SUFFIX = "_scale_inv"
@@ -46,11 +46,8 @@ def fp8_pairs(tensors: dict[str, TensorMeta], block: tuple[int, int]) -> dict[st
 
 
 def config_block(hf_cfg: dict | None) -> tuple[int, int]:
-    quant = (hf_cfg or {}).get("quantization_config")
-    size = quant.get("weight_block_size") if isinstance(quant, dict) else None
-    if isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and v > 0 for v in size):
-        return size[0], size[1]
-    return DEFAULT_FP8_BLOCK
+    """The FP8 block of the source's HF config, DeepSeek's 128 x 128 without one (as the reader pairs them)."""
+    return config_block_size(hf_cfg or {}) or DEFAULT_FP8_BLOCK
 
 
 def hf_config_keeping_fp8(hf_cfg: dict, block: tuple[int, int]) -> tuple[dict, list[str]]:

@@ -337,6 +337,10 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
             raise CkptError(f"the tensors do not fit {source}: {'; '.join(problems)}"
                             + ("" if hf_config else "; pass --hf-config DIR"), src_path)
         if hf_experts == "fused":
+            if fp8:  # checked on CPU only, where transformers 5.24 drops fused gate_up_proj_scale_inv as unexpected
+                raise CkptError("--hf-experts fused with the FP8 weights kept: transformers does not load fused "
+                                "expert scales on CPU (the experts would load unscaled); keep the per-expert "
+                                "layout or pass --dtype bfloat16", src_path)
             if not any(".experts." in name for name in recipes):
                 raise CkptError("--hf-experts fused: this model has no routed experts", src_path)
             recipes = fuse(recipes, view.arch)
