@@ -54,7 +54,7 @@ def write_fp8_llama(out: Path, *, hidden: int = 200, intermediate: int = 300) ->
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     tensors = {}
     for name, value in model.state_dict().items():
-        if name.endswith("proj.weight"):
+        if name.endswith(("proj.weight", "proj_with_mqa.weight")):
             fp8, scale_inv = quantize_fp8_block(value)
             tensors[name] = fp8.contiguous()
             tensors[name.removesuffix("weight") + "weight_scale_inv"] = scale_inv.contiguous()
@@ -146,5 +146,41 @@ def write_gpt_oss_mxfp4_dir(out: Path, *, hidden: int = 64, intermediate: int = 
     cfg = config.to_dict()
     cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
         "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out
+
+
+FP8_DEEPSEEK_DIMS = dict(vocab_size=300, hidden_size=256, intermediate_size=256, moe_intermediate_size=256,
+                         num_hidden_layers=2, first_k_dense_replace=1, n_routed_experts=4, n_shared_experts=1,
+                         num_experts_per_tok=2, n_group=2, topk_group=1, num_attention_heads=4,
+                         num_key_value_heads=4, q_lora_rank=192, kv_lora_rank=128, qk_rope_head_dim=64,
+                         qk_nope_head_dim=64, v_head_dim=64, max_position_embeddings=64)
+"""Every TP=2 share is whole 128-blocks (q/kv up 512 rows, o_proj 256 columns, fc1 [256; 256]), TP=4 is
+not; ``q_a_proj`` (192 columns) and ``kv_a_proj_with_mqa`` (192 rows) have partial edge blocks."""
+
+
+def write_fp8_deepseek_v3(out: Path, **dims) -> Path:
+    """A tiny DeepSeek-V3 HF dir as the release stores it: the model built and saved by transformers
+    (random init, bf16, ``save_pretrained``: per-expert tensors), then every projection of the decoder
+    layers quantised per 128x128 block (``quantize_fp8_block``) and stored with its ``weight_scale_inv``;
+    embeddings, head, norms and the router stay bf16, as in DeepSeek-V3's release."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM, DeepseekV3Config
+
+    torch.manual_seed(0)
+    config = DeepseekV3Config(**{**FP8_DEEPSEEK_DIMS, **dims})
+    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    model.save_pretrained(out)
+    tensors = {}
+    for name, value in load_file(str(out / "model.safetensors")).items():
+        if name.startswith("model.layers.") and name.endswith(("proj.weight", "proj_with_mqa.weight")):
+            tensors[name], tensors[name + "_scale_inv"] = (t.contiguous() for t in quantize_fp8_block(value))
+        else:
+            tensors[name] = value
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": [128, 128]}
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return out

@@ -1,7 +1,7 @@
 """FP8 block-scaled weights (DeepSeek-V3 layout: ``float8_e4m3fn`` weight + ``weight_scale_inv`` per
 128x128 block): one logical tensor, read dequantised bit for bit as transformers and DeepSeek's
 release dequantise it, in inspect, stats, the values pager, diff (dequantised and ``--raw``) and
-convert (to bf16, judged by transformers and safetensors; keeping FP8 refused)."""
+convert (to bf16, judged by transformers and safetensors; keeping FP8: tests/test_fp8_keep.py)."""
 
 from __future__ import annotations
 
@@ -202,13 +202,18 @@ def test_convert_to_bf16_dequantises(fp8_dir, stored, tmp_path):
     assert torch.equal(model.state_dict()[DOWN].to(torch.bfloat16), written[DOWN])
 
 
-def test_convert_keeping_fp8_is_refused(fp8_dir, tmp_path):
-    for target in (["--to", "hf"], ["--to", "mcore", "--tp", "2"]):
-        result = run_cli("convert", str(fp8_dir), str(tmp_path / "out"), *target)
-        assert result.code == 2
-        assert "block-scaled" in result.err and "--dtype bfloat16" in result.err
-        assert "Traceback" not in result.err
-        assert not (tmp_path / "out").exists()
+def test_convert_keeping_fp8_cuts_no_block(fp8_dir, stored, tmp_path):
+    """Without --dtype, HF -> HF keeps the FP8 bytes and scales verbatim; Megatron's qkv interleave would
+    cut the 128-row blocks (50-row heads), so that is refused (tests/test_fp8_keep.py covers the rest)."""
+    result = run_cli("convert", str(fp8_dir), str(tmp_path / "hf"), "--to", "hf")
+    assert result.code == 0, result.err
+    written = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert written.keys() == stored.keys()
+    assert all(torch.equal(written[n].view(torch.uint8), stored[n].view(torch.uint8)) for n in stored)
+    result = run_cli("convert", str(fp8_dir), str(tmp_path / "out"), "--to", "mcore", "--tp", "2")
+    assert result.code == 2 and "128-wide FP8 scale block" in result.err and "--dtype bfloat16" in result.err
+    assert "Traceback" not in result.err
+    assert not (tmp_path / "out").exists()
 
 
 def test_check_and_rename_work_on_the_stored_tensors(fp8_dir, stored, tmp_path):

@@ -1,7 +1,8 @@
 """Block-scaled quantised weights: a low-precision payload and its per-block scales, as one tensor.
 
 Two layouts ship in public checkpoints, in any format that stores named tensors (safetensors files
-and HF dirs in practice):
+and HF dirs in practice; FP8 also in the Megatron checkpoints ``convert --dtype keep`` writes, each
+weight and its scales split over TP ranks alike, so there the pair may be several chunks):
 
 * **FP8 block** (DeepSeek-V3/R1, Qwen3-FP8, ``transformers`` ``FineGrainedFP8Config``): ``X`` is
   ``float8_e4m3fn`` ``[..., M, N]`` and ``X_scale_inv`` (``X.weight`` -> ``X.weight_scale_inv``) holds
@@ -72,21 +73,35 @@ class BlockScaled:
 
 def _plain(meta: TensorMeta) -> bool:
     """One raw little-endian chunk holding the whole tensor: the shape every HF-style file stores."""
-    return (len(meta.chunks) == 1 and meta.chunks[0].encoding is Encoding.RAW and not meta.chunks[0].big_endian
-            and meta.chunks[0].shape == meta.shape and meta.chunks[0].strides is None)
+    return len(meta.chunks) == 1 and meta.chunks[0].shape == meta.shape and _raw(meta)
+
+
+def _raw(meta: TensorMeta) -> bool:
+    """Raw little-endian chunks, one or several: the TP pieces of a Megatron tensor, or torch_dist's items
+    (zip items its reader resolves on read), as ``convert --dtype keep`` writes FP8 (ops/convert/fp8_keep.py)."""
+    return bool(meta.chunks) and all(c.encoding in (Encoding.RAW, Encoding.TORCH_ZIP_ITEM) and not c.big_endian
+                                     and c.strides is None for c in meta.chunks)
+
+
+def config_block_size(config: dict) -> tuple[int, int] | None:
+    """An HF config's ``quantization_config.weight_block_size``, when it names a 2-D block."""
+    quant = config.get("quantization_config")
+    size = quant.get("weight_block_size") if isinstance(quant, dict) else None
+    if isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and v > 0 for v in size):
+        return size[0], size[1]
+    return None
 
 
 def _config_block(index: CheckpointIndex) -> tuple[int, int] | None:
     for obj in index.objects:
         if obj.name == "config" and isinstance(obj.value, dict):
-            quant = obj.value.get("quantization_config")
-            size = quant.get("weight_block_size") if isinstance(quant, dict) else None
-            if isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and v > 0 for v in size):
-                return size[0], size[1]
+            size = config_block_size(obj.value)
+            if size is not None:
+                return size
     return None
 
 
-def _fp8_pair(payload: TensorMeta, scale: TensorMeta, block: tuple[int, int]) -> str | None:
+def fp8_pair_problem(payload: TensorMeta, scale: TensorMeta, block: tuple[int, int]) -> str | None:
     """Why ``payload`` + ``scale`` is not an FP8 block pair, or None when it is."""
     if payload.dtype not in FP8_PAYLOADS or scale.dtype not in FP8_SCALES:
         return f"dtypes {payload.dtype} + {scale.dtype}"
@@ -122,10 +137,11 @@ def fold_block_scaled(index: CheckpointIndex) -> dict[str, BlockScaled]:
         else:
             continue
         payload, scale = tensors.get(payload_name), tensors[name]
-        if payload is None or not (_plain(payload) and _plain(scale)):
+        stored_as = _raw if scheme == "fp8_block" else _plain  # MXFP4's logical axes are not the stored ones
+        if payload is None or not (stored_as(payload) and stored_as(scale)):
             continue
         if scheme == "fp8_block":
-            problem = _fp8_pair(payload, scale, block)
+            problem = fp8_pair_problem(payload, scale, block)
         else:
             problem = _mxfp4_pair(payload, scale)
             if problem is None and logical in tensors:
@@ -167,10 +183,16 @@ def _logical_meta(name: str, entry: BlockScaled) -> TensorMeta:
              ("quant_payload", payload.name), ("quant_payload_dtype", payload_dtype),
              ("quant_payload_shape", str(list(payload.shape))), ("quant_scale", scale.name),
              ("quant_scale_dtype", scale_dtype), ("quant_scale_shape", str(list(scale.shape))),
-             ("stored_bytes", str(payload.chunks[0].byte_length + scale.chunks[0].byte_length)), ("values", "dequantised to float32 on read: " + values))
-    stored = payload.chunks[0]
-    chunk = Chunk((0,) * len(shape), shape, stored.file, stored.byte_offset, stored.byte_length, Encoding.BLOCK_SCALED)
-    return TensorMeta(name, "float32", shape, (chunk,), attrs)
+             ("stored_bytes", str(sum(c.byte_length for c in payload.chunks + scale.chunks))),
+             ("values", "dequantised to float32 on read: " + values))
+    if entry.scheme == "fp8_block":  # one logical chunk per stored payload chunk (same offsets and shape)
+        chunks = tuple(Chunk(c.offsets, c.shape, c.file, c.byte_offset, c.byte_length, Encoding.BLOCK_SCALED)
+                       for c in payload.chunks)
+    else:
+        stored = payload.chunks[0]
+        chunks = (Chunk((0,) * len(shape), shape, stored.file, stored.byte_offset, stored.byte_length,
+                        Encoding.BLOCK_SCALED),)
+    return TensorMeta(name, "float32", shape, chunks, attrs)
 
 
 # --- dequantisation (numpy) --------------------------------------------------------------------

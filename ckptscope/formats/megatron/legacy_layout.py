@@ -27,7 +27,8 @@ DIST_OPTIM_FILE = "distrib_optim.pt"
 _LAYER = re.compile(r"(^|\.)(decoder|encoder|transformer)\.layers\.(\d+)(?=\.)")
 _LOCAL_EXPERT = re.compile(r"(\.experts\.local_experts\.)(\d+)(?=\.)")
 _GROUPED_EXPERT = re.compile(r"(\.experts\.linear_fc[12]\.(?:weight|bias|_extra_state))(\d+)$")
-_PARAM_NUMBER = re.compile(r"^(weight|bias)\d*$")
+_PARAM_NUMBER = re.compile(r"^(weight|bias)\d*(?:_scale_inv)?$")
+"""A parameter name; ``weight_scale_inv`` (kept FP8 block scales, ops/convert/fp8_keep.py) splits as its weight."""
 
 
 class Split(str, Enum):

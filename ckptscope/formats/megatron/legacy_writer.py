@@ -255,6 +255,8 @@ def _fill_stage(files: dict, stage: tuple[int, int], names: list[str], placed: d
     """Put ``names`` (in order) into the TP files of one (pp, ep) stage: a ``_Slot`` per tensor, the
     ``_extra_state`` values themselves; every tensor placed on the stage must be among the names."""
     p, x = stage
+    # kept FP8 block scales (ops/convert/fp8_keep.py) follow their weight: ``<weight>_scale_inv``
+    names = [n for name in names for n in (name, name + "_scale_inv") if n == name or (p, x, n) in placed]
     unplaced = {name for (stage_index, ep_rank, name) in placed if (stage_index, ep_rank) == (p, x)} - set(names)
     if unplaced:  # unreachable: every known tensor has its place in the orders
         raise CkptError(f"no place in the legacy state dict for {sorted(unplaced)[:3]}")

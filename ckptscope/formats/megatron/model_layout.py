@@ -221,6 +221,8 @@ def _is_moe_sub(sub: str) -> bool:
 
 
 def _layer_layout(sub: str) -> str | None:
+    if sub.endswith("_scale_inv"):  # kept FP8 block scales split as their weight (ops/convert/fp8_keep.py)
+        return _layer_layout(sub.removesuffix("_scale_inv"))
     expert = split_expert(sub)
     if expert is not None:
         return EXPERT_LAYOUT.get(expert[1])

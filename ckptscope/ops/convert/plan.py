@@ -48,6 +48,7 @@ from ckptscope.mappings.resolve import (
 from ckptscope.mappings.resolve import to_hf as map_to_hf
 from ckptscope.mappings.resolve import to_mcore as map_to_mcore
 from ckptscope.mappings.schemas import is_ignored
+from ckptscope.ops.convert import fp8_keep
 from ckptscope.ops.diff.plan import identity_recipes
 from ckptscope.ops.model import ModelEntries, model_entries
 from ckptscope.ops.roots import resolve_root
@@ -195,10 +196,10 @@ def _config_dirs(src: Path, index: CheckpointIndex, hf_config_dir: Path | None) 
 
 def _dequantised(tensors: dict[str, TensorMeta], dtype: str, hf_cfg: dict | None,
                  src: Path) -> tuple[dict | None, list[str]]:
-    """Block-scaled sources (FP8 + ``weight_scale_inv``, MXFP4) are written dequantised, so a float
-    ``--dtype`` is required: ``keep`` would write the float32 reading (four times FP8's bytes), and
-    no target here has a layout for payload + scales (Megatron-Core saves no separate scale tensors;
-    splitting them for TP would need every cut on a block boundary). The written config loses its
+    """Block-scaled sources read as logical tensors are written dequantised, so a float ``--dtype`` is
+    required: ``keep`` would write the float32 reading (four times the bytes). FP8 with ``keep`` never
+    gets here (``ops.convert.fp8_keep`` moves payloads and scales as stored); MXFP4 has no kept path (its
+    logical tensor is the transpose of the stored blocks). The written config loses its
     ``quantization_config``: transformers would otherwise load bf16 weights as FP8."""
     scaled = [n for n, t in tensors.items() if t.quantization]
     if not scaled:
@@ -213,6 +214,23 @@ def _dequantised(tensors: dict[str, TensorMeta], dtype: str, hf_cfg: dict | None
         hf_cfg = {k: v for k, v in hf_cfg.items() if k != "quantization_config"}
         notes.append("config.json written without quantization_config (the weights are no longer quantised)")
     return hf_cfg, notes
+
+
+def _fp8_scales_apart(tensors: dict[str, TensorMeta], block: tuple[int, int], dtype: str,
+                      src: Path) -> tuple[dict[str, str], dict[str, TensorMeta]]:
+    """The FP8 weights whose scales are separate model tensors (``ops.convert.fp8_keep``), taken out of
+    ``tensors`` so the mappings see only the weights: weight name -> scale name, and both metas. Only
+    ``--dtype keep`` converts them; a layout the readers do not fold (ckptscope's Megatron layout,
+    scales split over TP ranks) is refused with another dtype rather than cast without its scales."""
+    pairs = fp8_keep.fp8_pairs(tensors, block)
+    if pairs and dtype != "keep":
+        first = next(iter(pairs))
+        raise CkptError(f"{first} is FP8 with its block scales stored apart ({pairs[first]}), a layout ckptscope "
+                        f"reads only as stored: convert it with --dtype keep", src)
+    metas = {n: tensors[n] for pair in pairs.items() for n in pair}
+    for scale in pairs.values():
+        del tensors[scale]
+    return pairs, metas
 
 
 def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: int = 1, ep: int = 1,
@@ -251,9 +269,19 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
     tensors = entries.tensors
     if not tensors:
         raise CkptError("no model tensors to convert", src_path)
-    split_notes, split_dropped = _split_report(entries, skip_unknown, src_path)
     hf_cfg_dict = _hf_config_from(Path(hf_config)) if hf_config else _source_hf_config(index)
+    block = fp8_keep.config_block(hf_cfg_dict or _source_hf_config(index))
+    if dtype == "keep" and {t.attr("quant_scheme") for t in tensors.values() if t.quantization} == {"fp8_block"}:
+        reader = open_checkpoint(src_path, trust_pickle=trust_pickle)  # FP8 kept: payloads and scales as stored
+        reader.show_stored_quantization()
+        index = reader.index()
+        entries = model_entries(index, logical=True)
+        tensors = entries.tensors
+    fp8, fp8_metas = _fp8_scales_apart(tensors, block, dtype, src_path)
+    split_notes, split_dropped = _split_report(entries, skip_unknown, src_path)
     hf_cfg_dict, quant_notes = _dequantised(tensors, dtype, hf_cfg_dict, src_path)
+    if fp8:
+        quant_notes.append(fp8_keep.describe(len(fp8), block))
     cfg = config_from_index(index)
     if hf_cfg_dict:
         cfg = from_hf_config(hf_cfg_dict).merged(cfg)
@@ -309,10 +337,18 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
             raise CkptError(f"the tensors do not fit {source}: {'; '.join(problems)}"
                             + ("" if hf_config else "; pass --hf-config DIR"), src_path)
         if hf_experts == "fused":
+            if fp8:  # checked on CPU only, where transformers 5.24 drops fused gate_up_proj_scale_inv as unexpected
+                raise CkptError("--hf-experts fused with the FP8 weights kept: transformers does not load fused "
+                                "expert scales on CPU (the experts would load unscaled); keep the per-expert "
+                                "layout or pass --dtype bfloat16", src_path)
             if not any(".experts." in name for name in recipes):
                 raise CkptError("--hf-experts fused: this model has no routed experts", src_path)
             recipes = fuse(recipes, view.arch)
             notes.append("experts written as transformers v5 fused tensors (mlp.experts.gate_up_proj / down_proj)")
+        if fp8:
+            recipes = fp8_keep.with_scales(recipes, fp8, fp8_metas, block)
+            hf_cfg_dict, kept_notes = fp8_keep.hf_config_keeping_fp8(hf_cfg_dict, block)
+            notes += kept_notes
         recipes = entries.to_stored(recipes)
         out = [OutputTensor(n, r.shape, r.dtype if dtype == "keep" else dtype, r) for n, r in recipes.items()]
         plan = ConvertPlan(str(src), str(dst), "hf", reader, out, cfg, view.arch, hf_config=hf_cfg_dict,
@@ -376,8 +412,13 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
         args["transformer_impl"] = "local" if spec == "local" else "transformer_engine"
     if view.arch in EXPORT_NOTES:
         notes += EXPORT_NOTES[view.arch](cfg_out)
+    recipes = view.recipes
+    if fp8:
+        recipes = fp8_keep.with_scales(recipes, fp8, fp8_metas, block)
+        fp8_keep.check_tp_splits(recipes, args, tp, block)
+        notes.append(fp8_keep.MEGATRON_NOTE)
     out = [OutputTensor(n, r.shape, r.dtype if dtype == "keep" else dtype, r)
-           for n, r in entries.to_stored(view.recipes).items()]
+           for n, r in entries.to_stored(recipes).items()]
     if dtype != "keep":
         args["bf16"], args["fp16"] = dtype == "bfloat16", dtype == "float16"
     return ConvertPlan(str(src), str(dst), "mcore", reader, out, cfg_out, view.arch, megatron_args=args,
