@@ -122,6 +122,32 @@ def test_merge_verl_fsdp_actor_is_bitwise_and_keeps_dtypes(tmp_path, cli):
     assert (out / "config.json").is_file() and (out / "generation_config.json").is_file()
 
 
+@pytest.mark.skipif(not (SAMPLES / "verl_run").is_dir(), reason="verl sample not generated")
+def test_merge_copies_each_rank_row_block_file_to_file(tmp_path):
+    """FSDP shards of a parameter are contiguous byte runs of the rank files: merge copies them in
+    the kernel instead of assembling the tensor in memory. The runs, read back in order, are the
+    bytes torch's own loader finds in each rank's local shard."""
+    from ckptscope.ops.convert.plan import plan_convert
+    from ckptscope.ops.convert.streaming import file_runs
+
+    actor = SAMPLES / "verl_run" / "global_step_2" / "actor"
+    plan = plan_convert(actor, tmp_path / "out", to="hf")
+    ranks = [torch.load(actor / f"model_world_size_2_rank_{r}.pt", weights_only=False) for r in range(2)]
+    sharded = 0
+    for tensor in plan.tensors:
+        value = ranks[0][tensor.name]
+        if not (hasattr(value, "placements") and value.placements[0].is_shard() and value.placements[0].dim == 0):
+            continue
+        runs = file_runs(plan, tensor)
+        assert runs is not None and len(runs) == 2, tensor.name
+        data = b"".join(path.read_bytes()[offset:offset + length] for path, offset, length in runs)
+        expected = b"".join(ranks[r][tensor.name].to_local().contiguous().numpy().tobytes() for r in range(2))
+        assert data == expected, tensor.name
+        sharded += 1
+    plan.reader.close()
+    assert sharded >= 3
+
+
 def test_to_torch_dist_needs_no_torch_and_every_item_is_a_valid_zip(tmp_path):
     """The torch_dist writer is torch-free (containers, .metadata, common.pt); each item it wrote,
     tensors copied file to file included, is a zip whose CRCs check out, and torch loads it."""
