@@ -39,3 +39,25 @@ def copy_range(src: Path, dst_handle, offset: int, length: int) -> None:
                 done = len(block)
             pos += done
             remaining -= done
+
+
+def copy_range_at(src: Path, dst_fd: int, offset: int, dst_offset: int, length: int) -> None:
+    """Copy ``length`` bytes of ``src`` from ``offset`` to ``dst_offset`` of the open file ``dst_fd``,
+    leaving its file position alone: several threads can fill disjoint parts of one file at once."""
+    with open(src, "rb") as source:
+        in_fd = source.fileno()
+        done = 0
+        use_kernel = hasattr(os, "copy_file_range")
+        while done < length:
+            if use_kernel:
+                try:
+                    n = os.copy_file_range(in_fd, dst_fd, length - done, offset + done, dst_offset + done)
+                except OSError:
+                    use_kernel = False
+                    continue
+            else:
+                block = os.pread(in_fd, min(length - done, 64 << 20), offset + done)
+                n = os.pwrite(dst_fd, block, dst_offset + done) if block else 0
+            if n == 0:
+                raise CkptError(f"unexpected end of file at byte {offset + done}", src)
+            done += n
