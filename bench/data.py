@@ -213,3 +213,36 @@ def timeline_root(path: str, src: str, iterations: int = 10) -> dict:
             handle.write(bytes([first[0] ^ k]))  # k <= 255: a different finite value per iteration
         (step / "trainer_state.json").write_text(json.dumps({"global_step": k}))
     return {"iterations": iterations, "patched_file": patched.name}
+
+
+def timeline_dense_root(path: str, src: str, iterations: int = 10) -> dict:
+    """Like ``timeline_root``, but every weight changes at every iteration, as in real training:
+    iteration k is ``src`` with the low mantissa bits of every 16-bit value XORed with k (and every
+    32-bit value's lowest byte), so no block of one iteration equals the previous one's and the
+    timeline cannot skip a byte-equal block. Every file is a real copy."""
+    import numpy as np
+
+    root = Path(path)
+    root.mkdir(parents=True)
+    files = sorted(Path(src).iterdir())
+    for k in range(1, iterations + 1):
+        step = root / f"checkpoint-{k}"
+        step.mkdir()
+        for f in files:
+            if f.suffix != ".safetensors":
+                shutil.copyfile(f, step / f.name)
+                continue
+            raw = bytearray(f.read_bytes())
+            size = struct.unpack("<Q", raw[:8])[0]
+            header = json.loads(raw[8:8 + size])
+            for name, info in header.items():
+                if name == "__metadata__":
+                    continue
+                lo, hi = (8 + size + o for o in info["data_offsets"])
+                if info["dtype"] in ("BF16", "F16"):
+                    np.frombuffer(memoryview(raw)[lo:hi], dtype=np.uint16)[:] ^= np.uint16(k & 7)
+                elif info["dtype"] == "F32":
+                    np.frombuffer(memoryview(raw)[lo:hi], dtype=np.uint32)[:] ^= np.uint32(k & 0xFF)
+            (step / f.name).write_bytes(raw)
+        (step / "trainer_state.json").write_text(json.dumps({"global_step": k}))
+    return {"iterations": iterations}
