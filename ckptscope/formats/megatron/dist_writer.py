@@ -397,20 +397,19 @@ def write_dist_files(iter_dir: Path, layout: DistLayout, files: set[int] | None 
     wanted = set(range(len(layout.file_names))) if files is None else set(files)
     iter_dir.mkdir(parents=True, exist_ok=True)
     handles = {k: _DataFile(iter_dir / layout.file_names[k]) for k in sorted(wanted)}
-    checksums = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptscope-crc")
     crcs: dict[int, int] = {}
     by_entry: dict[int, list[int]] = {}
+    for i, item in enumerate(layout.items):
+        if item.file in wanted and item.entry is not None:
+            by_entry.setdefault(item.entry, []).append(i)
+    checksums = None
     try:
-        for i, item in enumerate(layout.items):
-            if item.file not in wanted:
-                continue
-            if item.entry is None:
+        lanes = _file_lanes(layout, by_entry) or [list(by_entry)]
+        # One CRC thread per writing lane: at ~3 GiB/s a single one would trail two kernel copies.
+        checksums = ThreadPoolExecutor(max_workers=len(lanes), thread_name_prefix="ckptscope-crc")
+        for item in layout.items:
+            if item.file in wanted and item.entry is None:
                 _expect(handles[item.file], item, handles[item.file].append(layout.payload))
-            else:
-                by_entry.setdefault(item.entry, []).append(i)
-        lanes = _file_lanes(layout, by_entry)
-        if lanes is None:
-            lanes = [list(by_entry)]
         lock = threading.Lock()
 
         def write_lane(entries: list[int]) -> None:
@@ -434,7 +433,8 @@ def write_dist_files(iter_dir: Path, layout: DistLayout, files: set[int] | None 
                 for future in [pool.submit(write_lane, lane) for lane in lanes]:
                     future.result()
     finally:
-        checksums.shutdown(wait=True, cancel_futures=True)
+        if checksums is not None:
+            checksums.shutdown(wait=True, cancel_futures=True)
         for data_file in handles.values():
             data_file.close()
     return crcs
