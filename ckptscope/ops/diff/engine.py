@@ -324,9 +324,9 @@ class DiffEngine:
                 n = min(BYTE_CHUNK, length - pos)
                 self._bytes.read_into(path_a, off_a + pos, view_a[:n])
                 self._bytes.read_into(path_b, off_b + pos, view_b[:n])
+                pos += n
                 if not (buf_a == buf_b if n == BYTE_CHUNK else view_a[:n].tobytes() == view_b[:n].tobytes()):
                     return False
-                pos += n
             return True
         finally:
             self._count(2 * pos)
