@@ -404,7 +404,7 @@ def write_dist_files(iter_dir: Path, layout: DistLayout, files: set[int] | None 
             by_entry.setdefault(item.entry, []).append(i)
     checksums = None
     try:
-        lanes = _file_lanes(layout, by_entry) or [list(by_entry)]
+        lanes = _file_lanes(layout, by_entry) or [[(e, indices, True) for e, indices in by_entry.items()]]
         # One CRC thread per writing lane: at ~3 GiB/s a single one would trail two kernel copies.
         checksums = ThreadPoolExecutor(max_workers=len(lanes), thread_name_prefix="ckptscope-crc")
         for item in layout.items:
@@ -412,18 +412,18 @@ def write_dist_files(iter_dir: Path, layout: DistLayout, files: set[int] | None 
                 _expect(handles[item.file], item, handles[item.file].append(layout.payload))
         lock = threading.Lock()
 
-        def write_lane(entries: list[int]) -> None:
-            for e in entries:  # dict order within a file: the entries' write order
+        def write_lane(work: list[tuple[int, list[int], bool]]) -> None:
+            for e, indices, counts in work:  # the entries' write order
                 entry = layout.model.entries[e]
                 try:
-                    got = _write_entry(entry, [(i, layout.items[i]) for i in by_entry[e]], handles, checksums)
+                    got = _write_entry(entry, [(i, layout.items[i]) for i in indices], handles, checksums)
                 except BaseException:
                     if on_failure:
                         on_failure(entry.out.name)
                     raise
                 with lock:
                     crcs.update(got)
-                    if progress:
+                    if progress and counts:
                         progress(entry.nbytes)
 
         if len(lanes) == 1:
@@ -440,16 +440,21 @@ def write_dist_files(iter_dir: Path, layout: DistLayout, files: set[int] | None 
     return crcs
 
 
-def _file_lanes(layout: DistLayout, by_entry: dict[int, list[int]]) -> list[list[int]] | None:
-    """The entries grouped by data file, in write order, when each is a kernel copy into a single
-    file (so files can be written concurrently without holding arrays); None otherwise."""
-    lanes: dict[int, list[int]] = {}
+def _file_lanes(layout: DistLayout, by_entry: dict[int, list[int]]) -> list[list[tuple[int, list[int], bool]]] | None:
+    """Per data file, in write order, ``(entry, its items in that file, reports progress)``, when
+    every entry is a kernel copy (its items are slices of source byte runs, so files can be
+    written concurrently and no array is held); None otherwise. An entry split over files (fc1's
+    two halves) reports its progress once, from the file of its first item."""
+    lanes: dict[int, list[tuple[int, list[int], bool]]] = {}
     for e, indices in by_entry.items():
-        files = {layout.items[i].file for i in indices}
         runs = layout.model.entries[e].out.runs
-        if len(files) != 1 or runs is None or runs() is None:
+        if runs is None or runs() is None:
             return None
-        lanes.setdefault(files.pop(), []).append(e)
+        per_file: dict[int, list[int]] = {}
+        for i in indices:
+            per_file.setdefault(layout.items[i].file, []).append(i)
+        for n, (file, mine) in enumerate(per_file.items()):
+            lanes.setdefault(file, []).append((e, mine, n == 0))
     return list(lanes.values())
 
 
