@@ -48,6 +48,7 @@ CASES = {
               {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}),
     "qwen3": ("Qwen3Config", dict(SMALL, intermediate_size=96), dict(YARN)),
+    "llama_linear": ("LlamaConfig", dict(SMALL, intermediate_size=96), {"rope_type": "linear", "factor": 2.0}),
 }
 """Per arch: the transformers config class, its dims and the RoPE scaling under test. Llama's llama3 values
 are the ones megatron-core has built in (anything else is refused, see below)."""
@@ -66,7 +67,7 @@ def _write(name: str, out: Path) -> Path:
                 param.normal_(1.0, 0.3)
             elif "experts" in pname:
                 param.normal_(0.0, 0.2)
-            elif name == "llama" and ("q_proj" in pname or "k_proj" in pname):
+            elif name.startswith("llama") and ("q_proj" in pname or "k_proj" in pname):
                 param.normal_(0.0, 0.5)  # llama3 slows only the slowest pairs: sharp attention makes that show
     model.save_pretrained(out)
     if name == "deepseek_v3":  # DeepSeek-V3 / Kimi-K2 release spelling: rope_theta + rope_scaling {type: yarn}
@@ -126,6 +127,8 @@ def test_megatron_args_say_the_scaling_as_megatron_core_reads_it(case):
     elif name == "llama":
         assert args["use_rope_scaling"] is True and args["rope_scaling_factor"] == 8.0
         assert args["position_embedding_type"] == "rope"
+    elif name == "llama_linear":  # Megatron-LM's --rotary-seq-len-interpolation-factor
+        assert args["rotary_seq_len_interpolation_factor"] == 2.0 and args["position_embedding_type"] == "rope"
     else:
         assert args["position_embedding_type"] == "yarn"
         assert (args["yarn_rotary_scaling_factor"], args["yarn_original_max_position_embeddings"],
@@ -164,7 +167,8 @@ def _gpt_model(args: dict):
                     share_embeddings_and_output_weights=not args["untie_embeddings_and_output_weights"],
                     position_embedding_type=args["position_embedding_type"], rotary_base=args["rotary_base"],
                     rope_scaling=bool(args.get("use_rope_scaling")),
-                    rope_scaling_factor=args.get("rope_scaling_factor", 8.0)).eval()
+                    rope_scaling_factor=args.get("rope_scaling_factor", 8.0),
+                    seq_len_interpolation_factor=args.get("rotary_seq_len_interpolation_factor")).eval()
 
 
 def _mla_model(args: dict):
@@ -211,7 +215,8 @@ def test_megatron_core_without_the_scaling_computes_another_model(case, tokens, 
     back to HF while its carried HF config still says the scaling."""
     name, _, dist, hf_logits = case
     plain = {"deepseek_v3": dict(rope_type="rope"), "llama": dict(use_rope_scaling=False),
-             "gpt_oss": dict(position_embedding_type="rope"), "qwen3": dict(position_embedding_type="rope")}[name]
+             "gpt_oss": dict(position_embedding_type="rope"), "qwen3": dict(position_embedding_type="rope"),
+             "llama_linear": dict(rotary_seq_len_interpolation_factor=None)}[name]
     if name == "gpt_oss":  # its test model reads the YaRN fields unconditionally: scale by 1 instead
         plain = dict(yarn_rotary_scaling_factor=1.0, rotary_scaling_factor=1.0)
     dropped = rewrite_args(dist, tmp_path, **plain)
@@ -237,14 +242,14 @@ def test_transformers_without_the_scaling_computes_another_model(case, tokens, t
 # --- a Megatron save with no HF config (Megatron-LM, Megatron-Bridge) ----------------------------------------
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "llama_linear"])
 def test_export_without_hf_config_extra_rebuilds_the_scaling_from_the_args(name, tmp_path, tokens):
     """A Megatron-LM run that never saw HF: no ``hf_config_extra``. config.json's rope_scaling comes from
     the args alone and transformers then computes the original model bit for bit."""
     hf = _write(name, tmp_path / "hf")
     dist = convert(hf, tmp_path / "mcore", to="mcore")
     bare = rewrite_args(dist, tmp_path, hf_config_extra=None)
-    back = convert(bare, tmp_path / "back", to="hf", arch=name)
+    back = convert(bare, tmp_path / "back", to="hf", arch=name.split("_")[0])
     written = json.loads((back / "config.json").read_text())
     want = {**CASES[name][2], **({"truncate": True} if name == "qwen3" else {})}
     assert written["rope_scaling"] == want

@@ -131,6 +131,8 @@ def arch_facts(arch: str) -> list[str]:
     if arch in SQRT_HIDDEN_EMBEDDING:
         facts.append("the embedding output is multiplied by sqrt(hidden_size) (kept with the arch, no weight change)")
     facts += ARCH_FACTS.get(arch, [])
+    if arch not in ROPE_CARRIED_BY_ARCH:
+        facts.append(_rope.fact(mla=arch in MLA_ARCHS))
     if arch in HF_EXTRA_KEYS:
         facts.append("config keys carried in Megatron args (hf_config_extra): " + ", ".join(HF_EXTRA_KEYS[arch]))
     return facts

@@ -284,8 +284,6 @@ _config.MTP_ARCHS.add(ARCH)
 _config.ARCH_FACTS[ARCH] = [
     "multi-latent attention: Megatron args say multi_latent_attention, q_lora_rank, kv_lora_rank, qk_head_dim, "
     "qk_pos_emb_head_dim, v_head_dim; rotary_interleaved=False (MLA de-interleaves itself = HF rope_interleave)",
-    "YaRN RoPE (rope_scaling type yarn) <-> rope_type=yarn, rotary_scaling_factor, original_max_position_embeddings, "
-    "beta_fast, beta_slow, mscale, mscale_all_dim (MLATransformerConfig fields)",
     "q_a_layernorm / kv_a_layernorm: linear_q_up_proj / linear_kv_up_proj.layer_norm_weight (--spec te), "
     "q_layernorm / kv_layernorm (--spec local)",
     "layers < first_k_dense_replace are dense (moe_layer_freq list); router bias e_score_correction_bias = "

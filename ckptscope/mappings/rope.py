@@ -155,6 +155,16 @@ def _yarn_args(rope: dict[str, Any], *, mla: bool, arch: str, max_position_embed
     return args
 
 
+def fact(*, mla: bool) -> str:
+    """What ``ckptscope archs`` says of an arch's RoPE scaling."""
+    if mla:
+        return ("RoPE scaling: yarn <-> rope_type=yarn, rotary_scaling_factor, original_max_position_embeddings, "
+                "beta_fast, beta_slow, mscale, mscale_all_dim (MLATransformerConfig); other types are refused")
+    return ("RoPE scaling: yarn <-> position_embedding_type=yarn + yarn_* args; llama3 (low 1, high 4, original "
+            "8192 only) <-> use_rope_scaling + rope_scaling_factor; linear <-> rotary_seq_len_interpolation_factor; "
+            "other types are refused")
+
+
 def from_megatron_args(args: dict[str, Any]) -> dict[str, Any] | None:
     """The RoPE scaling Megatron args describe, in HF spelling (``PLAIN`` if none; None if they say nothing
     of positions). Reads Megatron-LM's and Megatron-Bridge's spellings, with megatron-core's defaults for a
