@@ -275,6 +275,12 @@ def test_bridge_and_megatron_lm_spellings_are_read():
     assert "mscale" not in from_megatron_args({"num_layers": 2, "position_embedding_type": "yarn",
                                                "rotary_scaling_factor": 4.0, "mscale": 1.0,
                                                "mscale_all_dim": 0.0}).megatron_rope
+    # ... but --mscale 0.5 alone is a factor transformers would not derive from mscale: it is said explicitly
+    odd = from_megatron_args({"num_layers": 2, "position_embedding_type": "yarn", "rotary_scaling_factor": 4.0,
+                              "mscale": 0.5, "mscale_all_dim": 0.0}).megatron_rope
+    from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import _yarn_get_concentration_factor
+
+    assert odd["attention_factor"] == _yarn_get_concentration_factor(4.0, 0.5, 0.0) and "mscale" not in odd
 
 
 # --- what megatron-core cannot compute is refused ------------------------------------------------------------

@@ -27,12 +27,14 @@ reads, by model (names as Megatron-LM's arguments.py / Megatron-Bridge's provide
 The attention factor: transformers derives it as ``get_mscale(factor, mscale) / get_mscale(factor,
 mscale_all_dim)`` only when both are non-zero, else ``get_mscale(factor)``; megatron-core divides whenever
 both are set (MLA always has them). So the two are passed only where HF uses both (MLA: ``mscale=1``,
-``mscale_all_dim=0`` otherwise, which gives HF's value); an explicit ``attention_factor`` has no Megatron
-field and is refused.
+``mscale_all_dim=0`` otherwise, which gives HF's value). An HF ``attention_factor`` has no Megatron field and
+is refused; the other way it is how a Megatron run's lone ``--mscale`` (a factor transformers would not
+derive) is written into config.json.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ckptscope.core.errors import CkptError
@@ -191,8 +193,12 @@ def from_megatron_args(args: dict[str, Any]) -> dict[str, Any] | None:
                "beta_fast": first("yarn_beta_fast", default=32.0), "beta_slow": first("yarn_beta_slow", default=1.0),
                "truncate": bool(first("yarn_correction_range_round_to_int", default=True))}
         mscale, all_dim = first("yarn_mscale", "mscale"), first("yarn_mscale_all_dim", "mscale_all_dim")
-        if mscale is not None and all_dim is not None and not (float(mscale) == 1.0 and float(all_dim) == 0.0):
-            out.update(mscale=mscale, mscale_all_dim=all_dim)  # megatron-core divides whenever both are set
+        if mscale and all_dim:
+            out.update(mscale=mscale, mscale_all_dim=all_dim)
+        elif mscale is not None and all_dim is not None and not (float(mscale) == 1.0 and float(all_dim) == 0.0):
+            # megatron-core divides whenever both are set, transformers only when both are non-zero: say the
+            # product it computes, which transformers takes as is
+            out["attention_factor"] = _concentration(float(out["factor"]), float(mscale), float(all_dim))
         return out
     if args.get("use_rope_scaling") or args.get("rope_scaling") is True:
         factor = args.get("rope_scaling_factor")
@@ -201,6 +207,14 @@ def from_megatron_args(args: dict[str, Any]) -> dict[str, Any] | None:
     if factor:
         return {"rope_type": "linear", "factor": factor}
     return dict(PLAIN)
+
+
+def _concentration(factor: float, mscale: float, all_dim: float) -> float:
+    """megatron-core's YaRN cos/sin factor for both mscales set (``_yarn_get_concentration_factor``)."""
+    def get(scale: float, m: float) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    return float(get(factor, mscale) / get(factor, all_dim))
 
 
 def problems(cfg: Any, *, mla: bool) -> list[str]:
@@ -214,8 +228,11 @@ def problems(cfg: Any, *, mla: bool) -> list[str]:
         theirs = megatron_args(hf, mla=mla, arch=arch, max_position_embeddings=cfg.max_position_embeddings)
     except CkptError as exc:
         return [f"its HF RoPE cannot be computed by megatron-core ({exc})"]
-    ours = megatron_args(said, mla=mla, arch=arch, max_position_embeddings=cfg.max_position_embeddings)
-    if _comparable(theirs) != _comparable(ours):
+    try:
+        ours = megatron_args(said, mla=mla, arch=arch, max_position_embeddings=cfg.max_position_embeddings)
+    except CkptError:  # an explicit attention_factor (mscale without mscale_all_dim): compare as HF spells it
+        ours = None
+    if ours is None and said != hf or ours is not None and _comparable(theirs) != _comparable(ours):
         return [f"its Megatron args describe RoPE {describe(said)} but its HF config says {describe(hf)}"]
     return []
 
