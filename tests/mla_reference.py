@@ -69,6 +69,11 @@ def _core_attention():
     return CoreAttention
 
 
+YARN_FIELDS = ("rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+               "mscale_all_dim")
+"""MLATransformerConfig's YaRN fields, taken from the args when they carry them (else its defaults)."""
+
+
 def gpt_model(args, *, mtp: bool, tp: int = 1):
     """megatron-core's GPTModel for a DeepSeek-V3 checkpoint's own ``args`` (parallel state must be set)."""
     import torch
@@ -95,7 +100,8 @@ def gpt_model(args, *, mtp: bool, tp: int = 1):
         layernorm_epsilon=args.norm_epsilon, gated_linear_unit=args.swiglu, activation_func=F.silu,
         add_bias_linear=args.add_bias_linear, hidden_dropout=0.0, attention_dropout=0.0,
         moe_token_dispatcher_type="allgather", use_cpu_initialization=True, perform_initialization=False,
-        params_dtype=torch.float32, tensor_model_parallel_size=tp)
+        params_dtype=torch.float32, tensor_model_parallel_size=tp,
+        **{k: getattr(args, k) for k in YARN_FIELDS if getattr(args, k, None) is not None})
     spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=args.normalization)
     for layer in spec.layer_specs:
         layer.submodules.self_attention.submodules.core_attention = _core_attention()

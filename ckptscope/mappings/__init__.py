@@ -10,3 +10,21 @@ from ckptscope.mappings import llama4 as _llama4
 
 _gpt_oss.register()
 _llama4.register()
+
+from ckptscope.mappings import config as _config
+from ckptscope.mappings import rope as _rope
+
+
+def _with_rope_check(arch: str):
+    """``MEGATRON_CHECKS`` entry of ``arch``: its own checks plus the RoPE scaling's (mappings/rope.py)."""
+    own = _config.MEGATRON_CHECKS.get(arch)
+    mla = arch in _config.MLA_ARCHS
+
+    def check(cfg: _config.ModelConfig) -> list[str]:
+        return (own(cfg) if own else []) + _rope.problems(cfg, mla=mla)
+
+    return check
+
+
+for _arch in set(_config.ARCH_BY_MODEL_TYPE.values()) - _config.ROPE_CARRIED_BY_ARCH:
+    _config.MEGATRON_CHECKS[_arch] = _with_rope_check(_arch)

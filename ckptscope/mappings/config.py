@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from ckptscope.core.errors import CkptError
+from ckptscope.mappings import rope as _rope
 
 ARCH_BY_MODEL_TYPE = {
     "llama": "llama",
@@ -76,6 +77,10 @@ HF spells (soft-capping, sliding window and its pattern, the attention scale, lo
 ``hf_config_extra`` (a Megatron-LM run that never saw HF, a Megatron-Bridge save) transformers would fill in
 its defaults, another model that loads without a complaint: refused unless ``--hf-config`` gives them."""
 
+ROPE_CARRIED_BY_ARCH = frozenset({"gemma2", "gemma3"})
+"""Archs whose RoPE (per layer type: local and global bases) travels only in ``hf_config_extra``; the others'
+RoPE scaling is translated to Megatron args by mappings/rope.py, or refused."""
+
 MLA_ARCHS: set[str] = set()
 """Multi-latent-attention archs: their attention tensors are not ``heads x head_dim`` (``hf_shape_problems``
 leaves them be) and their local spec has no torch_dist keys map (the Megatron names follow ``--spec``)."""
@@ -126,6 +131,8 @@ def arch_facts(arch: str) -> list[str]:
     if arch in SQRT_HIDDEN_EMBEDDING:
         facts.append("the embedding output is multiplied by sqrt(hidden_size) (kept with the arch, no weight change)")
     facts += ARCH_FACTS.get(arch, [])
+    if arch not in ROPE_CARRIED_BY_ARCH:
+        facts.append(_rope.fact(mla=arch in MLA_ARCHS))
     if arch in HF_EXTRA_KEYS:
         facts.append("config keys carried in Megatron args (hf_config_extra): " + ", ".join(HF_EXTRA_KEYS[arch]))
     return facts
@@ -166,6 +173,10 @@ class ModelConfig:
     """Multi-token-prediction layers the *tensors* hold (Megatron's ``mtp_num_layers``)."""
     megatron_facts: dict[str, Any] | None = None
     """What the Megatron args say of ``MEGATRON_FACT_KEYS`` (checked by ``MEGATRON_CHECKS``)."""
+    rope_scaling: dict[str, Any] | None = None
+    """The RoPE scaling the *HF* config says, in its spelling (``{"rope_type": "default"}`` when unscaled)."""
+    megatron_rope: dict[str, Any] | None = None
+    """The RoPE scaling the *Megatron* args describe, in HF spelling (mappings/rope.py)."""
 
     def merged(self, other: "ModelConfig") -> "ModelConfig":
         """Fill this config's unknowns from ``other`` (this side wins where both know)."""
@@ -220,6 +231,10 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
     rope = text.get("rope_parameters")  # transformers >= 5 keeps rope_theta there (flat for one RoPE)
     rope_theta = _first(text, "rope_theta") or (rope.get("rope_theta") if isinstance(rope, dict) else None)
     qkv_bias = _first(text, "attention_bias")
+    hf_extra = {k: text[k] for k in HF_EXTRA_KEYS[arch] if k in text} if arch in HF_EXTRA_KEYS else None
+    found = _rope.hf_rope(text)
+    if hf_extra is None and found and _rope.kind(found[1]) != "default":
+        hf_extra = {found[0]: found[1]}  # kept verbatim in hf_config_extra, so the way back restores it
     if qkv_bias is None and arch in ("qwen2", "qwen2_moe"):
         qkv_bias = True  # Qwen2's config has no flag: its q/k/v projections always carry biases
     return replace(ModelConfig(
@@ -244,7 +259,8 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
         rope_theta=rope_theta,
         max_position_embeddings=_first(text, "max_position_embeddings"),
         dtype=_first(config, "torch_dtype", "dtype"),
-        hf_extra={k: text[k] for k in HF_EXTRA_KEYS[arch] if k in text} if arch in HF_EXTRA_KEYS else None,
+        hf_extra=hf_extra,
+        rope_scaling=None if arch in ROPE_CARRIED_BY_ARCH else _rope.scaling_of(text),
     ), **(HF_READ_HOOKS[arch](text) if arch in HF_READ_HOOKS else {}))
 
 
@@ -286,6 +302,8 @@ def from_megatron_args(args: dict[str, Any]) -> ModelConfig:
         hf_extra=dict(extra) if extra else None,
         mtp_num_layers=args.get("mtp_num_layers"),
         megatron_facts={k: args[k] for k in MEGATRON_FACT_KEYS if k in args} or None,
+        rope_scaling=_rope.scaling_of(extra) if extra and _rope.hf_rope(extra) else None,
+        megatron_rope=_rope.from_megatron_args(args),
     )
 
 
@@ -341,6 +359,15 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
             out.pop("rope_theta")  # transformers >= 5 keeps RoPE (local and global) in rope_parameters
         out.update(extra)
         out["model_type"] = HF_MODEL_TYPE_BY_ARCH.get(arch, arch)
+    elif cfg.hf_extra and _rope.hf_rope(cfg.hf_extra):
+        key, carried = _rope.hf_rope(cfg.hf_extra)
+        out[key] = carried  # the HF spelling the model came with, verbatim
+        if key == "rope_parameters":
+            out.pop("rope_theta")
+    if arch not in ROPE_CARRIED_BY_ARCH and not any(key in out for key in _rope.HF_KEYS):
+        scaling = cfg.rope_scaling if cfg.rope_scaling is not None else cfg.megatron_rope
+        if _rope.kind(scaling) != "default":
+            out["rope_scaling"] = dict(scaling)  # read by transformers 4 and 5 alike
     if arch in HF_CONFIG_HOOKS:
         HF_CONFIG_HOOKS[arch](cfg, out)
     return out
@@ -383,8 +410,13 @@ def to_megatron_args(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1,
         "bf16": cfg.dtype == "bfloat16",
         "fp16": cfg.dtype == "float16",
     }
-    if cfg.arch in HF_EXTRA_KEYS:
-        args["hf_config_extra"] = {**(cfg.hf_extra or {}), "model_type": HF_MODEL_TYPE_BY_ARCH.get(cfg.arch, cfg.arch)}
+    if cfg.arch in HF_EXTRA_KEYS or cfg.hf_extra:  # the latter: an HF RoPE scaling dict, kept verbatim
+        arch = cfg.arch or "llama"
+        args["hf_config_extra"] = {**(cfg.hf_extra or {}), "model_type": HF_MODEL_TYPE_BY_ARCH.get(arch, arch)}
+    if cfg.arch not in ROPE_CARRIED_BY_ARCH:
+        scaling = cfg.rope_scaling if cfg.rope_scaling is not None else cfg.megatron_rope
+        args.update(_rope.megatron_args(scaling, mla=cfg.arch in MLA_ARCHS, arch=cfg.arch or "llama",
+                                        max_position_embeddings=cfg.max_position_embeddings))
     if cfg.is_moe:
         args["num_experts"] = cfg.num_experts
         args["moe_ffn_hidden_size"] = cfg.moe_ffn_hidden_size

@@ -241,8 +241,6 @@ def megatron_args(cfg: _config.ModelConfig) -> dict:
     if extra.get("rope_interleave", True) is False:
         raise CkptError("deepseek_v3 with rope_interleave=false: megatron-core's MLA always de-interleaves "
                                 "the rope half of q and k, so this model has no Megatron equivalent")
-    rope = rope_of(extra)
-    rope_type = rope.get("rope_type") or rope.get("type") or "default"
     args = {
         "multi_latent_attention": True,
         "q_lora_rank": extra.get("q_lora_rank"),
@@ -253,18 +251,10 @@ def megatron_args(cfg: _config.ModelConfig) -> dict:
         "kv_channels": extra["v_head_dim"],
         "qk_layernorm": True,  # MLA's latent norms (q_a_layernorm, kv_a_layernorm)
         "rotary_interleaved": False,  # MLA de-interleaves by itself, as HF's rope_interleave=True
-        "rope_type": "rope" if rope_type == "default" else rope_type,
         **routed_moe_args(cfg, ARCH),
         "hf_config_extra": {**extra, "model_type": extra.get("model_type") or ARCH},  # kimi_k2 stays kimi_k2
     }
-    if rope_type == "yarn":  # DeepSeek-V3's long-context RoPE (args of Megatron-LM's --rope-type yarn)
-        args.update({"rotary_scaling_factor": rope.get("factor"), "mscale": rope.get("mscale"),
-                     "mscale_all_dim": rope.get("mscale_all_dim"), "beta_fast": rope.get("beta_fast"),
-                     "beta_slow": rope.get("beta_slow"),
-                     "original_max_position_embeddings": rope.get("original_max_position_embeddings")})
-    elif rope_type != "default":
-        raise CkptError(f"deepseek_v3 with rope type {rope_type!r}: only default and yarn have Megatron args")
-    return args
+    return args  # RoPE and its YaRN scaling (rope_type, rotary_scaling_factor, mscale ...): mappings/rope.py
 
 
 def edit_megatron_args(cfg: _config.ModelConfig, args: dict) -> None:

@@ -137,6 +137,8 @@ def _hf_config(cfg, out: dict) -> None:
     out["attention_bias"] = True
     out.setdefault("hidden_act", "silu")  # unused by GPT-OSS's experts; GptOssConfig's default
     out.pop("moe_intermediate_size", None)
+    if not any(key in out for key in ("rope_parameters", "rope_scaling")):  # GptOssConfig's default is YaRN
+        out["rope_scaling"] = {"rope_type": "default"}
 
 
 def _layer_window(cfg) -> dict:
@@ -152,20 +154,6 @@ def _layer_window(cfg) -> dict:
     return {"window_size": [int(window) - 1, 0], "window_attn_skip_freq": 2}
 
 
-def _rope(cfg) -> dict:
-    rope = (cfg.hf_extra or {}).get("rope_parameters")
-    if not isinstance(rope, dict) or rope.get("rope_type") in (None, "default"):
-        return {}
-    if rope.get("rope_type") != "yarn":
-        raise CkptError(f"GPT-OSS with rope_type {rope.get('rope_type')!r}: only YaRN (and plain RoPE) map to "
-                        "Megatron's position embeddings")
-    return {"position_embedding_type": "yarn", "yarn_rotary_scaling_factor": rope.get("factor"),
-            "yarn_original_max_position_embeddings": rope.get("original_max_position_embeddings"),
-            "yarn_beta_fast": rope.get("beta_fast"), "yarn_beta_slow": rope.get("beta_slow"),
-            "yarn_correction_range_round_to_int": bool(rope.get("truncate", True)),
-            "rotary_base": rope.get("rope_theta", cfg.rope_theta)}
-
-
 def _megatron_args(cfg, args: dict) -> None:
     """What a Megatron run needs to compute GPT-OSS (``to_megatron_args``). Field names as megatron-core's
     TransformerConfig and Megatron-Bridge's GPT-OSS provider spell them (gpt_oss_provider.py)."""
@@ -178,8 +166,7 @@ def _megatron_args(cfg, args: dict) -> None:
                 activation_func_clamp_value=float(limit), add_bias_linear=True, add_qkv_bias=True,
                 softmax_type="learnable", moe_router_pre_softmax=False, moe_router_score_function="softmax",
                 moe_router_load_balancing_type="none")
-    args.update(_layer_window(cfg))
-    args.update(_rope(cfg))
+    args.update(_layer_window(cfg))  # YaRN (position_embedding_type="yarn", yarn_*): mappings/rope.py
 
 
 def _megatron_problems(cfg) -> list[str]:

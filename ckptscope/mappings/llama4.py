@@ -102,12 +102,7 @@ def _megatron_args(cfg, args: dict) -> None:
     no_rope = extra.get("no_rope_layers")
     if no_rope and not all(no_rope):
         args["no_rope_freq"] = [0 if use_rope else 1 for use_rope in no_rope]  # HF: 1 = this layer uses RoPE
-    rope = extra.get("rope_parameters")
-    kind = rope.get("rope_type") if isinstance(rope, dict) else None
-    if kind == "llama3":
-        args.update(use_rope_scaling=True, rope_scaling_factor=rope.get("factor"))
-    elif kind not in (None, "default"):
-        raise CkptError(f"Llama 4 with rope_type {kind!r}: only plain and llama3-scaled RoPE map to Megatron")
+    rope = extra.get("rope_parameters")  # its llama3 scaling: mappings/rope.py
     if isinstance(rope, dict) and rope.get("rope_theta"):
         args["rotary_base"] = rope["rope_theta"]
 
