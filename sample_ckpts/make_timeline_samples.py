@@ -215,6 +215,42 @@ def write_timeline_hf(out: Path) -> Path:
     return root
 
 
+ADAM_STEPS = 3
+
+
+def write_timeline_hf_adam(out: Path) -> Path:
+    """``timeline_hf_adam/checkpoint-N/`` (N = 1 .. ``ADAM_STEPS``): a transformers ``Trainer`` run
+    that builds its own optimizer (``Trainer.create_optimizer``: the weight-decay group, then the
+    no-decay group, positions in ``named_parameters()`` order), nothing frozen and nothing planted,
+    so that the positional ``optimizer.pt`` can be named (``ops/timeline/optim_hf.py``)."""
+    import torch
+    from transformers import Trainer, TrainingArguments
+    from transformers.utils import logging as hf_logging
+
+    root = Path(out) / "timeline_hf_adam"
+    _fresh(root)
+    rows = []
+    for step in range(1, ADAM_STEPS + 1):
+        tokens = _batch(step)
+        rows += [{"input_ids": t, "attention_mask": torch.ones_like(t), "labels": t.clone()} for t in tokens]
+    args = TrainingArguments(output_dir=str(root), max_steps=ADAM_STEPS, save_strategy="steps", save_steps=1,
+                             per_device_train_batch_size=BATCH, learning_rate=LR, weight_decay=0.01,
+                             lr_scheduler_type="linear", report_to="none", use_cpu=True, seed=0, data_seed=0,
+                             disable_tqdm=True, dataloader_num_workers=0, logging_steps=1000)
+    threads, verbosity = torch.get_num_threads(), hf_logging.get_verbosity()
+    torch.set_num_threads(1)
+    hf_logging.set_verbosity_error()
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        Trainer(model=LlamaForCausalLM(LlamaConfig(**TINY)).float(), args=args, train_dataset=rows).train()
+    finally:
+        torch.set_num_threads(threads)
+        hf_logging.set_verbosity(verbosity)
+    return root
+
+
 MEGATRON_NAN_TENSOR = "embedding.word_embeddings.weight"
 MEGATRON_FROZEN_PREFIX = "decoder.layers.1."
 
@@ -313,7 +349,7 @@ def write_timeline_megatron(out: Path) -> Path:
 
 
 WRITERS = {"timeline_dcp": write_timeline_dcp, "timeline_hf": write_timeline_hf,
-           "timeline_megatron": write_timeline_megatron}
+           "timeline_hf_adam": write_timeline_hf_adam, "timeline_megatron": write_timeline_megatron}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -108,13 +108,24 @@ class TimelinePlan:
     """Why no Adam statistics are computed (None when some are)."""
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
+    optimizer_readers: list[CheckpointReader | None] = field(default_factory=list)
+    """Per iteration, where ``OptimizerTensor.stored`` is read when the Adam state is in a file of its
+    own (HF Trainer ``optimizer.pt``); empty, or None for an iteration: from ``readers``."""
 
     @property
     def labels(self) -> list[int]:
         return [int(i.iteration) for i in self.iterations]
 
+    def optimizer_reader(self, i: int) -> CheckpointReader:
+        """The reader that holds iteration ``i``'s Adam state."""
+        side = self.optimizer_readers[i] if i < len(self.optimizer_readers) else None
+        return side if side is not None else self.readers[i]
+
+    def all_readers(self) -> list[CheckpointReader]:
+        return self.readers + [r for r in self.optimizer_readers if r is not None]
+
     def close(self) -> None:
-        for reader in self.readers:
+        for reader in self.all_readers():
             reader.close()
 
 
@@ -192,6 +203,18 @@ def _scalars(reader: CheckpointReader, pattern: re.Pattern) -> list[Any]:
     return out
 
 
+def _group_scalars(reader: CheckpointReader, key: str) -> list[float]:
+    """``key`` (``lr``, ``eps``) of every optimizer param group: flattened objects
+    (``...param_groups.0.lr``) or one ``param_groups`` list of dicts (DeepSpeed's
+    ``optimizer.base_optimizer_state.param_groups``, a torch ``optimizer.state_dict()``)."""
+    out = _scalars(reader, _GROUP_LR if key == "lr" else _GROUP_EPS)
+    for obj in reader.index().objects:
+        if obj.name.rsplit(".", 1)[-1] == "param_groups" and isinstance(obj.value, list):
+            out += [float(g[key]) for g in obj.value if isinstance(g, dict)
+                    and isinstance(g.get(key), (int, float)) and not isinstance(g.get(key), bool)]
+    return out
+
+
 SCHEDULER_FILES = ("scheduler.pt", "scheduler.bin")
 """Where HF Trainer (``scheduler.pt``) and accelerate (``scheduler.bin``) keep ``lr_scheduler.state_dict()``
 beside the model: a separate torch.save file the model's reader does not index."""
@@ -237,7 +260,7 @@ def _saved_lr(reader: CheckpointReader, directory: Path) -> float | None:
     found = _scheduler_file_lr(directory)
     if found is not None:
         return found
-    groups = set(_scalars(reader, _GROUP_LR))
+    groups = set(_group_scalars(reader, "lr"))
     return groups.pop() if len(groups) == 1 else None
 
 
@@ -257,18 +280,78 @@ def _plan_optimizer(entries: list[ModelEntries], tensors: list[TimelineTensor],
                 continue
             by_param.setdefault(param, [None] * len(entries))[i] = name
     if not any_moments:
-        if any((Path(r.path) / "optimizer.pt").is_file() for r in readers):
-            return [], ("HF Trainer's optimizer.pt indexes Adam state by parameter position, not by name: "
-                        "no per-layer Adam statistics")
         return [], "no Adam exp_avg_sq saved in these iterations"
     if not by_param:
         return [], ("the saved exp_avg_sq entries name no parameter of the model (Megatron's distributed "
                     "optimizer keeps them in flat buffers): no per-layer Adam statistics")
+    return _optimizer_tensors(by_param, wanted), None
+
+
+def _optimizer_tensors(by_param: dict[str, list[str | None]], wanted: dict[str, TimelineTensor]) -> list[OptimizerTensor]:
     out = []
     for param, stored in by_param.items():
         t = wanted[param]
         out.append(OptimizerTensor(param, tuple(stored), t.shape, t.module, t.layer, t.rows))
-    return out, None
+    return out
+
+
+@dataclass
+class _SideOptimizer:
+    """Adam state kept in a file of its own beside each save (HF Trainer ``optimizer.pt``)."""
+
+    tensors: list[OptimizerTensor]
+    readers: list[CheckpointReader | None]
+    eps: float | None
+    note: str | None
+    notes: list[str]
+
+
+def _plan_side_optimizer(chosen: list[IterationInfo], entries: list[ModelEntries],
+                         tensors: list[TimelineTensor]) -> _SideOptimizer | None:
+    """HF Trainer ``optimizer.pt`` (Adam state by parameter position, ``optim_hf``), per iteration;
+    None when no iteration has one. An iteration whose positions cannot be named is left out, and
+    the notes say why."""
+    from ckptscope.ops.timeline.optim_hf import OPTIMIZER_FILE, hf_trainer_state
+
+    if not any((Path(info.path) / OPTIMIZER_FILE).is_file() for info in chosen):
+        return None
+    wanted = {t.name: t for t in tensors}
+    by_param: dict[str, list[str | None]] = {}
+    readers: list[CheckpointReader | None] = []
+    reasons: dict[str, list[str]] = {}
+    eps_values, groupings = set(), set()
+    try:
+        for i, (info, entry) in enumerate(zip(chosen, entries)):
+            saved = {n: tuple(m.shape) for n, m in entry.tensors.items()}
+            state, why = hf_trainer_state(info.path, saved)
+            readers.append(state.reader if state else None)
+            if state is None:
+                reasons.setdefault(why, []).append(info.label)
+                continue
+            groupings.add(state.grouping)
+            if state.eps is not None:
+                eps_values.add(state.eps)
+            for param, key in state.stored.items():
+                if param in wanted:
+                    by_param.setdefault(param, [None] * len(chosen))[i] = key
+    except BaseException:
+        for reader in readers:
+            if reader is not None:
+                reader.close()
+        raise
+    notes = [f"no Adam statistics for iteration{'s' if len(labels) > 1 else ''} {', '.join(labels)}: {why}"
+             for why, labels in reasons.items()]
+    if not by_param:
+        for reader in readers:
+            if reader is not None:
+                reader.close()
+        first = next(iter(reasons), "no exp_avg_sq of a followed tensor")
+        return _SideOptimizer([], [], None, f"HF Trainer {OPTIMIZER_FILE}: {first}: no per-layer Adam statistics",
+                              notes[1:])
+    notes.append(f"Adam state of {OPTIMIZER_FILE} named by position ({', '.join(sorted(groupings))}), every "
+                 "exp_avg_sq checked against its parameter's shape")
+    eps = eps_values.pop() if len(eps_values) == 1 else None
+    return _SideOptimizer(_optimizer_tensors(by_param, wanted), readers, eps, None, notes)
 
 
 def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None, int | None] | None = None,
@@ -290,6 +373,7 @@ def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None,
     chosen = _choose(root, found, lo, hi, notes)
     kind = root_kind(found or [])
     readers: list[CheckpointReader] = []
+    opt_readers: list[CheckpointReader | None] = []
     try:
         for info in chosen:
             readers.append(open_checkpoint(info.path, trust_pickle=trust_pickle))
@@ -325,8 +409,13 @@ def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None,
             raise CkptError("no float model tensor is in every chosen iteration", root)
         opt, opt_note = (_plan_optimizer(entries, tensors, readers) if optimizer
                          else ([], "optimizer statistics not asked for"))
+        side = _plan_side_optimizer(chosen, entries, tensors) if optimizer and not opt else None
+        eps_values = [v for r in readers for v in _group_scalars(r, "eps")]
+        if side is not None:
+            opt, opt_note, opt_readers = side.tensors, side.note, side.readers
+            notes += side.notes
+            eps_values = [side.eps] if side.eps is not None else eps_values
         lrs = [_saved_lr(r, Path(info.path)) for r, info in zip(readers, chosen)]
-        eps_values = [v for r in readers for v in _scalars(r, _GROUP_EPS)]
         eps = eps_values[0] if eps_values else DEFAULT_EPS
         if opt and not eps_values:
             notes.append(f"no Adam eps saved: step sizes use {DEFAULT_EPS:g}")
@@ -336,8 +425,8 @@ def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None,
             notes.append(f"sampled: at most {plural(sample, 'row')} (first axis) of each tensor, in up to "
                          f"{SAMPLE_RUNS} evenly spaced runs; norms and changes are of the sampled rows only")
     except BaseException:
-        for reader in readers:
+        for reader in readers + [r for r in opt_readers if r is not None]:
             reader.close()
         raise
     return TimelinePlan(str(root), kind, chosen, readers, tensors, opt, lrs, eps, sample, notes, opt_note,
-                        tuple(include), tuple(exclude))
+                        tuple(include), tuple(exclude), opt_readers)

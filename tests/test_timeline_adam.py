@@ -1,0 +1,134 @@
+"""``ckptscope timeline``: per-layer Adam statistics where the optimizer state has no names of its own
+(HF Trainer's positional ``optimizer.pt``, Megatron's distributed optimizer), and DeepSpeed
+``global_stepN`` roots.
+
+Fixtures are written by the real frameworks (transformers' ``Trainer``, megatron-core on gloo,
+DeepSpeed); every number is checked against torch on the state as the framework itself loads it:
+the Trainer's own ``create_optimizer`` + ``Optimizer.load_state_dict`` name the positions, DeepSpeed's
+own merges give its weights and moments.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_cli
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from ckptscope.ops.roots import discover_iterations  # noqa: E402
+from ckptscope.ops.timeline import build_timeline_plan, run_timeline  # noqa: E402
+
+REL = 1e-9
+SAMPLES = REPO / "sample_ckpts"
+
+
+def _import(name: str):
+    if str(SAMPLES) not in sys.path:
+        sys.path.insert(0, str(SAMPLES))
+    return importlib.import_module(name)
+
+
+@pytest.fixture(scope="module")
+def gen():
+    return _import("make_timeline_samples")
+
+
+@pytest.fixture(scope="module")
+def hf_root(tmp_path_factory, gen) -> Path:
+    return gen.write_timeline_hf_adam(tmp_path_factory.mktemp("timeline_adam"))
+
+
+def _result(root, **kwargs):
+    plan = build_timeline_plan(root, **kwargs)
+    try:
+        return plan, run_timeline(plan)
+    finally:
+        plan.close()
+
+
+def _checkpoints(root: Path) -> list[Path]:
+    return sorted((p for p in root.iterdir() if p.name.startswith("checkpoint-")), key=lambda p: int(p.name[11:]))
+
+
+def _trainer_named_moments(checkpoint: Path) -> tuple[dict, list[dict]]:
+    """``exp_avg_sq`` per parameter name as transformers itself places them: the model rebuilt from
+    the checkpoint, ``Trainer.create_optimizer`` builds its groups, torch's ``load_state_dict`` puts
+    every saved position into the parameter at that position."""
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    args = TrainingArguments(output_dir=str(checkpoint / "unused"), use_cpu=True, report_to="none",
+                             weight_decay=0.01)
+    optimizer = Trainer(model=model, args=args).create_optimizer()
+    saved = torch.load(checkpoint / "optimizer.pt", weights_only=True)
+    optimizer.load_state_dict(saved)
+    names = {id(p): n for n, p in model.named_parameters()}
+    moments = {names[id(p)]: s["exp_avg_sq"].double() for p, s in optimizer.state.items()}
+    return moments, saved["param_groups"]
+
+
+def test_hf_trainer_adam_statistics_equal_torch(hf_root, gen):
+    plan, result = _result(hf_root)
+    assert result.optimizer_note is None
+    checkpoints = _checkpoints(hf_root)
+    assert result.iterations == list(range(1, gen.ADAM_STEPS + 1)) == [int(p.name[11:]) for p in checkpoints]
+    expected_lr = [torch.load(p / "scheduler.pt", weights_only=True)["_last_lr"][0] for p in checkpoints]
+    assert result.lr == expected_lr
+    named = [_trainer_named_moments(p) for p in checkpoints]
+    assert plan.eps == named[0][1][0]["eps"] == 1e-8
+    assert sorted(m.name for m in result.moments) == sorted(named[0][0]) == sorted(t.name for t in plan.tensors)
+    for m in result.moments:
+        for k, (moments, _groups) in enumerate(named):
+            mean = float(moments[m.name].mean())
+            assert m.exp_avg_sq_mean[k] == pytest.approx(mean, rel=REL), (m.name, k)
+            assert m.step_size_mean[k] == pytest.approx(expected_lr[k] / (math.sqrt(mean) + 1e-8), rel=REL)
+    mlp = next(m for m in result.moment_modules if m.name == "model.layers.1.mlp")
+    for k, (moments, _groups) in enumerate(named):
+        v = torch.cat([moments[f"model.layers.1.mlp.{p}_proj.weight"].flatten() for p in ("gate", "up", "down")])
+        assert mlp.exp_avg_sq_mean[k] == pytest.approx(float(v.mean()), rel=REL)
+    assert any("named by position (Trainer.create_optimizer" in n for n in result.notes)
+    data = json.loads(run_cli("timeline", str(hf_root), "--json").out)
+    assert data["optimizer"]["note"] is None and len(data["optimizer"]["tensors"]) == len(result.moments)
+
+
+def _rewrite_config(checkpoint: Path, **changes) -> None:
+    path = checkpoint / "config.json"
+    config = json.loads(path.read_text())
+    config.update(changes)
+    path.write_text(json.dumps(config))
+
+
+def test_another_models_config_gives_no_statistics_and_says_why(hf_root, tmp_path):
+    """A config whose MLP is narrower has the same number of parameters in the same groups: only the
+    shape check can tell, and then no statistics are attributed at all."""
+    root = tmp_path / "run"
+    shutil.copytree(hf_root, root)
+    for checkpoint in _checkpoints(root):
+        _rewrite_config(checkpoint, intermediate_size=48)
+    _plan, result = _result(root)
+    assert result.moments == [] and result.moment_modules == []
+    note = result.optimizer_note
+    assert "cannot tell which parameter each position of optimizer.pt is" in note
+    assert "exp_avg_sq is [64, 32], its parameter model.layers.0.mlp.gate_proj.weight is [48, 32]" in note
+
+
+def test_one_mismatched_iteration_has_no_statistics(hf_root, tmp_path):
+    root = tmp_path / "run"
+    shutil.copytree(hf_root, root)
+    _rewrite_config(root / "checkpoint-2", num_hidden_layers=3)
+    _plan, result = _result(root)
+    assert result.optimizer_note is None and result.moments
+    for m in result.moments:
+        assert m.exp_avg_sq_mean[1] is None and m.step_size_mean[1] is None
+        assert m.exp_avg_sq_mean[0] is not None and m.exp_avg_sq_mean[2] is not None
+    why = next(n for n in result.notes if n.startswith("no Adam statistics for iteration 2:"))
+    assert "LlamaForCausalLM has 30 parameters" in why and "expected [23, 7]" in why, why
+
