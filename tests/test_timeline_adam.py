@@ -132,3 +132,72 @@ def test_one_mismatched_iteration_has_no_statistics(hf_root, tmp_path):
     why = next(n for n in result.notes if n.startswith("no Adam statistics for iteration 2:"))
     assert "LlamaForCausalLM has 30 parameters" in why and "expected [23, 7]" in why, why
 
+
+
+# --- DeepSpeed global_stepN roots -----------------------------------------------------------------
+
+
+def _oracle_numbers(states: list[dict], moments: list[dict], result) -> None:
+    """Per tensor: norms and relative changes from DeepSpeed's own fp32 merge, mean exp_avg_sq from its
+    moment merge, each computed with torch."""
+    by_name = {s.name: s for s in result.tensors}
+    common = set(states[0]).intersection(*states[1:])
+    assert common and common <= set(by_name)
+    for name in common:
+        series = by_name[name]
+        for k, state in enumerate(states):
+            assert series.norm[k] == pytest.approx(float(state[name].double().norm()), rel=REL), name
+        prev, cur = states[0][name].double(), states[1][name].double()
+        assert series.change[0] == pytest.approx(float((cur - prev).norm() / prev.norm()), rel=REL), name
+    by_moment = {m.name: m for m in result.moments}
+    assert set(moments[0]) <= set(by_moment) and moments[0]
+    for name in moments[0]:
+        for k, state in enumerate(moments):
+            mean = float(state[name].double().mean())
+            assert by_moment[name].exp_avg_sq_mean[k] == pytest.approx(mean, rel=REL), name
+            assert by_moment[name].step_size_mean[k] == pytest.approx(result.lr[k] / (math.sqrt(mean) + 1e-8),
+                                                                       rel=REL)
+
+
+def test_deepspeed_root_from_the_shipped_saves(tmp_path):
+    """The shipped ZeRO-1 and ZeRO-2 saves (DeepSpeed 0.19.8, the same model, two steps each) as the two
+    tags of one save dir: discovered as iterations 1 and 2, ``latest`` names the newest."""
+    shipped = SAMPLES / "deepspeed_zero"
+    root = tmp_path / "ds"
+    root.mkdir()
+    for step, stage in ((1, 1), (2, 2)):
+        (root / f"global_step{step}").symlink_to(shipped / f"zero{stage}" / "global_step2")
+    (root / "latest").write_text("global_step2")
+    found = discover_iterations(root)
+    assert [(i.iteration, i.kind, i.complete, i.latest) for i in found] == [(2, "deepspeed", True, True),
+                                                                            (1, "deepspeed", True, False)]
+    _plan, result = _result(root)
+    assert result.kind == "deepspeed" and result.iterations == [1, 2] and result.optimizer_note is None
+    assert result.lr == [1e-2, 1e-2]
+    states = [torch.load(shipped / f"zero{s}.fp32_oracle.pt", weights_only=True) for s in (1, 2)]
+    moments = [{k[len("exp_avg_sq."):]: v for k, v in torch.load(shipped / f"zero{s}.moments_oracle.pt",
+                                                                  weights_only=True).items()
+                if k.startswith("exp_avg_sq.")} for s in (1, 2)]
+    _oracle_numbers(states, moments, result)
+    listing = run_cli("inspect", str(root))
+    assert listing.code == 0 and "global_step2" in listing.out + listing.err
+
+
+def test_deepspeed_two_step_run(tmp_path):
+    """A real ZeRO-2 run (2 gloo ranks) saving every step under DeepSpeed's default tags."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    root = _import("make_deepspeed_samples").write_deepspeed_steps(tmp_path)
+    assert (root / "latest").read_text().strip() == "global_step2"
+    _plan, result = _result(root)
+    assert result.kind == "deepspeed" and result.iterations == [1, 2] and result.optimizer_note is None
+    states = [{n: v.detach() for n, v in get_fp32_state_dict_from_zero_checkpoint(str(root), tag=f"global_step{k}").items()}
+              for k in (1, 2)]
+    by_name = {s.name: s for s in result.tensors}
+    for name in states[0]:
+        prev, cur = states[0][name].double(), states[1][name].double()
+        assert by_name[name].norm[1] == pytest.approx(float(cur.norm()), rel=REL), name
+        if prev.norm() > 0:
+            assert by_name[name].change[0] == pytest.approx(float((cur - prev).norm() / prev.norm()), rel=REL)
+    assert {m.name for m in result.moments} == {n for n in states[0] if n != "model.layers.0.input_layernorm.weight"}
