@@ -348,8 +348,132 @@ def write_timeline_megatron(out: Path) -> Path:
     return root
 
 
+DISTOPT_STEPS = 2
+DISTOPT_ROOTS = {"dp_reshardable": "timeline_distopt_dp", "fully_reshardable": "timeline_distopt_full",
+                 "legacy": "timeline_distopt_legacy"}
+"""Save flavour -> root name of ``write_timeline_distopt``."""
+
+
+def _distopt_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    """One of the DP ranks of the distributed-optimizer run (see ``write_timeline_distopt``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import make_training_state_samples as ts
+    from make_dist_samples import _init_gloo, _stub_cuda
+
+    ts._quiet()
+    _init_gloo(rank, world_size, init_file)
+    _stub_cuda()
+    import torch
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    pair = ts._pair()
+    args = ts.megatron_training_args(1, False)
+    args.lr_warmup_iters, args.lr_decay_style, args.lr, args.min_lr = 0, "constant", LR, LR
+    args.use_distributed_optimizer = True
+    pair._prepare_megatron(1)  # TP = 1: the ranks are data-parallel
+    torch.manual_seed(ts.SEED)
+    torch.set_num_threads(1)
+    hf_start = ts.random_tiny_llama(ts.SEED).state_dict()
+    with ts._cpu_as_cuda():
+        model = pair.build_gpt_model(args)
+        pair.load_params(model, pair.hf_to_mcore(hf_start, args, tp_rank=0))
+        model.train()
+        ddp = DistributedDataParallel(config=model.config, module=model, ddp_config=DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True))
+        optimizer = get_megatron_optimizer(
+            OptimizerConfig(optimizer="adam", lr=LR, min_lr=LR, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.95,
+                            adam_eps=1e-8, clip_grad=0.0, bf16=False, params_dtype=torch.float32,
+                            use_distributed_optimizer=True), [ddp])
+        scheduler = OptimizerParamScheduler(
+            optimizer, init_lr=LR, max_lr=LR, min_lr=LR, lr_warmup_steps=0, lr_decay_steps=100,
+            lr_decay_style="constant", start_wd=0.01, end_wd=0.01, wd_incr_steps=100, wd_incr_style="constant")
+        positions = torch.arange(SEQ).unsqueeze(0).expand(BATCH, SEQ)
+        causal = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), diagonal=1)[None, None]
+        for step in range(1, DISTOPT_STEPS + 1):
+            gen = torch.Generator().manual_seed(100 * step + rank)  # each DP rank its own batch
+            tokens = torch.randint(0, VOCAB - 1, (BATCH, SEQ + 1), generator=gen)
+            ddp.zero_grad_buffer()
+            optimizer.zero_grad()
+            loss = ddp(input_ids=tokens[:, :-1], position_ids=positions, attention_mask=causal,
+                       labels=tokens[:, 1:]).float().mean()
+            loss.backward()
+            ddp.finish_grad_sync()
+            ok, _grad_norm, _ = optimizer.step()
+            assert ok, step
+            scheduler.step(increment=BATCH)
+            common = {"args": args, "checkpoint_version": 3.0, "iteration": step,
+                      "opt_param_scheduler": scheduler.state_dict()}
+            for flavour in ("dp_reshardable", "fully_reshardable"):
+                metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True,
+                            "distrib_optim_sharding_type": flavour}
+                model_sd = model.sharded_state_dict(metadata=metadata)
+                state = {**common, "model": model_sd,
+                         "optimizer": optimizer.sharded_state_dict(model_sd, metadata=metadata)}
+                root = Path(out) / DISTOPT_ROOTS[flavour]
+                target = root / f"iter_{step:07d}"
+                if rank == 0:
+                    _fresh(target)
+                dist.barrier()
+                dist_checkpointing.save(state, str(target), content_metadata=metadata)
+                dist.barrier()
+                if rank == 0:
+                    (root / ts.TRACKER).write_text(str(step))
+            # --ckpt-format torch: DP rank 0 torch.saves the model + the optimizer's non-parameter state,
+            # and DistributedOptimizer.save_parameter_state (collective) writes distrib_optim.pt.
+            root = Path(out) / DISTOPT_ROOTS["legacy"]
+            rank_dir = root / f"iter_{step:07d}" / "mp_rank_00"
+            if rank == 0:
+                rank_dir.mkdir(parents=True, exist_ok=True)
+                torch.save({**common, "model": model.state_dict_for_save_checkpoint(),
+                            "optimizer": optimizer.state_dict()}, rank_dir / "model_optim_rng.pt")
+            dist.barrier()
+            optimizer.save_parameter_state(str(rank_dir / "distrib_optim.pt"))
+            dist.barrier()
+            if rank == 0:
+                (root / ts.TRACKER).write_text(str(step))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def write_timeline_distopt(out: Path) -> dict[str, Path]:
+    """Megatron-LM save roots of one real megatron-core run with the distributed optimizer.
+
+    A megatron-core ``GPTModel`` (local spec, the tiny Llama shape, fp32) on TWO gloo ranks (TP=1,
+    DP=2, so every Adam buffer is split between the ranks), wrapped in megatron-core's
+    ``DistributedDataParallel(use_distributed_optimizer=True)`` and trained ``DISTOPT_STEPS`` steps
+    by ``get_megatron_optimizer`` (Adam, distributed optimizer, nothing frozen). After every step
+    the same state is saved three ways, as Megatron-LM's ``save_checkpoint`` composes them:
+
+    * ``timeline_distopt_dp/iter_N``: torch_dist, ``optimizer.sharded_state_dict(model_sd,
+      metadata={"distrib_optim_sharding_type": "dp_reshardable", ...})`` (the default since core
+      0.14): flat per-bucket ``optimizer.distributed.dp_group_idx_0.gbuf_idx_0.dtype_(...).bucket_idx_0
+      .{param,exp_avg,exp_avg_sq}``;
+    * ``timeline_distopt_full/iter_N``: the same with ``fully_reshardable`` (``--dist-ckpt-optim-
+      fully-reshardable``): ``optimizer.state.exp_avg_sq.<param key>`` in model space;
+    * ``timeline_distopt_legacy/iter_N/mp_rank_00/``: ``--ckpt-format torch``: DP rank 0's
+      ``torch.save`` of args, model ``state_dict_for_save_checkpoint()``, ``optimizer.state_dict()``
+      (no parameter state) and scheduler, plus ``distrib_optim.pt`` from megatron-core's own
+      ``save_parameter_state`` (``get_parameter_state_dp_zero``: the buckets gathered and coalesced).
+
+    Each root has ``latest_checkpointed_iteration.txt``. Needs the CPU stand-ins of
+    ``make_training_state_samples`` (FORMATS.md §11) in the spawned ranks only.
+    """
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from make_dist_samples import _spawn
+
+    for name in DISTOPT_ROOTS.values():
+        _fresh(Path(out) / name)
+    _spawn(_distopt_rank, Path(out), world_size=2)
+    return {flavour: Path(out) / name for flavour, name in DISTOPT_ROOTS.items()}
+
+
 WRITERS = {"timeline_dcp": write_timeline_dcp, "timeline_hf": write_timeline_hf,
-           "timeline_hf_adam": write_timeline_hf_adam, "timeline_megatron": write_timeline_megatron}
+           "timeline_hf_adam": write_timeline_hf_adam, "timeline_megatron": write_timeline_megatron,
+           "timeline_distopt": write_timeline_distopt}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from ckptscope.ops.roots import discover_iterations  # noqa: E402
-from ckptscope.ops.timeline import build_timeline_plan, run_timeline  # noqa: E402
+from ckptscope.ops.timeline import build_timeline_plan, module_of, run_timeline  # noqa: E402
 
 REL = 1e-9
 SAMPLES = REPO / "sample_ckpts"
@@ -192,8 +192,8 @@ def test_deepspeed_two_step_run(tmp_path):
     assert (root / "latest").read_text().strip() == "global_step2"
     _plan, result = _result(root)
     assert result.kind == "deepspeed" and result.iterations == [1, 2] and result.optimizer_note is None
-    states = [{n: v.detach() for n, v in get_fp32_state_dict_from_zero_checkpoint(str(root), tag=f"global_step{k}").items()}
-              for k in (1, 2)]
+    merged = [get_fp32_state_dict_from_zero_checkpoint(str(root), tag=f"global_step{k}") for k in (1, 2)]
+    states = [{n: v.detach() for n, v in state.items()} for state in merged]
     by_name = {s.name: s for s in result.tensors}
     for name in states[0]:
         prev, cur = states[0][name].double(), states[1][name].double()
@@ -201,3 +201,80 @@ def test_deepspeed_two_step_run(tmp_path):
         if prev.norm() > 0:
             assert by_name[name].change[0] == pytest.approx(float((cur - prev).norm() / prev.norm()), rel=REL)
     assert {m.name for m in result.moments} == {n for n in states[0] if n != "model.layers.0.input_layernorm.weight"}
+
+
+# --- Megatron's distributed optimizer --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def distopt(tmp_path_factory, gen) -> dict[str, Path]:
+    pytest.importorskip("megatron.core")
+    return gen.write_timeline_distopt(tmp_path_factory.mktemp("timeline_distopt"))
+
+
+def _megatron_model_space_moments(root: Path) -> list[dict]:
+    """``exp_avg_sq`` per parameter as megatron-core itself mapped its buffers to parameters (the
+    ``fully_reshardable`` save, ``param_index_map``), loaded by torch's own ``dcp.load`` and split per
+    layer the way the model's stacked tensors are."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    out = []
+    prefix = "optimizer.state.exp_avg_sq."
+    for step in sorted(p for p in root.iterdir() if p.name.startswith("iter_")):
+        meta = FileSystemReader(str(step)).read_metadata().state_dict_metadata
+        state = {k: torch.empty(tuple(v.size), dtype=v.properties.dtype) for k, v in meta.items()
+                 if k.startswith(prefix)}
+        dcp.load(state, checkpoint_id=str(step))
+        named = {}
+        for key, value in state.items():
+            name = key[len(prefix):]
+            if name.startswith("decoder.layers."):
+                for layer in range(value.shape[0]):
+                    named[name.replace("decoder.layers.", f"decoder.layers.{layer}.", 1)] = value[layer].double()
+            else:
+                named[name] = value.double()
+        out.append(named)
+    return out
+
+
+def _legacy_name(name: str) -> str:
+    """torch_dist (TE-style) norm names -> the local spec's legacy ``state_dict`` names."""
+    return (name.replace("self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight")
+            .replace("mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight"))
+
+
+@pytest.mark.parametrize("flavour", ["dp_reshardable", "legacy", "fully_reshardable"])
+def test_megatron_distributed_optimizer_adam_statistics(distopt, gen, flavour):
+    expected = _megatron_model_space_moments(distopt["fully_reshardable"])
+    rename = _legacy_name if flavour == "legacy" else (lambda n: n)
+    plan, result = _result(distopt[flavour])
+    assert result.kind == "megatron" and result.iterations == list(range(1, gen.DISTOPT_STEPS + 1))
+    assert result.optimizer_note is None and result.lr == [gen.LR] * gen.DISTOPT_STEPS and plan.eps == 1e-8
+    assert sorted(m.name for m in result.moments) == sorted(rename(n) for n in expected[0])
+    by_name = {m.name: m for m in result.moments}
+    for name in expected[0]:
+        m = by_name[rename(name)]
+        for k, state in enumerate(expected):
+            mean = float(state[name].mean())
+            assert m.exp_avg_sq_mean[k] == pytest.approx(mean, rel=REL), (flavour, name, k)
+            assert m.step_size_mean[k] == pytest.approx(gen.LR / (math.sqrt(mean) + 1e-8), rel=REL)
+    mlp = next(m for m in result.moment_modules if m.name == "decoder.layers.1.mlp")
+    members = [n for n in expected[0] if module_of(rename(n))[0] == "decoder.layers.1.mlp"]
+    assert len(members) == (2 if flavour == "legacy" else 3)  # legacy names the MLP's norm pre_mlp_layernorm
+    for k, state in enumerate(expected):
+        v = torch.cat([state[n].flatten() for n in members])
+        assert mlp.exp_avg_sq_mean[k] == pytest.approx(float(v.mean()), rel=REL)
+
+
+def test_megatron_optimizer_file_of_another_save_gives_no_statistics(distopt, tmp_path):
+    """``distrib_optim.pt`` of iteration 1 put into iteration 2: its fp32 masters are not iteration 2's
+    weights, so nothing is named there (and iteration 1 keeps its numbers)."""
+    root = tmp_path / "run"
+    shutil.copytree(distopt["legacy"], root)
+    shutil.copy(root / "iter_0000001/mp_rank_00/distrib_optim.pt", root / "iter_0000002/mp_rank_00/distrib_optim.pt")
+    _plan, result = _result(root)
+    assert result.moments and all(m.exp_avg_sq_mean[1] is None and m.exp_avg_sq_mean[0] is not None
+                                  for m in result.moments)
+    why = next(n for n in result.notes if n.startswith("no Adam statistics for iteration 2:"))
+    assert "no model tensor's weights equal the fp32 masters at element 0" in why

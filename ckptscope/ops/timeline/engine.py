@@ -135,6 +135,12 @@ def _slices(box) -> tuple[slice, ...]:
     return tuple(slice(lo, hi) for lo, hi in box)
 
 
+def _shifted(box, offset: int | None) -> tuple[slice, ...]:
+    """A flat box of a parameter as the slice of the flat optimizer buffer that holds it."""
+    (lo, hi), = box
+    return (slice(offset + lo, offset + hi),)
+
+
 def _boxes(shape: tuple[int, ...], rows, block_elems: int) -> list:
     if not shape:
         return [()]
@@ -302,7 +308,8 @@ def _moment_block(plan: TimelinePlan, reading: _Reading, tensor: OptimizerTensor
         name = tensor.stored[i]
         if name is None:
             continue
-        raw = plan.optimizer_reader(i).read(name, _slices(box))
+        region = _slices(box) if tensor.offsets is None else _shifted(box, tensor.offsets[i])
+        raw = plan.optimizer_reader(i).read(name, region)
         reading.count(raw.nbytes)
         v = np.asarray(raw).astype(np.float64).ravel()
         v = v[np.isfinite(v) & (v >= 0)]

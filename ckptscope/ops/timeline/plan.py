@@ -87,6 +87,9 @@ class OptimizerTensor:
     module: str
     layer: str | None
     rows: tuple[tuple[int, int], ...] | None = None
+    offsets: tuple[int | None, ...] | None = None
+    """Flat state (Megatron's distributed optimizer): ``stored`` is a 1-D buffer, the parameter's
+    elements start at this offset in it per iteration, and ``shape`` / ``rows`` are flat."""
 
 
 @dataclass
@@ -203,15 +206,36 @@ def _scalars(reader: CheckpointReader, pattern: re.Pattern) -> list[Any]:
     return out
 
 
+def _param_group_lists(value: Any, depth: int = 0) -> list[list]:
+    """Every ``param_groups`` list of dicts inside a rendered object, a few levels deep (Megatron keeps
+    them at ``optimizer.optimizer.param_groups`` or in a per-DP-group object's list)."""
+    if depth > 4:
+        return []
+    out = []
+    if isinstance(value, dict):
+        groups = value.get("param_groups")
+        if isinstance(groups, list) and groups and all(isinstance(g, dict) for g in groups):
+            out.append(groups)
+        for key, item in value.items():
+            if key != "param_groups":
+                out += _param_group_lists(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value[:8]:
+            out += _param_group_lists(item, depth + 1)
+    return out
+
+
 def _group_scalars(reader: CheckpointReader, key: str) -> list[float]:
     """``key`` (``lr``, ``eps``) of every optimizer param group: flattened objects
-    (``...param_groups.0.lr``) or one ``param_groups`` list of dicts (DeepSpeed's
-    ``optimizer.base_optimizer_state.param_groups``, a torch ``optimizer.state_dict()``)."""
+    (``...param_groups.0.lr``) or ``param_groups`` lists of dicts (DeepSpeed's
+    ``optimizer.base_optimizer_state.param_groups``, a torch ``optimizer.state_dict()``, Megatron's
+    optimizer objects)."""
     out = _scalars(reader, _GROUP_LR if key == "lr" else _GROUP_EPS)
     for obj in reader.index().objects:
-        if obj.name.rsplit(".", 1)[-1] == "param_groups" and isinstance(obj.value, list):
-            out += [float(g[key]) for g in obj.value if isinstance(g, dict)
-                    and isinstance(g.get(key), (int, float)) and not isinstance(g.get(key), bool)]
+        value = {"param_groups": obj.value} if obj.name.rsplit(".", 1)[-1] == "param_groups" else obj.value
+        for groups in _param_group_lists(value):
+            out += [float(g[key]) for g in groups
+                    if isinstance(g.get(key), (int, float)) and not isinstance(g.get(key), bool)]
     return out
 
 
@@ -264,6 +288,19 @@ def _saved_lr(reader: CheckpointReader, directory: Path) -> float | None:
     return groups.pop() if len(groups) == 1 else None
 
 
+def _optimizer_candidates(entry: ModelEntries, reader: CheckpointReader) -> dict[str, Any]:
+    """The optimizer tensors of a save, plus the per-layer views of stacked ones (Megatron torch_dist
+    keeps ``optimizer.state.exp_avg_sq.decoder.layers.<x>`` with a leading layer axis, as its model)."""
+    out = dict(entry.training.get("optimizer", {}))
+    index = reader.index()
+    if index.views:
+        logical = index.logical_tensors()
+        for view, (backing, _layer) in index.views.items():
+            if backing in out and view in logical:
+                out[view] = logical[view]
+    return out
+
+
 def _plan_optimizer(entries: list[ModelEntries], tensors: list[TimelineTensor],
                     readers: list[CheckpointReader]) -> tuple[list[OptimizerTensor], str | None]:
     by_param: dict[str, list[str | None]] = {}
@@ -271,7 +308,7 @@ def _plan_optimizer(entries: list[ModelEntries], tensors: list[TimelineTensor],
     any_moments = False
     for i, entry in enumerate(entries):
         stored_to_model = {s: m for m, s in entry.stored.items()}
-        for name, meta in entry.training.get("optimizer", {}).items():
+        for name, meta in _optimizer_candidates(entry, readers[i]).items():
             if "exp_avg_sq" not in name.split(".") or not meta.dtype_info.is_float:
                 continue
             any_moments = True
@@ -282,28 +319,81 @@ def _plan_optimizer(entries: list[ModelEntries], tensors: list[TimelineTensor],
     if not any_moments:
         return [], "no Adam exp_avg_sq saved in these iterations"
     if not by_param:
-        return [], ("the saved exp_avg_sq entries name no parameter of the model (Megatron's distributed "
-                    "optimizer keeps them in flat buffers): no per-layer Adam statistics")
+        return [], "the saved exp_avg_sq entries name no parameter of the model: no per-layer Adam statistics"
     return _optimizer_tensors(by_param, wanted), None
-
-
-def _optimizer_tensors(by_param: dict[str, list[str | None]], wanted: dict[str, TimelineTensor]) -> list[OptimizerTensor]:
-    out = []
-    for param, stored in by_param.items():
-        t = wanted[param]
-        out.append(OptimizerTensor(param, tuple(stored), t.shape, t.module, t.layer, t.rows))
-    return out
 
 
 @dataclass
 class _SideOptimizer:
-    """Adam state kept in a file of its own beside each save (HF Trainer ``optimizer.pt``)."""
+    """Adam state whose names come from elsewhere than its own keys: HF Trainer's positional
+    ``optimizer.pt`` beside each save (``readers``: that file per iteration), Megatron's flat
+    distributed-optimizer buffers (read from the save's own reader)."""
 
     tensors: list[OptimizerTensor]
     readers: list[CheckpointReader | None]
     eps: float | None
     note: str | None
     notes: list[str]
+
+
+def _unnamed_notes(reasons: dict[str, list[str]]) -> list[str]:
+    """One note per reason, naming the iterations it left without Adam statistics."""
+    return [f"no Adam statistics for iteration{'s' if len(labels) > 1 else ''} {', '.join(labels)}: {why}"
+            for why, labels in reasons.items()]
+
+
+def _plan_flat_optimizer(chosen: list[IterationInfo], entries: list[ModelEntries], tensors: list[TimelineTensor],
+                         readers: list[CheckpointReader]) -> _SideOptimizer | None:
+    """Megatron's distributed optimizer (flat buckets, ``optim_megatron``), per iteration; None when no
+    iteration has such buffers."""
+    from ckptscope.ops.timeline.optim_megatron import flat_buffers, name_flat_state
+
+    found = [flat_buffers(r) for r in readers]
+    if not any(buffers or why for buffers, why in found):
+        return None
+    wanted = {t.name: t for t in tensors}
+    places: dict[str, list[tuple[str, int] | None]] = {}
+    reasons: dict[str, list[str]] = {}
+    ambiguous: set[str] = set()
+    for i, (info, entry, reader, (buffers, why)) in enumerate(zip(chosen, entries, readers, found)):
+        names = None
+        if why is None and buffers:
+            model = {n: (entry.stored[n], meta) for n, meta in entry.tensors.items()}
+            names, why = name_flat_state(reader, model, buffers)
+        if names is None:
+            reasons.setdefault(why or "no distributed-optimizer buffers", []).append(info.label)
+            continue
+        ambiguous.update(names.ambiguous)
+        for param, (buffer, start, _numel) in names.place.items():
+            if param in wanted:
+                places.setdefault(param, [None] * len(chosen))[i] = (buffer, start)
+    notes = _unnamed_notes(reasons)
+    if ambiguous:
+        notes.append(f"no Adam statistics for tensors with identical weights, not told apart in the flat "
+                     f"optimizer buffers: {', '.join(sorted(ambiguous))}")
+    if not places:
+        first = next(iter(reasons), "no followed tensor in them")
+        return _SideOptimizer([], [], None, f"distributed-optimizer buffers: {first}: no per-layer Adam statistics",
+                              notes[1:] if reasons else notes)
+    notes.append("Adam state of the distributed optimizer's flat buffers named by matching its fp32 masters "
+                 "to the model's weights")
+    out = []
+    for param, where in places.items():
+        t = wanted[param]
+        row = t.numel // t.shape[0] if t.shape and t.shape[0] else 1
+        rows = tuple((lo * row, hi * row) for lo, hi in t.rows) if t.rows else None
+        out.append(OptimizerTensor(param, tuple(w[0] if w else None for w in where), (t.numel,), t.module, t.layer,
+                                   rows, tuple(w[1] if w else None for w in where)))
+    return _SideOptimizer(out, [], None, None, notes)
+
+
+def _optimizer_tensors(by_param: dict[str, list[str | None]],
+                       wanted: dict[str, TimelineTensor]) -> list[OptimizerTensor]:
+    out = []
+    for param, stored in by_param.items():
+        t = wanted[param]
+        out.append(OptimizerTensor(param, tuple(stored), t.shape, t.module, t.layer, t.rows))
+    return out
 
 
 def _plan_side_optimizer(chosen: list[IterationInfo], entries: list[ModelEntries],
@@ -339,8 +429,7 @@ def _plan_side_optimizer(chosen: list[IterationInfo], entries: list[ModelEntries
             if reader is not None:
                 reader.close()
         raise
-    notes = [f"no Adam statistics for iteration{'s' if len(labels) > 1 else ''} {', '.join(labels)}: {why}"
-             for why, labels in reasons.items()]
+    notes = _unnamed_notes(reasons)
     if not by_param:
         for reader in readers:
             if reader is not None:
@@ -410,6 +499,8 @@ def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None,
         opt, opt_note = (_plan_optimizer(entries, tensors, readers) if optimizer
                          else ([], "optimizer statistics not asked for"))
         side = _plan_side_optimizer(chosen, entries, tensors) if optimizer and not opt else None
+        if optimizer and not opt and side is None:
+            side = _plan_flat_optimizer(chosen, entries, tensors, readers)
         eps_values = [v for r in readers for v in _group_scalars(r, "eps")]
         if side is not None:
             opt, opt_note, opt_readers = side.tensors, side.note, side.readers
