@@ -54,6 +54,12 @@ Roots:
   token; the spike multiplies every param group's ``lr`` for step ``SPIKE_STEP`` (the scheduler sets
   it back on its next step). megatron-core needs the CPU stand-ins of ``make_training_state_samples``
   (``_stub_cuda``, ``_cpu_as_cuda``) in the spawned rank only.
+
+Roots without planted faults, for the Adam statistics of optimizer state saved without names:
+``timeline_hf_adam`` (``write_timeline_hf_adam``: the Trainer's own optimizer, positional
+``optimizer.pt``) and ``timeline_distopt_{dp,full,legacy}`` (``write_timeline_distopt``: megatron-core's
+distributed optimizer on two DP ranks, saved as torch_dist ``dp_reshardable`` / ``fully_reshardable``
+and as ``--ckpt-format torch`` with ``distrib_optim.pt``).
 """
 
 from __future__ import annotations
@@ -176,41 +182,52 @@ def write_timeline_dcp(out: Path) -> Path:
     return root
 
 
+def _train_with_trainer(root: Path, steps: int, build, **arguments) -> None:
+    """A transformers ``Trainer`` run of ``steps`` optimizer steps on CPU, one thread, saving
+    ``root/checkpoint-N`` after every step; ``build()`` gives the ``Trainer`` keyword arguments (the
+    model, and optimizers or callbacks), called once the thread count is set."""
+    import torch
+    from transformers import Trainer, TrainingArguments
+    from transformers.utils import logging as hf_logging
+
+    _fresh(root)
+    rows = []
+    for step in range(1, steps + 1):
+        tokens = _batch(step)
+        rows += [{"input_ids": t, "attention_mask": torch.ones_like(t), "labels": t.clone()} for t in tokens]
+    args = TrainingArguments(output_dir=str(root), max_steps=steps, save_strategy="steps", save_steps=1,
+                             per_device_train_batch_size=BATCH, learning_rate=LR, weight_decay=0.01,
+                             report_to="none", use_cpu=True, seed=0, data_seed=0, disable_tqdm=True,
+                             dataloader_num_workers=0, logging_steps=1000, **arguments)
+    threads, verbosity = torch.get_num_threads(), hf_logging.get_verbosity()
+    torch.set_num_threads(1)
+    hf_logging.set_verbosity_error()
+    try:
+        Trainer(args=args, train_dataset=rows, **build()).train()
+    finally:
+        torch.set_num_threads(threads)
+        hf_logging.set_verbosity(verbosity)
+
+
 def write_timeline_hf(out: Path) -> Path:
     """A transformers ``Trainer`` run with ``checkpoint-N`` after every step (see module docstring)."""
     import torch
-    from transformers import Trainer, TrainerCallback, TrainingArguments
-    from transformers.utils import logging as hf_logging
+    from transformers import TrainerCallback
 
     root = Path(out) / "timeline_hf"
-    _fresh(root)
 
     class PlantNaN(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
             if state.global_step == NAN_STEP:
                 _plant_nan(model)
 
-    rows = []
-    for step in range(1, STEPS + 1):
-        tokens = _batch(step)
-        rows += [{"input_ids": t, "attention_mask": torch.ones_like(t), "labels": t.clone()} for t in tokens]
-    args = TrainingArguments(output_dir=str(root), max_steps=STEPS, save_strategy="steps", save_steps=1,
-                             per_device_train_batch_size=BATCH, learning_rate=LR, weight_decay=0.01,
-                             report_to="none", use_cpu=True, seed=0, data_seed=0, disable_tqdm=True,
-                             dataloader_num_workers=0, logging_steps=1000)
-    threads, verbosity = torch.get_num_threads(), hf_logging.get_verbosity()
-    torch.set_num_threads(1)
-    hf_logging.set_verbosity_error()
-    try:
+    def build() -> dict:
         model = _model()
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=0.01)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor)
-        trainer = Trainer(model=model, args=args, train_dataset=rows, optimizers=(optimizer, scheduler),
-                          callbacks=[PlantNaN()])
-        trainer.train()
-    finally:
-        torch.set_num_threads(threads)
-        hf_logging.set_verbosity(verbosity)
+        return {"model": model, "optimizers": (optimizer, scheduler), "callbacks": [PlantNaN()]}
+
+    _train_with_trainer(root, STEPS, build)
     (Path(out) / "timeline_hf_plan.json").write_text(json.dumps(_plan(root, list(range(1, STEPS + 1))), indent=1))
     return root
 
@@ -223,31 +240,16 @@ def write_timeline_hf_adam(out: Path) -> Path:
     that builds its own optimizer (``Trainer.create_optimizer``: the weight-decay group, then the
     no-decay group, positions in ``named_parameters()`` order), nothing frozen and nothing planted,
     so that the positional ``optimizer.pt`` can be named (``ops/timeline/optim_hf.py``)."""
-    import torch
-    from transformers import Trainer, TrainingArguments
-    from transformers.utils import logging as hf_logging
 
-    root = Path(out) / "timeline_hf_adam"
-    _fresh(root)
-    rows = []
-    for step in range(1, ADAM_STEPS + 1):
-        tokens = _batch(step)
-        rows += [{"input_ids": t, "attention_mask": torch.ones_like(t), "labels": t.clone()} for t in tokens]
-    args = TrainingArguments(output_dir=str(root), max_steps=ADAM_STEPS, save_strategy="steps", save_steps=1,
-                             per_device_train_batch_size=BATCH, learning_rate=LR, weight_decay=0.01,
-                             lr_scheduler_type="linear", report_to="none", use_cpu=True, seed=0, data_seed=0,
-                             disable_tqdm=True, dataloader_num_workers=0, logging_steps=1000)
-    threads, verbosity = torch.get_num_threads(), hf_logging.get_verbosity()
-    torch.set_num_threads(1)
-    hf_logging.set_verbosity_error()
-    try:
+    def build() -> dict:
+        import torch
         from transformers import LlamaConfig, LlamaForCausalLM
 
         torch.manual_seed(0)
-        Trainer(model=LlamaForCausalLM(LlamaConfig(**TINY)).float(), args=args, train_dataset=rows).train()
-    finally:
-        torch.set_num_threads(threads)
-        hf_logging.set_verbosity(verbosity)
+        return {"model": LlamaForCausalLM(LlamaConfig(**TINY)).float()}
+
+    root = Path(out) / "timeline_hf_adam"
+    _train_with_trainer(root, ADAM_STEPS, build, lr_scheduler_type="linear")
     return root
 
 
@@ -255,81 +257,111 @@ MEGATRON_NAN_TENSOR = "embedding.word_embeddings.weight"
 MEGATRON_FROZEN_PREFIX = "decoder.layers.1."
 
 
-def _megatron_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
-    """The one rank of the Megatron run: train ``STEPS`` iterations, save each (see module docstring)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import make_training_state_samples as ts
-    from make_dist_samples import _init_gloo, _stub_cuda
+class _MegatronRun:
+    """One gloo rank of a real megatron-core run of the tiny Llama (local-spec ``GPTModel``, fp32),
+    wrapped in megatron-core's ``DistributedDataParallel`` and trained by ``get_megatron_optimizer``
+    (Adam) with a constant-LR ``OptimizerParamScheduler``. megatron-core needs the CPU stand-ins of
+    ``make_training_state_samples`` (``_stub_cuda``, ``_cpu_as_cuda``) in the spawned rank only."""
 
-    ts._quiet()
-    _init_gloo(rank, world_size, init_file)
-    _stub_cuda()
-    import random
+    def __init__(self, rank: int, world_size: int, init_file: str, *, tp: int, distributed: bool,
+                 frozen_prefix: str | None = None) -> None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import make_training_state_samples as ts
+        from make_dist_samples import _init_gloo, _stub_cuda
 
-    import numpy as np
-    import torch
-    import torch.distributed as dist
-    from megatron.core import dist_checkpointing
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+        ts._quiet()
+        _init_gloo(rank, world_size, init_file)
+        _stub_cuda()
+        import random
 
-    pair = ts._pair()
-    root = Path(out)
-    args = ts.megatron_training_args(world_size, False)
-    args.lr_warmup_iters, args.lr_decay_style, args.lr, args.min_lr = 0, "constant", LR, LR
-    args.weight_decay = args.start_weight_decay = args.end_weight_decay = 0.01
-    pair._prepare_megatron(world_size)
-    torch.manual_seed(ts.SEED)
-    random.seed(ts.SEED)
-    np.random.seed(ts.SEED)
-    torch.set_num_threads(1)
-    hf_start = ts.random_tiny_llama(ts.SEED).state_dict()
-    with ts._cpu_as_cuda():
-        model = pair.build_gpt_model(args)
-        pair.load_params(model, pair.hf_to_mcore(hf_start, args, tp_rank=rank))
+        import numpy as np
+        import torch
+
+        self.ts, self.torch = ts, torch
+        pair = ts._pair()
+        args = ts.megatron_training_args(tp, False)
+        args.lr_warmup_iters, args.lr_decay_style, args.lr, args.min_lr = 0, "constant", LR, LR
+        args.weight_decay = args.start_weight_decay = args.end_weight_decay = 0.01
+        args.use_distributed_optimizer = distributed
+        self.args = args
+        pair._prepare_megatron(tp)
+        torch.manual_seed(ts.SEED)
+        random.seed(ts.SEED)
+        np.random.seed(ts.SEED)
+        torch.set_num_threads(1)
+        self.hf_start = ts.random_tiny_llama(ts.SEED).state_dict()
+        self.pair, self.rank, self.tp = pair, rank, tp
+        self.distributed, self.frozen_prefix = distributed, frozen_prefix
+
+    def build(self) -> None:
+        """Model, DDP, optimizer and scheduler; inside ``ts._cpu_as_cuda()``."""
+        torch = self.torch
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        model = self.pair.build_gpt_model(self.args)
+        self.pair.load_params(model, self.pair.hf_to_mcore(self.hf_start, self.args, tp_rank=self.rank % self.tp))
         model.train()
         for name, param in model.named_parameters():
-            if name.startswith(MEGATRON_FROZEN_PREFIX):
+            if self.frozen_prefix and name.startswith(self.frozen_prefix):
                 param.requires_grad_(False)
-        ddp = DistributedDataParallel(config=model.config, module=model, ddp_config=DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False))
-        optimizer = get_megatron_optimizer(
+        self.model = model
+        self.ddp = DistributedDataParallel(config=model.config, module=model, ddp_config=DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=self.distributed))
+        self.optimizer = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=LR, min_lr=LR, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.95,
                             adam_eps=1e-8, clip_grad=0.0, bf16=False, params_dtype=torch.float32,
-                            use_distributed_optimizer=False), [ddp])
-        scheduler = OptimizerParamScheduler(
-            optimizer, init_lr=LR, max_lr=LR, min_lr=LR, lr_warmup_steps=0, lr_decay_steps=100,
+                            use_distributed_optimizer=self.distributed), [self.ddp])
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer, init_lr=LR, max_lr=LR, min_lr=LR, lr_warmup_steps=0, lr_decay_steps=100,
             lr_decay_style="constant", start_wd=0.01, end_wd=0.01, wd_incr_steps=100, wd_incr_style="constant")
-        seq = SEQ
-        positions = torch.arange(seq).unsqueeze(0).expand(BATCH, seq)
-        causal = torch.triu(torch.ones(seq, seq, dtype=torch.bool), diagonal=1)[None, None]
+
+    def step(self, seed: int, lr_factor: float = 1.0) -> None:
+        """One optimizer step on a batch of random tokens from ``seed`` (the last id never occurs)."""
+        torch = self.torch
+        positions = torch.arange(SEQ).unsqueeze(0).expand(BATCH, SEQ)
+        causal = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), diagonal=1)[None, None]
+        tokens = torch.randint(0, VOCAB - 1, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(seed))
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        loss = self.ddp(input_ids=tokens[:, :-1], position_ids=positions, attention_mask=causal,
+                        labels=tokens[:, 1:]).float().mean()
+        loss.backward()
+        self.ddp.finish_grad_sync()
+        if lr_factor != 1.0:
+            for group in self.optimizer.param_groups:
+                group["lr"] *= lr_factor
+        ok, _grad_norm, _ = self.optimizer.step()
+        assert ok, seed
+        self.scheduler.step(increment=BATCH)
+
+
+def _megatron_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    """The one rank of the Megatron run: train ``STEPS`` iterations, save each (see module docstring)."""
+    run = _MegatronRun(rank, world_size, init_file, tp=world_size, distributed=False,
+                       frozen_prefix=MEGATRON_FROZEN_PREFIX)
+    torch = run.torch
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+
+    root = Path(out)
+    with run.ts._cpu_as_cuda():
+        run.build()
         metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
         for step in range(1, STEPS + 1):
-            tokens = torch.randint(0, VOCAB - 1, (BATCH, seq + 1), generator=torch.Generator().manual_seed(100 + step))
-            ddp.zero_grad_buffer()
-            optimizer.zero_grad()
-            loss = ddp(input_ids=tokens[:, :-1], position_ids=positions, attention_mask=causal,
-                       labels=tokens[:, 1:]).float().mean()
-            loss.backward()
-            ddp.finish_grad_sync()
-            if step == SPIKE_STEP:
-                for group in optimizer.param_groups:
-                    group["lr"] *= SPIKE_FACTOR
-            ok, _grad_norm, _ = optimizer.step()
-            assert ok, step
-            scheduler.step(increment=BATCH)
+            run.step(100 + step, SPIKE_FACTOR if step == SPIKE_STEP else 1.0)
             if step == NAN_STEP:
                 with torch.no_grad():
-                    dict(model.named_parameters())[MEGATRON_NAN_TENSOR][NAN_AT] = float("nan")
-            state = {"args": args, "checkpoint_version": 3.0, "iteration": step,
-                     "model": model.sharded_state_dict(metadata=metadata)}
-            state["opt_param_scheduler"] = scheduler.state_dict()  # no "optimizer": see the module docstring
+                    dict(run.model.named_parameters())[MEGATRON_NAN_TENSOR][NAN_AT] = float("nan")
+            state = {"args": run.args, "checkpoint_version": 3.0, "iteration": step,
+                     "model": run.model.sharded_state_dict(metadata=metadata)}
+            state["opt_param_scheduler"] = run.scheduler.state_dict()  # no "optimizer": see the module docstring
             target = root / f"iter_{step:07d}"
             _fresh(target)
             dist_checkpointing.save(state, str(target), content_metadata=metadata)
             dist.barrier()
-            (root / ts.TRACKER).write_text(str(step))
+            (root / run.ts.TRACKER).write_text(str(step))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -356,57 +388,18 @@ DISTOPT_ROOTS = {"dp_reshardable": "timeline_distopt_dp", "fully_reshardable": "
 
 def _distopt_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
     """One of the DP ranks of the distributed-optimizer run (see ``write_timeline_distopt``)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import make_training_state_samples as ts
-    from make_dist_samples import _init_gloo, _stub_cuda
-
-    ts._quiet()
-    _init_gloo(rank, world_size, init_file)
-    _stub_cuda()
-    import torch
+    run = _MegatronRun(rank, world_size, init_file, tp=1, distributed=True)  # TP = 1: the ranks are DP
+    torch = run.torch
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    pair = ts._pair()
-    args = ts.megatron_training_args(1, False)
-    args.lr_warmup_iters, args.lr_decay_style, args.lr, args.min_lr = 0, "constant", LR, LR
-    args.use_distributed_optimizer = True
-    pair._prepare_megatron(1)  # TP = 1: the ranks are data-parallel
-    torch.manual_seed(ts.SEED)
-    torch.set_num_threads(1)
-    hf_start = ts.random_tiny_llama(ts.SEED).state_dict()
-    with ts._cpu_as_cuda():
-        model = pair.build_gpt_model(args)
-        pair.load_params(model, pair.hf_to_mcore(hf_start, args, tp_rank=0))
-        model.train()
-        ddp = DistributedDataParallel(config=model.config, module=model, ddp_config=DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True))
-        optimizer = get_megatron_optimizer(
-            OptimizerConfig(optimizer="adam", lr=LR, min_lr=LR, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.95,
-                            adam_eps=1e-8, clip_grad=0.0, bf16=False, params_dtype=torch.float32,
-                            use_distributed_optimizer=True), [ddp])
-        scheduler = OptimizerParamScheduler(
-            optimizer, init_lr=LR, max_lr=LR, min_lr=LR, lr_warmup_steps=0, lr_decay_steps=100,
-            lr_decay_style="constant", start_wd=0.01, end_wd=0.01, wd_incr_steps=100, wd_incr_style="constant")
-        positions = torch.arange(SEQ).unsqueeze(0).expand(BATCH, SEQ)
-        causal = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), diagonal=1)[None, None]
+    with run.ts._cpu_as_cuda():
+        run.build()
+        model, optimizer = run.model, run.optimizer
         for step in range(1, DISTOPT_STEPS + 1):
-            gen = torch.Generator().manual_seed(100 * step + rank)  # each DP rank its own batch
-            tokens = torch.randint(0, VOCAB - 1, (BATCH, SEQ + 1), generator=gen)
-            ddp.zero_grad_buffer()
-            optimizer.zero_grad()
-            loss = ddp(input_ids=tokens[:, :-1], position_ids=positions, attention_mask=causal,
-                       labels=tokens[:, 1:]).float().mean()
-            loss.backward()
-            ddp.finish_grad_sync()
-            ok, _grad_norm, _ = optimizer.step()
-            assert ok, step
-            scheduler.step(increment=BATCH)
-            common = {"args": args, "checkpoint_version": 3.0, "iteration": step,
-                      "opt_param_scheduler": scheduler.state_dict()}
+            run.step(100 * step + rank)  # each DP rank its own batch
+            common = {"args": run.args, "checkpoint_version": 3.0, "iteration": step,
+                      "opt_param_scheduler": run.scheduler.state_dict()}
             for flavour in ("dp_reshardable", "fully_reshardable"):
                 metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True,
                             "distrib_optim_sharding_type": flavour}
@@ -421,7 +414,7 @@ def _distopt_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
                 dist_checkpointing.save(state, str(target), content_metadata=metadata)
                 dist.barrier()
                 if rank == 0:
-                    (root / ts.TRACKER).write_text(str(step))
+                    (root / run.ts.TRACKER).write_text(str(step))
             # --ckpt-format torch: DP rank 0 torch.saves the model + the optimizer's non-parameter state,
             # and DistributedOptimizer.save_parameter_state (collective) writes distrib_optim.pt.
             root = Path(out) / DISTOPT_ROOTS["legacy"]
@@ -434,7 +427,7 @@ def _distopt_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
             optimizer.save_parameter_state(str(rank_dir / "distrib_optim.pt"))
             dist.barrier()
             if rank == 0:
-                (root / ts.TRACKER).write_text(str(step))
+                (root / run.ts.TRACKER).write_text(str(step))
     dist.barrier()
     dist.destroy_process_group()
 
