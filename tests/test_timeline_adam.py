@@ -278,3 +278,15 @@ def test_megatron_optimizer_file_of_another_save_gives_no_statistics(distopt, tm
                                   for m in result.moments)
     why = next(n for n in result.notes if n.startswith("no Adam statistics for iteration 2:"))
     assert "no model tensor's weights equal the fp32 masters at element 0" in why
+
+
+def test_megatron_flat_state_sampled_rows(distopt):
+    """``--sample``: a parameter's sampled rows are the same elements of its flat buffer range."""
+    expected = _megatron_model_space_moments(distopt["fully_reshardable"])
+    plan, result = _result(distopt["dp_reshardable"], sample=3)
+    tensor = next(t for t in plan.tensors if t.name == "output_layer.weight")
+    moment = next(m for m in result.moments if m.name == "output_layer.weight")
+    assert tensor.rows is not None and sum(hi - lo for lo, hi in tensor.rows) == 3
+    for k, state in enumerate(expected):
+        rows = torch.cat([state["output_layer.weight"][lo:hi] for lo, hi in tensor.rows])
+        assert moment.exp_avg_sq_mean[k] == pytest.approx(float(rows.mean()), rel=REL)

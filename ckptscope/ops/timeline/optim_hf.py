@@ -73,8 +73,12 @@ def _model_order(config_text: str) -> tuple[str, tuple[tuple[str, tuple[int, ...
         raise CkptError("rebuilding the parameter order needs torch and transformers") from None
     import json
 
-    config_dict = json.loads(config_text)
-    archs = config_dict.get("architectures") or []
+    try:
+        config_dict = json.loads(config_text)
+    except ValueError as exc:
+        raise CkptError(f"config.json is not JSON: {exc}") from None
+    archs = config_dict.get("architectures") if isinstance(config_dict, dict) else None
+    archs = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
     cls = getattr(transformers, archs[0], None) if archs else None
     if cls is None:
         raise CkptError(f"config.json names no architecture transformers {transformers.__version__} knows "
@@ -137,9 +141,16 @@ def hf_trainer_state(directory: str | Path, saved: dict[str, tuple[int, ...]]) -
         return None, f"no {CONFIG_FILE} to rebuild the parameter order from"
     try:
         arch, order, decay = _model_order(config_text)
-    except (CkptError, ValueError) as exc:
-        return None, str(exc.args[0] if exc.args else exc)
-    reader = open_checkpoint(path)  # the safe stub unpickler
+    except CkptError as exc:
+        return None, str(exc.args[0])
+    reader = None
+    try:
+        reader = open_checkpoint(path)  # the safe stub unpickler
+        reader.index()
+    except CkptError as exc:
+        if reader is not None:
+            reader.close()
+        return None, f"{OPTIMIZER_FILE} unreadable: {exc.args[0]}"
     keep = False
     try:
         groups = _param_groups(reader)

@@ -40,6 +40,8 @@ from ckptscope.formats.base import CheckpointReader
 
 ALIGN = 64
 """``_pad_start_of_param_if_needed``: a parameter starts at a multiple of 64 elements of its bucket."""
+PARAM_DTYPES = ("float32", "bfloat16", "float16")
+"""Model dtypes whose weights are their fp32 masters rounded (to nearest even), compared bit for bit."""
 _DIST = re.compile(r"^(?P<base>(?:.*\.)?optimizer\.distributed\.dp_group_idx_(?P<group>\d+)\.gbuf_idx_\d+\."
                    r"dtype_\((?:torch\.)?(?P<dtype>\w+), (?:torch\.)?\w+\)\.bucket_idx_\d+)\.exp_avg_sq$")
 _LEGACY = re.compile(r"^(?P<base>distrib_optim\.(?P<group>[^.]+)\.\d+\.(?P<dtype>\w+)/\w+)\.exp_avg_sq$")
@@ -83,6 +85,8 @@ def flat_buffers(reader: CheckpointReader) -> tuple[list[FlatBuffer], str | None
             return [], f"{name} has no fp32 master ({master}) beside it to tell its parameters by"
         if legacy and coalesced.get(f"distrib_optim.{m.group('group')}") is not True:
             return [], "distrib_optim.pt keeps its buckets uncoalesced (before megatron-core 0.7): not read"
+        if m.group("dtype") not in PARAM_DTYPES:
+            return [], f"{name}: parameters of dtype {m.group('dtype')} are not compared with their masters"
         found.append(FlatBuffer(name, master, int(meta.shape[0]), m.group("dtype"), legacy))
     if len(groups) > 1:
         return [], (f"saved by {len(groups)} model-parallel ranks: their flat buffers hold TP/PP shards, "
