@@ -183,6 +183,18 @@ def test_deepspeed_root_from_the_shipped_saves(tmp_path):
     assert listing.code == 0 and "global_step2" in listing.out + listing.err
 
 
+def test_hf_trainer_checkpoint_with_deepspeed_inside_stays_a_checkpoint(hf_root, tmp_path):
+    """``Trainer`` under DeepSpeed writes ``checkpoint-N/global_stepN/`` + ``latest`` beside the model:
+    that dir is one checkpoint, not a save root of DeepSpeed iterations."""
+    from ckptscope.ops.roots import resolve_root
+
+    checkpoint = tmp_path / "checkpoint-1"
+    shutil.copytree(hf_root / "checkpoint-1", checkpoint)
+    (checkpoint / "global_step1").symlink_to(SAMPLES / "deepspeed_zero" / "zero1" / "global_step2")
+    (checkpoint / "latest").write_text("global_step1")
+    assert discover_iterations(checkpoint) is None and resolve_root(checkpoint) == str(checkpoint)
+
+
 def test_deepspeed_two_step_run(tmp_path):
     """A real ZeRO-2 run (2 gloo ranks) saving every step under DeepSpeed's default tags."""
     pytest.importorskip("deepspeed")

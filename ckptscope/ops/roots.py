@@ -243,6 +243,8 @@ def discover_iterations(path: str | Path) -> list[IterationInfo] | None:
         found.append(IterationInfo(path=str(target), iteration=iteration, size=size, saved=saved,
                                    complete=_is_complete(target, kind), latest=has_tracker and iteration == latest,
                                    kind=kind, roles=roles))
+    if found and all(i.kind == "deepspeed" for i in found) and _root_has_model(root):
+        return None  # an HF Trainer checkpoint-N with DeepSpeed's global_stepN inside: a checkpoint, not a root
     if not found and not has_tracker:
         # torchtitan's dump folder: its saves are one level down, in checkpoint/ (checkpoint.folder)
         folder = root / TORCHTITAN_FOLDER
