@@ -264,7 +264,7 @@ class _MegatronRun:
     ``make_training_state_samples`` (``_stub_cuda``, ``_cpu_as_cuda``) in the spawned rank only."""
 
     def __init__(self, rank: int, world_size: int, init_file: str, *, tp: int, distributed: bool,
-                 frozen_prefix: str | None = None) -> None:
+                 frozen_prefix: str | None = None, bucket_size: int | None = None) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import make_training_state_samples as ts
         from make_dist_samples import _init_gloo, _stub_cuda
@@ -291,7 +291,7 @@ class _MegatronRun:
         torch.set_num_threads(1)
         self.hf_start = ts.random_tiny_llama(ts.SEED).state_dict()
         self.pair, self.rank, self.tp = pair, rank, tp
-        self.distributed, self.frozen_prefix = distributed, frozen_prefix
+        self.distributed, self.frozen_prefix, self.bucket_size = distributed, frozen_prefix, bucket_size
 
     def build(self) -> None:
         """Model, DDP, optimizer and scheduler; inside ``ts._cpu_as_cuda()``."""
@@ -308,7 +308,8 @@ class _MegatronRun:
                 param.requires_grad_(False)
         self.model = model
         self.ddp = DistributedDataParallel(config=model.config, module=model, ddp_config=DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=self.distributed))
+            grad_reduce_in_fp32=True, overlap_grad_reduce=self.bucket_size is not None, bucket_size=self.bucket_size,
+            use_distributed_optimizer=self.distributed))
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=LR, min_lr=LR, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.95,
                             adam_eps=1e-8, clip_grad=0.0, bf16=False, params_dtype=torch.float32,
@@ -381,6 +382,12 @@ def write_timeline_megatron(out: Path) -> Path:
 
 
 DISTOPT_STEPS = 2
+DISTOPT_BUCKET = 8000
+"""Elements per grad bucket (megatron-core closes a bucket once it holds at least this many): the
+tiny model's ~27k parameters make several buckets."""
+DISTOPT_LAYOUT = "timeline_distopt_layout.json"
+"""``DistributedDataParallel``'s grad buffers as megatron-core laid them out: per buffer, each bucket's
+(offset, unpadded numel) and each parameter's (start, end, bucket) (``param_index_map``)."""
 DISTOPT_ROOTS = {"dp_reshardable": "timeline_distopt_dp", "fully_reshardable": "timeline_distopt_full",
                  "legacy": "timeline_distopt_legacy"}
 """Save flavour -> root name of ``write_timeline_distopt``."""
@@ -388,7 +395,9 @@ DISTOPT_ROOTS = {"dp_reshardable": "timeline_distopt_dp", "fully_reshardable": "
 
 def _distopt_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
     """One of the DP ranks of the distributed-optimizer run (see ``write_timeline_distopt``)."""
-    run = _MegatronRun(rank, world_size, init_file, tp=1, distributed=True)  # TP = 1: the ranks are DP
+    # TP = 1: the ranks are data-parallel; small buckets (grad reduce overlapped, as Megatron-LM does
+    # whenever buckets are used), so the buffers hold several buckets
+    run = _MegatronRun(rank, world_size, init_file, tp=1, distributed=True, bucket_size=DISTOPT_BUCKET)
     torch = run.torch
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
@@ -396,6 +405,12 @@ def _distopt_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
     with run.ts._cpu_as_cuda():
         run.build()
         model, optimizer = run.model, run.optimizer
+        if rank == 0:  # megatron-core's own record of where each parameter sits: the tests' oracle
+            names = {p: n for n, p in model.named_parameters()}
+            layout = [{"buckets": [[b.offset, b.numel_unpadded] for b in buffer.buckets],
+                       "params": {names[p]: list(where) for p, where in buffer.param_index_map.items()}}
+                      for buffer in run.ddp.buffers]
+            (Path(out) / DISTOPT_LAYOUT).write_text(json.dumps(layout, indent=1))
         for step in range(1, DISTOPT_STEPS + 1):
             run.step(100 * step + rank)  # each DP rank its own batch
             common = {"args": run.args, "checkpoint_version": 3.0, "iteration": step,
@@ -452,7 +467,11 @@ def write_timeline_distopt(out: Path) -> dict[str, Path]:
       (no parameter state) and scheduler, plus ``distrib_optim.pt`` from megatron-core's own
       ``save_parameter_state`` (``get_parameter_state_dp_zero``: the buckets gathered and coalesced).
 
-    Each root has ``latest_checkpointed_iteration.txt``. Needs the CPU stand-ins of
+    Grad buckets of ``DISTOPT_BUCKET`` elements (megatron-core pads each bucket's end, which shifts
+    every later bucket: megatron-core 0.16.1's own ``fully_reshardable`` save warns "param range
+    exceeds unpadded buffer ... can lead to data corruption" here and stores the parameters of every
+    bucket after the first shifted by that padding; the two flat saves are right). Rank 0 also
+    writes ``DISTOPT_LAYOUT``. Each root has ``latest_checkpointed_iteration.txt``. Needs the CPU stand-ins of
     ``make_training_state_samples`` (FORMATS.md §11) in the spawned ranks only.
     """
     sys.path.insert(0, str(Path(__file__).resolve().parent))

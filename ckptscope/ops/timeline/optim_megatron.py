@@ -111,6 +111,15 @@ def _bits(values):
     return np.ascontiguousarray(values).view(f"u{values.dtype.itemsize}").ravel()
 
 
+def master_is_weights(reader: CheckpointReader, master: str, weights: str, dtype: str) -> bool:
+    """Whether the saved fp32 master ``master`` cast to ``dtype`` is bit for bit the model tensor
+    ``weights`` (both names as ``reader`` reads them)."""
+    if dtype not in PARAM_DTYPES:
+        return True  # nothing to compare by
+    target = _bits(reader.read(weights))
+    return target.size == 0 or (_bits(reader.read(master).astype(_dtype(dtype))) == target).all()
+
+
 class _Walker:
     def __init__(self, reader: CheckpointReader, model: dict[str, tuple[str, Any]]) -> None:
         self.reader = reader

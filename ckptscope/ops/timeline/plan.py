@@ -301,8 +301,8 @@ def _optimizer_candidates(entry: ModelEntries, reader: CheckpointReader) -> dict
     return out
 
 
-def _plan_optimizer(entries: list[ModelEntries], tensors: list[TimelineTensor],
-                    readers: list[CheckpointReader]) -> tuple[list[OptimizerTensor], str | None]:
+def _plan_optimizer(entries: list[ModelEntries], tensors: list[TimelineTensor], readers: list[CheckpointReader],
+                    labels: list[str]) -> tuple[list[OptimizerTensor], str | None, list[str]]:
     by_param: dict[str, list[str | None]] = {}
     wanted = {t.name: t for t in tensors}
     any_moments = False
@@ -317,10 +317,48 @@ def _plan_optimizer(entries: list[ModelEntries], tensors: list[TimelineTensor],
                 continue
             by_param.setdefault(param, [None] * len(entries))[i] = name
     if not any_moments:
-        return [], "no Adam exp_avg_sq saved in these iterations"
+        return [], "no Adam exp_avg_sq saved in these iterations", []
     if not by_param:
-        return [], "the saved exp_avg_sq entries name no parameter of the model: no per-layer Adam statistics"
-    return _optimizer_tensors(by_param, wanted), None
+        return [], "the saved exp_avg_sq entries name no parameter of the model: no per-layer Adam statistics", []
+    notes = _check_named_masters(by_param, entries, readers, wanted, labels)
+    by_param = {p: stored for p, stored in by_param.items() if any(s is not None for s in stored)}
+    if not by_param:
+        return [], "no saved exp_avg_sq belongs to its parameter's weights: no per-layer Adam statistics", notes
+    return _optimizer_tensors(by_param, wanted), None, notes
+
+
+_MASTERS = ("param", "fp32_param")
+"""Megatron's names for the fp32 master beside a parameter's moments (``optimizer.state.<this>.<key>``)."""
+
+
+def _check_named_masters(by_param: dict[str, list[str | None]], entries: list[ModelEntries],
+                         readers: list[CheckpointReader], wanted: dict[str, TimelineTensor],
+                         labels: list[str]) -> list[str]:
+    """Where the save keeps the fp32 master beside a parameter's named moments (Megatron), the master
+    must be that parameter's weights: megatron-core 0.16.1's ``fully_reshardable`` save of a
+    distributed optimizer with several grad buckets stores every later bucket's state shifted by
+    the bucket padding (it warns "param range exceeds unpadded buffer"), under the right names but
+    with another parameter's numbers. Such entries are dropped (set to None) and named in a note."""
+    from ckptscope.ops.timeline.optim_megatron import master_is_weights
+
+    dropped: dict[str, list[str]] = {}
+    candidates: list[dict | None] = [None] * len(entries)
+    for param, stored in by_param.items():
+        for i, name in enumerate(stored):
+            if name is None:
+                continue
+            if candidates[i] is None:
+                candidates[i] = _optimizer_candidates(entries[i], readers[i])
+            for master in _MASTERS:
+                sibling = ".".join(master if part == "exp_avg_sq" else part for part in name.split("."))
+                if sibling != name and sibling in candidates[i]:
+                    if not master_is_weights(readers[i], sibling, entries[i].stored[param], wanted[param].dtype):
+                        stored[i] = None
+                        dropped.setdefault(labels[i], []).append(param)
+                    break
+    return [f"no Adam statistics at iteration {label} for {plural(len(params), 'tensor')} whose saved fp32 master "
+            f"is not its weights (the optimizer state is another parameter's; megatron-core's fully_reshardable "
+            f"save with several grad buckets does this): {', '.join(params)}" for label, params in dropped.items()]
 
 
 @dataclass
@@ -496,8 +534,9 @@ def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None,
                          f"(first: {later[0]})")
         if not tensors:
             raise CkptError("no float model tensor is in every chosen iteration", root)
-        opt, opt_note = (_plan_optimizer(entries, tensors, readers) if optimizer
-                         else ([], "optimizer statistics not asked for"))
+        opt, opt_note, opt_notes = (_plan_optimizer(entries, tensors, readers, [i.label for i in chosen])
+                                    if optimizer else ([], "optimizer statistics not asked for", []))
+        notes += opt_notes
         side = _plan_side_optimizer(chosen, entries, tensors) if optimizer and not opt else None
         if optimizer and not opt and side is None:
             side = _plan_flat_optimizer(chosen, entries, tensors, readers)
