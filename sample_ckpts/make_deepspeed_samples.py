@@ -143,6 +143,46 @@ def write_deepspeed_samples(out: Path, stages: tuple[int, ...] = STAGES) -> dict
     return {stage: out / f"zero{stage}" for stage in stages}
 
 
+STEPS_DIR = "zero2_steps"
+
+
+def _run_steps_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    """ZeRO-2, one ``engine.save_checkpoint(dir)`` after each of two steps with DeepSpeed's default
+    tag (``global_step{N}``), as a training loop saving every step does: ``global_step1/``,
+    ``global_step2/`` and ``latest`` naming the second."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+                       "LOCAL_WORLD_SIZE": str(world_size), "DS_ACCELERATOR": "cpu"})
+    _init_gloo(rank, world_size, init_file)
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    model = _tiny_llama()
+    optimizer = torch.optim.AdamW(_param_groups(model), lr=1e-2)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(2),
+                                      dist_init_required=False)
+    gen = torch.Generator().manual_seed(100 + rank)
+    for _ in range(2):
+        ids = torch.randint(0, DS_LLAMA["vocab_size"], (1, 8), generator=gen)
+        engine.backward(engine(input_ids=ids, labels=ids).loss)
+        engine.step()
+        engine.save_checkpoint(str(Path(out) / STEPS_DIR))
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def write_deepspeed_steps(out: Path) -> Path:
+    """``out/zero2_steps/global_step{1,2}`` + ``latest``: a two-step ZeRO-2 run saved every step."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    _spawn(_run_steps_rank, out, world_size=2)
+    return out / STEPS_DIR
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:

@@ -54,6 +54,12 @@ Roots:
   token; the spike multiplies every param group's ``lr`` for step ``SPIKE_STEP`` (the scheduler sets
   it back on its next step). megatron-core needs the CPU stand-ins of ``make_training_state_samples``
   (``_stub_cuda``, ``_cpu_as_cuda``) in the spawned rank only.
+
+Roots without planted faults, for the Adam statistics of optimizer state saved without names:
+``timeline_hf_adam`` (``write_timeline_hf_adam``: the Trainer's own optimizer, positional
+``optimizer.pt``) and ``timeline_distopt_{dp,full,legacy}`` (``write_timeline_distopt``: megatron-core's
+distributed optimizer on two DP ranks, saved as torch_dist ``dp_reshardable`` / ``fully_reshardable``
+and as ``--ckpt-format torch`` with ``distrib_optim.pt``).
 """
 
 from __future__ import annotations
@@ -176,42 +182,74 @@ def write_timeline_dcp(out: Path) -> Path:
     return root
 
 
+def _train_with_trainer(root: Path, steps: int, build, **arguments) -> None:
+    """A transformers ``Trainer`` run of ``steps`` optimizer steps on CPU, one thread, saving
+    ``root/checkpoint-N`` after every step; ``build()`` gives the ``Trainer`` keyword arguments (the
+    model, and optimizers or callbacks), called once the thread count is set."""
+    import torch
+    from transformers import Trainer, TrainingArguments
+    from transformers.utils import logging as hf_logging
+
+    _fresh(root)
+    rows = []
+    for step in range(1, steps + 1):
+        tokens = _batch(step)
+        rows += [{"input_ids": t, "attention_mask": torch.ones_like(t), "labels": t.clone()} for t in tokens]
+    args = TrainingArguments(output_dir=str(root), max_steps=steps, save_strategy="steps", save_steps=1,
+                             per_device_train_batch_size=BATCH, learning_rate=LR, weight_decay=0.01,
+                             report_to="none", use_cpu=True, seed=0, data_seed=0, disable_tqdm=True,
+                             dataloader_num_workers=0, logging_steps=1000, **arguments)
+    threads, verbosity = torch.get_num_threads(), hf_logging.get_verbosity()
+    torch.set_num_threads(1)
+    hf_logging.set_verbosity_error()
+    try:
+        Trainer(args=args, train_dataset=rows, **build()).train()
+    finally:
+        torch.set_num_threads(threads)
+        hf_logging.set_verbosity(verbosity)
+
+
 def write_timeline_hf(out: Path) -> Path:
     """A transformers ``Trainer`` run with ``checkpoint-N`` after every step (see module docstring)."""
     import torch
-    from transformers import Trainer, TrainerCallback, TrainingArguments
-    from transformers.utils import logging as hf_logging
+    from transformers import TrainerCallback
 
     root = Path(out) / "timeline_hf"
-    _fresh(root)
 
     class PlantNaN(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
             if state.global_step == NAN_STEP:
                 _plant_nan(model)
 
-    rows = []
-    for step in range(1, STEPS + 1):
-        tokens = _batch(step)
-        rows += [{"input_ids": t, "attention_mask": torch.ones_like(t), "labels": t.clone()} for t in tokens]
-    args = TrainingArguments(output_dir=str(root), max_steps=STEPS, save_strategy="steps", save_steps=1,
-                             per_device_train_batch_size=BATCH, learning_rate=LR, weight_decay=0.01,
-                             report_to="none", use_cpu=True, seed=0, data_seed=0, disable_tqdm=True,
-                             dataloader_num_workers=0, logging_steps=1000)
-    threads, verbosity = torch.get_num_threads(), hf_logging.get_verbosity()
-    torch.set_num_threads(1)
-    hf_logging.set_verbosity_error()
-    try:
+    def build() -> dict:
         model = _model()
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=0.01)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor)
-        trainer = Trainer(model=model, args=args, train_dataset=rows, optimizers=(optimizer, scheduler),
-                          callbacks=[PlantNaN()])
-        trainer.train()
-    finally:
-        torch.set_num_threads(threads)
-        hf_logging.set_verbosity(verbosity)
+        return {"model": model, "optimizers": (optimizer, scheduler), "callbacks": [PlantNaN()]}
+
+    _train_with_trainer(root, STEPS, build)
     (Path(out) / "timeline_hf_plan.json").write_text(json.dumps(_plan(root, list(range(1, STEPS + 1))), indent=1))
+    return root
+
+
+ADAM_STEPS = 3
+
+
+def write_timeline_hf_adam(out: Path) -> Path:
+    """``timeline_hf_adam/checkpoint-N/`` (N = 1 .. ``ADAM_STEPS``): a transformers ``Trainer`` run
+    that builds its own optimizer (``Trainer.create_optimizer``: the weight-decay group, then the
+    no-decay group, positions in ``named_parameters()`` order), nothing frozen and nothing planted,
+    so that the positional ``optimizer.pt`` can be named (``ops/timeline/optim_hf.py``)."""
+
+    def build() -> dict:
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        return {"model": LlamaForCausalLM(LlamaConfig(**TINY)).float()}
+
+    root = Path(out) / "timeline_hf_adam"
+    _train_with_trainer(root, ADAM_STEPS, build, lr_scheduler_type="linear")
     return root
 
 
@@ -219,81 +257,112 @@ MEGATRON_NAN_TENSOR = "embedding.word_embeddings.weight"
 MEGATRON_FROZEN_PREFIX = "decoder.layers.1."
 
 
-def _megatron_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
-    """The one rank of the Megatron run: train ``STEPS`` iterations, save each (see module docstring)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import make_training_state_samples as ts
-    from make_dist_samples import _init_gloo, _stub_cuda
+class _MegatronRun:
+    """One gloo rank of a real megatron-core run of the tiny Llama (local-spec ``GPTModel``, fp32),
+    wrapped in megatron-core's ``DistributedDataParallel`` and trained by ``get_megatron_optimizer``
+    (Adam) with a constant-LR ``OptimizerParamScheduler``. megatron-core needs the CPU stand-ins of
+    ``make_training_state_samples`` (``_stub_cuda``, ``_cpu_as_cuda``) in the spawned rank only."""
 
-    ts._quiet()
-    _init_gloo(rank, world_size, init_file)
-    _stub_cuda()
-    import random
+    def __init__(self, rank: int, world_size: int, init_file: str, *, tp: int, distributed: bool,
+                 frozen_prefix: str | None = None, bucket_size: int | None = None) -> None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import make_training_state_samples as ts
+        from make_dist_samples import _init_gloo, _stub_cuda
 
-    import numpy as np
-    import torch
-    import torch.distributed as dist
-    from megatron.core import dist_checkpointing
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+        ts._quiet()
+        _init_gloo(rank, world_size, init_file)
+        _stub_cuda()
+        import random
 
-    pair = ts._pair()
-    root = Path(out)
-    args = ts.megatron_training_args(world_size, False)
-    args.lr_warmup_iters, args.lr_decay_style, args.lr, args.min_lr = 0, "constant", LR, LR
-    args.weight_decay = args.start_weight_decay = args.end_weight_decay = 0.01
-    pair._prepare_megatron(world_size)
-    torch.manual_seed(ts.SEED)
-    random.seed(ts.SEED)
-    np.random.seed(ts.SEED)
-    torch.set_num_threads(1)
-    hf_start = ts.random_tiny_llama(ts.SEED).state_dict()
-    with ts._cpu_as_cuda():
-        model = pair.build_gpt_model(args)
-        pair.load_params(model, pair.hf_to_mcore(hf_start, args, tp_rank=rank))
+        import numpy as np
+        import torch
+
+        self.ts, self.torch = ts, torch
+        pair = ts._pair()
+        args = ts.megatron_training_args(tp, False)
+        args.lr_warmup_iters, args.lr_decay_style, args.lr, args.min_lr = 0, "constant", LR, LR
+        args.weight_decay = args.start_weight_decay = args.end_weight_decay = 0.01
+        args.use_distributed_optimizer = distributed
+        self.args = args
+        pair._prepare_megatron(tp)
+        torch.manual_seed(ts.SEED)
+        random.seed(ts.SEED)
+        np.random.seed(ts.SEED)
+        torch.set_num_threads(1)
+        self.hf_start = ts.random_tiny_llama(ts.SEED).state_dict()
+        self.pair, self.rank, self.tp = pair, rank, tp
+        self.distributed, self.frozen_prefix, self.bucket_size = distributed, frozen_prefix, bucket_size
+
+    def build(self) -> None:
+        """Model, DDP, optimizer and scheduler; inside ``ts._cpu_as_cuda()``."""
+        torch = self.torch
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        model = self.pair.build_gpt_model(self.args)
+        self.pair.load_params(model, self.pair.hf_to_mcore(self.hf_start, self.args, tp_rank=self.rank % self.tp))
         model.train()
         for name, param in model.named_parameters():
-            if name.startswith(MEGATRON_FROZEN_PREFIX):
+            if self.frozen_prefix and name.startswith(self.frozen_prefix):
                 param.requires_grad_(False)
-        ddp = DistributedDataParallel(config=model.config, module=model, ddp_config=DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False))
-        optimizer = get_megatron_optimizer(
+        self.model = model
+        self.ddp = DistributedDataParallel(config=model.config, module=model, ddp_config=DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=self.bucket_size is not None, bucket_size=self.bucket_size,
+            use_distributed_optimizer=self.distributed))
+        self.optimizer = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=LR, min_lr=LR, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.95,
                             adam_eps=1e-8, clip_grad=0.0, bf16=False, params_dtype=torch.float32,
-                            use_distributed_optimizer=False), [ddp])
-        scheduler = OptimizerParamScheduler(
-            optimizer, init_lr=LR, max_lr=LR, min_lr=LR, lr_warmup_steps=0, lr_decay_steps=100,
+                            use_distributed_optimizer=self.distributed), [self.ddp])
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer, init_lr=LR, max_lr=LR, min_lr=LR, lr_warmup_steps=0, lr_decay_steps=100,
             lr_decay_style="constant", start_wd=0.01, end_wd=0.01, wd_incr_steps=100, wd_incr_style="constant")
-        seq = SEQ
-        positions = torch.arange(seq).unsqueeze(0).expand(BATCH, seq)
-        causal = torch.triu(torch.ones(seq, seq, dtype=torch.bool), diagonal=1)[None, None]
+
+    def step(self, seed: int, lr_factor: float = 1.0) -> None:
+        """One optimizer step on a batch of random tokens from ``seed`` (the last id never occurs)."""
+        torch = self.torch
+        positions = torch.arange(SEQ).unsqueeze(0).expand(BATCH, SEQ)
+        causal = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), diagonal=1)[None, None]
+        tokens = torch.randint(0, VOCAB - 1, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(seed))
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        loss = self.ddp(input_ids=tokens[:, :-1], position_ids=positions, attention_mask=causal,
+                        labels=tokens[:, 1:]).float().mean()
+        loss.backward()
+        self.ddp.finish_grad_sync()
+        if lr_factor != 1.0:
+            for group in self.optimizer.param_groups:
+                group["lr"] *= lr_factor
+        ok, _grad_norm, _ = self.optimizer.step()
+        assert ok, seed
+        self.scheduler.step(increment=BATCH)
+
+
+def _megatron_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    """The one rank of the Megatron run: train ``STEPS`` iterations, save each (see module docstring)."""
+    run = _MegatronRun(rank, world_size, init_file, tp=world_size, distributed=False,
+                       frozen_prefix=MEGATRON_FROZEN_PREFIX)
+    torch = run.torch
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+
+    root = Path(out)
+    with run.ts._cpu_as_cuda():
+        run.build()
         metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
         for step in range(1, STEPS + 1):
-            tokens = torch.randint(0, VOCAB - 1, (BATCH, seq + 1), generator=torch.Generator().manual_seed(100 + step))
-            ddp.zero_grad_buffer()
-            optimizer.zero_grad()
-            loss = ddp(input_ids=tokens[:, :-1], position_ids=positions, attention_mask=causal,
-                       labels=tokens[:, 1:]).float().mean()
-            loss.backward()
-            ddp.finish_grad_sync()
-            if step == SPIKE_STEP:
-                for group in optimizer.param_groups:
-                    group["lr"] *= SPIKE_FACTOR
-            ok, _grad_norm, _ = optimizer.step()
-            assert ok, step
-            scheduler.step(increment=BATCH)
+            run.step(100 + step, SPIKE_FACTOR if step == SPIKE_STEP else 1.0)
             if step == NAN_STEP:
                 with torch.no_grad():
-                    dict(model.named_parameters())[MEGATRON_NAN_TENSOR][NAN_AT] = float("nan")
-            state = {"args": args, "checkpoint_version": 3.0, "iteration": step,
-                     "model": model.sharded_state_dict(metadata=metadata)}
-            state["opt_param_scheduler"] = scheduler.state_dict()  # no "optimizer": see the module docstring
+                    dict(run.model.named_parameters())[MEGATRON_NAN_TENSOR][NAN_AT] = float("nan")
+            state = {"args": run.args, "checkpoint_version": 3.0, "iteration": step,
+                     "model": run.model.sharded_state_dict(metadata=metadata)}
+            state["opt_param_scheduler"] = run.scheduler.state_dict()  # no "optimizer": see the module docstring
             target = root / f"iter_{step:07d}"
             _fresh(target)
             dist_checkpointing.save(state, str(target), content_metadata=metadata)
             dist.barrier()
-            (root / ts.TRACKER).write_text(str(step))
+            (root / run.ts.TRACKER).write_text(str(step))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -312,8 +381,111 @@ def write_timeline_megatron(out: Path) -> Path:
     return root
 
 
+DISTOPT_STEPS = 2
+DISTOPT_BUCKET = 8000
+"""Elements per grad bucket (megatron-core closes a bucket once it holds at least this many): the
+tiny model's ~27k parameters make several buckets."""
+DISTOPT_LAYOUT = "timeline_distopt_layout.json"
+"""``DistributedDataParallel``'s grad buffers as megatron-core laid them out: per buffer, each bucket's
+(offset, unpadded numel) and each parameter's (start, end, bucket) (``param_index_map``)."""
+DISTOPT_ROOTS = {"dp_reshardable": "timeline_distopt_dp", "fully_reshardable": "timeline_distopt_full",
+                 "legacy": "timeline_distopt_legacy"}
+"""Save flavour -> root name of ``write_timeline_distopt``."""
+
+
+def _distopt_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    """One of the DP ranks of the distributed-optimizer run (see ``write_timeline_distopt``)."""
+    # TP = 1: the ranks are data-parallel; small buckets (grad reduce overlapped, as Megatron-LM does
+    # whenever buckets are used), so the buffers hold several buckets
+    run = _MegatronRun(rank, world_size, init_file, tp=1, distributed=True, bucket_size=DISTOPT_BUCKET)
+    torch = run.torch
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+
+    with run.ts._cpu_as_cuda():
+        run.build()
+        model, optimizer = run.model, run.optimizer
+        if rank == 0:  # megatron-core's own record of where each parameter sits: the tests' oracle
+            names = {p: n for n, p in model.named_parameters()}
+            layout = [{"buckets": [[b.offset, b.numel_unpadded] for b in buffer.buckets],
+                       "params": {names[p]: list(where) for p, where in buffer.param_index_map.items()}}
+                      for buffer in run.ddp.buffers]
+            (Path(out) / DISTOPT_LAYOUT).write_text(json.dumps(layout, indent=1))
+        for step in range(1, DISTOPT_STEPS + 1):
+            run.step(100 * step + rank)  # each DP rank its own batch
+            common = {"args": run.args, "checkpoint_version": 3.0, "iteration": step,
+                      "opt_param_scheduler": run.scheduler.state_dict()}
+            for flavour in ("dp_reshardable", "fully_reshardable"):
+                metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True,
+                            "distrib_optim_sharding_type": flavour}
+                model_sd = model.sharded_state_dict(metadata=metadata)
+                state = {**common, "model": model_sd,
+                         "optimizer": optimizer.sharded_state_dict(model_sd, metadata=metadata)}
+                root = Path(out) / DISTOPT_ROOTS[flavour]
+                target = root / f"iter_{step:07d}"
+                if rank == 0:
+                    _fresh(target)
+                dist.barrier()
+                dist_checkpointing.save(state, str(target), content_metadata=metadata)
+                dist.barrier()
+                if rank == 0:
+                    (root / run.ts.TRACKER).write_text(str(step))
+            # --ckpt-format torch: DP rank 0 torch.saves the model + the optimizer's non-parameter state,
+            # and DistributedOptimizer.save_parameter_state (collective) writes distrib_optim.pt.
+            root = Path(out) / DISTOPT_ROOTS["legacy"]
+            rank_dir = root / f"iter_{step:07d}" / "mp_rank_00"
+            if rank == 0:
+                rank_dir.mkdir(parents=True, exist_ok=True)
+                torch.save({**common, "model": model.state_dict_for_save_checkpoint(),
+                            "optimizer": optimizer.state_dict()}, rank_dir / "model_optim_rng.pt")
+            dist.barrier()
+            optimizer.save_parameter_state(str(rank_dir / "distrib_optim.pt"))
+            dist.barrier()
+            if rank == 0:
+                (root / run.ts.TRACKER).write_text(str(step))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def write_timeline_distopt(out: Path) -> dict[str, Path]:
+    """Megatron-LM save roots of one real megatron-core run with the distributed optimizer.
+
+    A megatron-core ``GPTModel`` (local spec, the tiny Llama shape, fp32) on TWO gloo ranks (TP=1,
+    DP=2, so every Adam buffer is split between the ranks), wrapped in megatron-core's
+    ``DistributedDataParallel(use_distributed_optimizer=True)`` and trained ``DISTOPT_STEPS`` steps
+    by ``get_megatron_optimizer`` (Adam, distributed optimizer, nothing frozen). After every step
+    the same state is saved three ways, as Megatron-LM's ``save_checkpoint`` composes them:
+
+    * ``timeline_distopt_dp/iter_N``: torch_dist, ``optimizer.sharded_state_dict(model_sd,
+      metadata={"distrib_optim_sharding_type": "dp_reshardable", ...})`` (the default since core
+      0.14): flat per-bucket ``optimizer.distributed.dp_group_idx_0.gbuf_idx_0.dtype_(...).bucket_idx_0
+      .{param,exp_avg,exp_avg_sq}``;
+    * ``timeline_distopt_full/iter_N``: the same with ``fully_reshardable`` (``--dist-ckpt-optim-
+      fully-reshardable``): ``optimizer.state.exp_avg_sq.<param key>`` in model space;
+    * ``timeline_distopt_legacy/iter_N/mp_rank_00/``: ``--ckpt-format torch``: DP rank 0's
+      ``torch.save`` of args, model ``state_dict_for_save_checkpoint()``, ``optimizer.state_dict()``
+      (no parameter state) and scheduler, plus ``distrib_optim.pt`` from megatron-core's own
+      ``save_parameter_state`` (``get_parameter_state_dp_zero``: the buckets gathered and coalesced).
+
+    Grad buckets of ``DISTOPT_BUCKET`` elements (megatron-core pads each bucket's end, which shifts
+    every later bucket: megatron-core 0.16.1's own ``fully_reshardable`` save warns "param range
+    exceeds unpadded buffer ... can lead to data corruption" here and stores the parameters of every
+    bucket after the first shifted by that padding; the two flat saves are right). Rank 0 also
+    writes ``DISTOPT_LAYOUT``. Each root has ``latest_checkpointed_iteration.txt``. Needs the CPU stand-ins of
+    ``make_training_state_samples`` (FORMATS.md §11) in the spawned ranks only.
+    """
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from make_dist_samples import _spawn
+
+    for name in DISTOPT_ROOTS.values():
+        _fresh(Path(out) / name)
+    _spawn(_distopt_rank, Path(out), world_size=2)
+    return {flavour: Path(out) / name for flavour, name in DISTOPT_ROOTS.items()}
+
+
 WRITERS = {"timeline_dcp": write_timeline_dcp, "timeline_hf": write_timeline_hf,
-           "timeline_megatron": write_timeline_megatron}
+           "timeline_hf_adam": write_timeline_hf_adam, "timeline_megatron": write_timeline_megatron,
+           "timeline_distopt": write_timeline_distopt}
 
 
 def main(argv: list[str] | None = None) -> int:

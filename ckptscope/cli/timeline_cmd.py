@@ -172,9 +172,11 @@ def timeline(root: str, as_json: bool, as_csv: bool, iterations: str | None, inc
     """How each layer of a training run moved between saves, with flags.
 
     ROOT is a save root with several iterations (Megatron iter_*, torchtitan step-N, HF Trainer
-    checkpoint-N, verl global_step_N). Per module and tensor, for each step between consecutive
-    iterations: relative change ||W_t - W_t-1|| / ||W_t-1||, norm, max |dW|, NaN/Inf counts, and Adam
-    statistics where saved by parameter name. Flags: frozen, exploding, NaN/Inf first seen, and
+    checkpoint-N, verl global_step_N, DeepSpeed global_stepN). Per module and tensor, for each step
+    between consecutive iterations: relative change ||W_t - W_t-1|| / ||W_t-1||, norm, max |dW|,
+    NaN/Inf counts, and Adam statistics where optimizer state is saved (HF Trainer's positional
+    optimizer.pt and Megatron's flat distributed-optimizer buffers are named only where every entry
+    is verified against its parameter; --json says why not). Flags: frozen, exploding, NaN/Inf first seen, and
     stale (weights equal to an older iteration's: a resume that loaded the wrong save).
     Exit 0 nothing flagged, 1 flags raised, 2 error."""
     if as_json and as_csv:

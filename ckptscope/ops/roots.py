@@ -10,6 +10,10 @@ Trainers write one directory per save under a root, each with its own completene
   layout) are there.
 * torchtitan: ``checkpoint/step-100/``, no tracker; a step is whole when DCP's ``.metadata`` (renamed
   into place last) is there, and torchtitan resumes from the newest such step (FORMATS.md §5.7).
+* DeepSpeed: ``global_step100/`` (``engine.save_checkpoint``'s default tag) next to a ``latest`` file
+  naming the newest tag, written after the tag's files; a tag is taken as whole when it has its
+  model-states file and optimizer files of consecutive ranks from 0 (DeepSpeed writes no marker of
+  its own; ``check`` on the tag compares the rank files with the world size they record).
 * HF Trainer: ``output_dir/checkpoint-100/``, no tracker; a checkpoint is whole when
   ``trainer_state.json`` is there (``Trainer._save_checkpoint`` writes it after the model, optimizer,
   scheduler and rng files). A model that ``trainer.save_model()`` left in ``output_dir`` itself is
@@ -46,9 +50,10 @@ _MEGATRON = re.compile(r"^iter_(\d+)$")
 _VERL = re.compile(r"^global_step_(\d+)$")
 _TORCHTITAN = re.compile(r"^step-(\d+)$")
 _HF_TRAINER = re.compile(r"^checkpoint-(\d+)$")
+_DEEPSPEED = re.compile(r"^global_step(\d+)$")
 VERL_ROLES = ("actor", "critic")
 """The role dirs of a verl step, in the order opening prefers them."""
-KINDS = ("megatron", "verl", "torchtitan", "hf-trainer")
+KINDS = ("megatron", "verl", "torchtitan", "hf-trainer", "deepspeed")
 """Root kinds, in the order a tie between them is broken."""
 TRACKED_KINDS = ("megatron", "verl")
 """Kinds whose trainer writes ``latest_checkpointed_iteration.txt``; the others have no tracker."""
@@ -141,6 +146,11 @@ def _is_complete(path: Path, kind: str = "") -> bool:
         return False
     if kind == "hf-trainer":  # Trainer._save_checkpoint writes trainer_state.json last
         return TRAINER_STATE in entries and (path / TRAINER_STATE).is_file()
+    if kind == "deepspeed":
+        from ckptscope.formats.deepspeed.reader import ds_layout
+
+        layout = ds_layout(path)
+        return layout is not None and bool(layout.model) and sorted(layout.optim) == list(range(len(layout.optim)))
     if kind == "torchtitan":  # DCP renames .metadata into place once every rank wrote its data
         if ".metadata" in entries or any(e.endswith(".distcp") for e in entries):
             return ".metadata" in entries and "common.pt" not in entries
@@ -225,12 +235,16 @@ def discover_iterations(path: str | Path) -> list[IterationInfo] | None:
             target, kind, iteration = entry, "torchtitan", int(m.group(1))
         elif m := _HF_TRAINER.match(entry.name):
             target, kind, iteration = entry, "hf-trainer", int(m.group(1))
+        elif m := _DEEPSPEED.match(entry.name):
+            target, kind, iteration = entry, "deepspeed", int(m.group(1))
         if target is None or iteration is None:
             continue
         size, saved = _dir_stats(target)
         found.append(IterationInfo(path=str(target), iteration=iteration, size=size, saved=saved,
                                    complete=_is_complete(target, kind), latest=has_tracker and iteration == latest,
                                    kind=kind, roles=roles))
+    if found and all(i.kind == "deepspeed" for i in found) and _root_has_model(root):
+        return None  # an HF Trainer checkpoint-N with DeepSpeed's global_stepN inside: a checkpoint, not a root
     if not found and not has_tracker:
         # torchtitan's dump folder: its saves are one level down, in checkpoint/ (checkpoint.folder)
         folder = root / TORCHTITAN_FOLDER
@@ -244,7 +258,11 @@ def discover_iterations(path: str | Path) -> list[IterationInfo] | None:
                                    kind="hf-trainer"))
     found.sort(key=_order, reverse=True)
     if not has_tracker:  # torchtitan, HF Trainer: no tracker, the newest complete save is the latest
-        newest = next((i for i in found if i.complete and i.kind not in TRACKED_KINDS), None)
+        from ckptscope.formats.deepspeed.reader import read_latest
+
+        tag = read_latest(root)  # DeepSpeed's own tracker
+        newest = next((i for i in found if i.kind == "deepspeed" and Path(i.path).name == tag), None)
+        newest = newest or next((i for i in found if i.complete and i.kind not in TRACKED_KINDS), None)
         if newest is not None:
             found = [replace(i, latest=True) if i is newest else i for i in found]
     return found
@@ -389,6 +407,8 @@ def describe_root(root: str | Path, found: list[IterationInfo]) -> str:
         tracker = _tracker_text(root).replace("iteration", "step")
         return f"verl checkpoint dir ({f'{backend}, ' if backend else ''}{tracker})"
     newest = next((i for i in found if i.latest), None)
+    if kind == "deepspeed":
+        return f"DeepSpeed save dir ({f'latest: {Path(newest.path).name}' if newest else 'no latest tag'})"
     if kind == "torchtitan":
         where = f"newest complete: {Path(newest.path).name}" if newest else "no complete step"
         return f"torchtitan checkpoint folder (DCP, {where})"

@@ -1,10 +1,13 @@
 """``ckptscope timeline``: how a training run's weights moved from save to save.
 
 For a save root with several iterations (Megatron ``iter_*``, torchtitan ``step-N``, HF Trainer
-``checkpoint-N``, verl ``global_step_N``), per tensor, per module and per layer, for each consecutive
-pair of iterations: the relative change ``||W_t - W_{t-1}|| / ||W_{t-1}||``, the norm ``||W_t||``, max
-``|dW|``, NaN / Inf counts; where Adam's ``exp_avg_sq`` is saved under parameter names, its mean and
+``checkpoint-N``, verl ``global_step_N``, DeepSpeed ``global_stepN``), per tensor, per module and per
+layer, for each consecutive pair of iterations: the relative change ``||W_t - W_{t-1}|| / ||W_{t-1}||``,
+the norm ``||W_t||``, max ``|dW|``, NaN / Inf counts; where Adam's ``exp_avg_sq`` is saved, its mean and
 the implied per-parameter step size ``lr / (sqrt(v) + eps)``; and flags with a reason (``flags.py``).
+Adam state saved under parameter names is used as is; HF Trainer's positional ``optimizer.pt``
+(``optim_hf.py``) and Megatron's flat distributed-optimizer buffers (``optim_megatron.py``) are named
+only where every entry is verified against its parameter, else left out with the reason.
 
 Public API (what the CLI and the TUI call)::
 

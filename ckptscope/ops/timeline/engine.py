@@ -135,6 +135,12 @@ def _slices(box) -> tuple[slice, ...]:
     return tuple(slice(lo, hi) for lo, hi in box)
 
 
+def _shifted(box, offset: int | None) -> tuple[slice, ...]:
+    """A flat box of a parameter as the slice of the flat optimizer buffer that holds it."""
+    (lo, hi), = box
+    return (slice(offset + lo, offset + hi),)
+
+
 def _boxes(shape: tuple[int, ...], rows, block_elems: int) -> list:
     if not shape:
         return [()]
@@ -160,7 +166,7 @@ class _Reading:
             if release:
                 self.since_release = 0
         if release:
-            for reader in self.plan.readers:
+            for reader in self.plan.all_readers():
                 reader.release_pages()
 
 
@@ -298,11 +304,12 @@ def _moment_block(plan: TimelinePlan, reading: _Reading, tensor: OptimizerTensor
     import numpy as np
 
     sums = MomentSums(len(plan.readers))
-    for i, reader in enumerate(plan.readers):
+    for i in range(len(plan.readers)):
         name = tensor.stored[i]
         if name is None:
             continue
-        raw = reader.read(name, _slices(box))
+        region = _slices(box) if tensor.offsets is None else _shifted(box, tensor.offsets[i])
+        raw = plan.optimizer_reader(i).read(name, region)
         reading.count(raw.nbytes)
         v = np.asarray(raw).astype(np.float64).ravel()
         v = v[np.isfinite(v) & (v >= 0)]
@@ -425,7 +432,7 @@ def run_timeline(plan: TimelinePlan, progress: Progress | None = None, options: 
     try:
         weights, moment_sums = _run_units(plan, options, reading, progress, cancelled)
     finally:
-        for reader in plan.readers:
+        for reader in plan.all_readers():
             reader.release_pages()
     tensors = [series_of(t.name, t.module, t.layer, w) for t, w in zip(plan.tensors, weights)]
     modules = _group(plan.tensors, weights, lambda t: t.module, n)

@@ -87,6 +87,9 @@ class OptimizerTensor:
     module: str
     layer: str | None
     rows: tuple[tuple[int, int], ...] | None = None
+    offsets: tuple[int | None, ...] | None = None
+    """Flat state (Megatron's distributed optimizer): ``stored`` is a 1-D buffer, the parameter's
+    elements start at this offset in it per iteration, and ``shape`` / ``rows`` are flat."""
 
 
 @dataclass
@@ -108,13 +111,24 @@ class TimelinePlan:
     """Why no Adam statistics are computed (None when some are)."""
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
+    optimizer_readers: list[CheckpointReader | None] = field(default_factory=list)
+    """Per iteration, where ``OptimizerTensor.stored`` is read when the Adam state is in a file of its
+    own (HF Trainer ``optimizer.pt``); empty, or None for an iteration: from ``readers``."""
 
     @property
     def labels(self) -> list[int]:
         return [int(i.iteration) for i in self.iterations]
 
+    def optimizer_reader(self, i: int) -> CheckpointReader:
+        """The reader that holds iteration ``i``'s Adam state."""
+        side = self.optimizer_readers[i] if i < len(self.optimizer_readers) else None
+        return side if side is not None else self.readers[i]
+
+    def all_readers(self) -> list[CheckpointReader]:
+        return self.readers + [r for r in self.optimizer_readers if r is not None]
+
     def close(self) -> None:
-        for reader in self.readers:
+        for reader in self.all_readers():
             reader.close()
 
 
@@ -192,6 +206,39 @@ def _scalars(reader: CheckpointReader, pattern: re.Pattern) -> list[Any]:
     return out
 
 
+def _param_group_lists(value: Any, depth: int = 0) -> list[list]:
+    """Every ``param_groups`` list of dicts inside a rendered object, a few levels deep (Megatron keeps
+    them at ``optimizer.optimizer.param_groups`` or in a per-DP-group object's list)."""
+    if depth > 4:
+        return []
+    out = []
+    if isinstance(value, dict):
+        groups = value.get("param_groups")
+        if isinstance(groups, list) and groups and all(isinstance(g, dict) for g in groups):
+            out.append(groups)
+        for key, item in value.items():
+            if key != "param_groups":
+                out += _param_group_lists(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value[:8]:
+            out += _param_group_lists(item, depth + 1)
+    return out
+
+
+def _group_scalars(reader: CheckpointReader, key: str) -> list[float]:
+    """``key`` (``lr``, ``eps``) of every optimizer param group: flattened objects
+    (``...param_groups.0.lr``) or ``param_groups`` lists of dicts (DeepSpeed's
+    ``optimizer.base_optimizer_state.param_groups``, a torch ``optimizer.state_dict()``, Megatron's
+    optimizer objects)."""
+    out = _scalars(reader, _GROUP_LR if key == "lr" else _GROUP_EPS)
+    for obj in reader.index().objects:
+        value = {"param_groups": obj.value} if obj.name.rsplit(".", 1)[-1] == "param_groups" else obj.value
+        for groups in _param_group_lists(value):
+            out += [float(g[key]) for g in groups
+                    if isinstance(g.get(key), (int, float)) and not isinstance(g.get(key), bool)]
+    return out
+
+
 SCHEDULER_FILES = ("scheduler.pt", "scheduler.bin")
 """Where HF Trainer (``scheduler.pt``) and accelerate (``scheduler.bin``) keep ``lr_scheduler.state_dict()``
 beside the model: a separate torch.save file the model's reader does not index."""
@@ -237,18 +284,31 @@ def _saved_lr(reader: CheckpointReader, directory: Path) -> float | None:
     found = _scheduler_file_lr(directory)
     if found is not None:
         return found
-    groups = set(_scalars(reader, _GROUP_LR))
+    groups = set(_group_scalars(reader, "lr"))
     return groups.pop() if len(groups) == 1 else None
 
 
-def _plan_optimizer(entries: list[ModelEntries], tensors: list[TimelineTensor],
-                    readers: list[CheckpointReader]) -> tuple[list[OptimizerTensor], str | None]:
+def _optimizer_candidates(entry: ModelEntries, reader: CheckpointReader) -> dict[str, Any]:
+    """The optimizer tensors of a save, plus the per-layer views of stacked ones (Megatron torch_dist
+    keeps ``optimizer.state.exp_avg_sq.decoder.layers.<x>`` with a leading layer axis, as its model)."""
+    out = dict(entry.training.get("optimizer", {}))
+    index = reader.index()
+    if index.views:
+        logical = index.logical_tensors()
+        for view, (backing, _layer) in index.views.items():
+            if backing in out and view in logical:
+                out[view] = logical[view]
+    return out
+
+
+def _plan_optimizer(entries: list[ModelEntries], tensors: list[TimelineTensor], readers: list[CheckpointReader],
+                    labels: list[str]) -> tuple[list[OptimizerTensor], str | None, list[str]]:
     by_param: dict[str, list[str | None]] = {}
     wanted = {t.name: t for t in tensors}
     any_moments = False
     for i, entry in enumerate(entries):
         stored_to_model = {s: m for m, s in entry.stored.items()}
-        for name, meta in entry.training.get("optimizer", {}).items():
+        for name, meta in _optimizer_candidates(entry, readers[i]).items():
             if "exp_avg_sq" not in name.split(".") or not meta.dtype_info.is_float:
                 continue
             any_moments = True
@@ -257,18 +317,168 @@ def _plan_optimizer(entries: list[ModelEntries], tensors: list[TimelineTensor],
                 continue
             by_param.setdefault(param, [None] * len(entries))[i] = name
     if not any_moments:
-        if any((Path(r.path) / "optimizer.pt").is_file() for r in readers):
-            return [], ("HF Trainer's optimizer.pt indexes Adam state by parameter position, not by name: "
-                        "no per-layer Adam statistics")
-        return [], "no Adam exp_avg_sq saved in these iterations"
+        return [], "no Adam exp_avg_sq saved in these iterations", []
     if not by_param:
-        return [], ("the saved exp_avg_sq entries name no parameter of the model (Megatron's distributed "
-                    "optimizer keeps them in flat buffers): no per-layer Adam statistics")
+        return [], "the saved exp_avg_sq entries name no parameter of the model: no per-layer Adam statistics", []
+    notes = _check_named_masters(by_param, entries, readers, wanted, labels)
+    by_param = {p: stored for p, stored in by_param.items() if any(s is not None for s in stored)}
+    if not by_param:
+        return [], "no saved exp_avg_sq belongs to its parameter's weights: no per-layer Adam statistics", notes
+    return _optimizer_tensors(by_param, wanted), None, notes
+
+
+_MASTERS = ("param", "fp32_param")
+"""Megatron's names for the fp32 master beside a parameter's moments (``optimizer.state.<this>.<key>``)."""
+
+
+def _check_named_masters(by_param: dict[str, list[str | None]], entries: list[ModelEntries],
+                         readers: list[CheckpointReader], wanted: dict[str, TimelineTensor],
+                         labels: list[str]) -> list[str]:
+    """Where the save keeps the fp32 master beside a parameter's named moments (Megatron), the master
+    must be that parameter's weights: megatron-core 0.16.1's ``fully_reshardable`` save of a
+    distributed optimizer with several grad buckets stores every later bucket's state shifted by
+    the bucket padding (it warns "param range exceeds unpadded buffer"), under the right names but
+    with another parameter's numbers. Such entries are dropped (set to None) and named in a note."""
+    from ckptscope.ops.timeline.optim_megatron import master_is_weights
+
+    dropped: dict[str, list[str]] = {}
+    candidates: list[dict | None] = [None] * len(entries)
+    for param, stored in by_param.items():
+        for i, name in enumerate(stored):
+            if name is None:
+                continue
+            if candidates[i] is None:
+                candidates[i] = _optimizer_candidates(entries[i], readers[i])
+            for master in _MASTERS:
+                sibling = ".".join(master if part == "exp_avg_sq" else part for part in name.split("."))
+                if sibling != name and sibling in candidates[i]:
+                    if not master_is_weights(readers[i], sibling, entries[i].stored[param], wanted[param].dtype):
+                        stored[i] = None
+                        dropped.setdefault(labels[i], []).append(param)
+                    break
+    return [f"no Adam statistics at iteration {label} for {plural(len(params), 'tensor')} whose saved fp32 master "
+            f"is not its weights (the optimizer state is another parameter's; megatron-core's fully_reshardable "
+            f"save with several grad buckets does this): {', '.join(params)}" for label, params in dropped.items()]
+
+
+@dataclass
+class _SideOptimizer:
+    """Adam state whose names come from elsewhere than its own keys: HF Trainer's positional
+    ``optimizer.pt`` beside each save (``readers``: that file per iteration), Megatron's flat
+    distributed-optimizer buffers (read from the save's own reader)."""
+
+    tensors: list[OptimizerTensor]
+    readers: list[CheckpointReader | None]
+    eps: float | None
+    note: str | None
+    notes: list[str]
+
+
+def _unnamed_notes(reasons: dict[str, list[str]]) -> list[str]:
+    """One note per reason, naming the iterations it left without Adam statistics."""
+    return [f"no Adam statistics for iteration{'s' if len(labels) > 1 else ''} {', '.join(labels)}: {why}"
+            for why, labels in reasons.items()]
+
+
+def _plan_flat_optimizer(chosen: list[IterationInfo], entries: list[ModelEntries], tensors: list[TimelineTensor],
+                         readers: list[CheckpointReader]) -> _SideOptimizer | None:
+    """Megatron's distributed optimizer (flat buckets, ``optim_megatron``), per iteration; None when no
+    iteration has such buffers."""
+    from ckptscope.ops.timeline.optim_megatron import flat_buffers, name_flat_state
+
+    found = [flat_buffers(r) for r in readers]
+    if not any(buffers or why for buffers, why in found):
+        return None
+    wanted = {t.name: t for t in tensors}
+    places: dict[str, list[tuple[str, int] | None]] = {}
+    reasons: dict[str, list[str]] = {}
+    ambiguous: set[str] = set()
+    for i, (info, entry, reader, (buffers, why)) in enumerate(zip(chosen, entries, readers, found)):
+        names = None
+        if why is None and buffers:
+            model = {n: (entry.stored[n], meta) for n, meta in entry.tensors.items()}
+            names, why = name_flat_state(reader, model, buffers)
+        if names is None:
+            reasons.setdefault(why or "no distributed-optimizer buffers", []).append(info.label)
+            continue
+        ambiguous.update(names.ambiguous)
+        for param, (buffer, start, _numel) in names.place.items():
+            if param in wanted:
+                places.setdefault(param, [None] * len(chosen))[i] = (buffer, start)
+    notes = _unnamed_notes(reasons)
+    if ambiguous:
+        notes.append(f"no Adam statistics for tensors with identical weights, not told apart in the flat "
+                     f"optimizer buffers: {', '.join(sorted(ambiguous))}")
+    if not places:
+        first = next(iter(reasons), "no followed tensor in them")
+        return _SideOptimizer([], [], None, f"distributed-optimizer buffers: {first}: no per-layer Adam statistics",
+                              notes[1:] if reasons else notes)
+    notes.append("Adam state of the distributed optimizer's flat buffers named by matching its fp32 masters "
+                 "to the model's weights")
+    out = []
+    for param, where in places.items():
+        t = wanted[param]
+        row = t.numel // t.shape[0] if t.shape and t.shape[0] else 1
+        rows = tuple((lo * row, hi * row) for lo, hi in t.rows) if t.rows else None
+        out.append(OptimizerTensor(param, tuple(w[0] if w else None for w in where), (t.numel,), t.module, t.layer,
+                                   rows, tuple(w[1] if w else None for w in where)))
+    return _SideOptimizer(out, [], None, None, notes)
+
+
+def _optimizer_tensors(by_param: dict[str, list[str | None]],
+                       wanted: dict[str, TimelineTensor]) -> list[OptimizerTensor]:
     out = []
     for param, stored in by_param.items():
         t = wanted[param]
         out.append(OptimizerTensor(param, tuple(stored), t.shape, t.module, t.layer, t.rows))
-    return out, None
+    return out
+
+
+def _plan_side_optimizer(chosen: list[IterationInfo], entries: list[ModelEntries],
+                         tensors: list[TimelineTensor]) -> _SideOptimizer | None:
+    """HF Trainer ``optimizer.pt`` (Adam state by parameter position, ``optim_hf``), per iteration;
+    None when no iteration has one. An iteration whose positions cannot be named is left out, and
+    the notes say why."""
+    from ckptscope.ops.timeline.optim_hf import OPTIMIZER_FILE, hf_trainer_state
+
+    if not any((Path(info.path) / OPTIMIZER_FILE).is_file() for info in chosen):
+        return None
+    wanted = {t.name: t for t in tensors}
+    by_param: dict[str, list[str | None]] = {}
+    readers: list[CheckpointReader | None] = []
+    reasons: dict[str, list[str]] = {}
+    eps_values, groupings = set(), set()
+    try:
+        for i, (info, entry) in enumerate(zip(chosen, entries)):
+            saved = {n: tuple(m.shape) for n, m in entry.tensors.items()}
+            state, why = hf_trainer_state(info.path, saved)
+            readers.append(state.reader if state else None)
+            if state is None:
+                reasons.setdefault(why, []).append(info.label)
+                continue
+            groupings.add(state.grouping)
+            if state.eps is not None:
+                eps_values.add(state.eps)
+            for param, key in state.stored.items():
+                if param in wanted:
+                    by_param.setdefault(param, [None] * len(chosen))[i] = key
+    except BaseException:
+        for reader in readers:
+            if reader is not None:
+                reader.close()
+        raise
+    notes = _unnamed_notes(reasons)
+    if not by_param:
+        for reader in readers:
+            if reader is not None:
+                reader.close()
+        first = next(iter(reasons), "no exp_avg_sq of a followed tensor")
+        return _SideOptimizer([], [], None, f"HF Trainer {OPTIMIZER_FILE}: {first}: no per-layer Adam statistics",
+                              notes[1:])
+    notes.append(f"Adam state of {OPTIMIZER_FILE} named by position ({', '.join(sorted(groupings))}), every "
+                 "exp_avg_sq checked against its parameter's shape")
+    eps = eps_values.pop() if len(eps_values) == 1 else None
+    return _SideOptimizer(_optimizer_tensors(by_param, wanted), readers, eps, None, notes)
 
 
 def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None, int | None] | None = None,
@@ -290,6 +500,7 @@ def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None,
     chosen = _choose(root, found, lo, hi, notes)
     kind = root_kind(found or [])
     readers: list[CheckpointReader] = []
+    opt_readers: list[CheckpointReader | None] = []
     try:
         for info in chosen:
             readers.append(open_checkpoint(info.path, trust_pickle=trust_pickle))
@@ -323,10 +534,18 @@ def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None,
                          f"(first: {later[0]})")
         if not tensors:
             raise CkptError("no float model tensor is in every chosen iteration", root)
-        opt, opt_note = (_plan_optimizer(entries, tensors, readers) if optimizer
-                         else ([], "optimizer statistics not asked for"))
+        opt, opt_note, opt_notes = (_plan_optimizer(entries, tensors, readers, [i.label for i in chosen])
+                                    if optimizer else ([], "optimizer statistics not asked for", []))
+        notes += opt_notes
+        side = _plan_side_optimizer(chosen, entries, tensors) if optimizer and not opt else None
+        if optimizer and not opt and side is None:
+            side = _plan_flat_optimizer(chosen, entries, tensors, readers)
+        eps_values = [v for r in readers for v in _group_scalars(r, "eps")]
+        if side is not None:
+            opt, opt_note, opt_readers = side.tensors, side.note, side.readers
+            notes += side.notes
+            eps_values = [side.eps] if side.eps is not None else eps_values
         lrs = [_saved_lr(r, Path(info.path)) for r, info in zip(readers, chosen)]
-        eps_values = [v for r in readers for v in _scalars(r, _GROUP_EPS)]
         eps = eps_values[0] if eps_values else DEFAULT_EPS
         if opt and not eps_values:
             notes.append(f"no Adam eps saved: step sizes use {DEFAULT_EPS:g}")
@@ -336,8 +555,8 @@ def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None,
             notes.append(f"sampled: at most {plural(sample, 'row')} (first axis) of each tensor, in up to "
                          f"{SAMPLE_RUNS} evenly spaced runs; norms and changes are of the sampled rows only")
     except BaseException:
-        for reader in readers:
+        for reader in readers + [r for r in opt_readers if r is not None]:
             reader.close()
         raise
     return TimelinePlan(str(root), kind, chosen, readers, tensors, opt, lrs, eps, sample, notes, opt_note,
-                        tuple(include), tuple(exclude))
+                        tuple(include), tuple(exclude), opt_readers)

@@ -1,0 +1,323 @@
+"""``ckptscope timeline``: per-layer Adam statistics where the optimizer state has no names of its own
+(HF Trainer's positional ``optimizer.pt``, Megatron's distributed optimizer), and DeepSpeed
+``global_stepN`` roots.
+
+Fixtures are written by the real frameworks (transformers' ``Trainer``, megatron-core on gloo,
+DeepSpeed); every number is checked against torch on the state as the framework itself loads it:
+the Trainer's own ``create_optimizer`` + ``Optimizer.load_state_dict`` name the positions, DeepSpeed's
+own merges give its weights and moments.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_cli
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from ckptscope.ops.roots import discover_iterations  # noqa: E402
+from ckptscope.ops.timeline import build_timeline_plan, module_of, run_timeline  # noqa: E402
+
+REL = 1e-9
+SAMPLES = REPO / "sample_ckpts"
+
+
+def _import(name: str):
+    if str(SAMPLES) not in sys.path:
+        sys.path.insert(0, str(SAMPLES))
+    return importlib.import_module(name)
+
+
+@pytest.fixture(scope="module")
+def gen():
+    return _import("make_timeline_samples")
+
+
+@pytest.fixture(scope="module")
+def hf_root(tmp_path_factory, gen) -> Path:
+    return gen.write_timeline_hf_adam(tmp_path_factory.mktemp("timeline_adam"))
+
+
+def _result(root, **kwargs):
+    plan = build_timeline_plan(root, **kwargs)
+    try:
+        return plan, run_timeline(plan)
+    finally:
+        plan.close()
+
+
+def _checkpoints(root: Path) -> list[Path]:
+    return sorted((p for p in root.iterdir() if p.name.startswith("checkpoint-")), key=lambda p: int(p.name[11:]))
+
+
+def _trainer_named_moments(checkpoint: Path) -> tuple[dict, list[dict]]:
+    """``exp_avg_sq`` per parameter name as transformers itself places them: the model rebuilt from
+    the checkpoint, ``Trainer.create_optimizer`` builds its groups, torch's ``load_state_dict`` puts
+    every saved position into the parameter at that position."""
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    args = TrainingArguments(output_dir=str(checkpoint / "unused"), use_cpu=True, report_to="none",
+                             weight_decay=0.01)
+    optimizer = Trainer(model=model, args=args).create_optimizer()
+    saved = torch.load(checkpoint / "optimizer.pt", weights_only=True)
+    optimizer.load_state_dict(saved)
+    names = {id(p): n for n, p in model.named_parameters()}
+    moments = {names[id(p)]: s["exp_avg_sq"].double() for p, s in optimizer.state.items()}
+    return moments, saved["param_groups"]
+
+
+def test_hf_trainer_adam_statistics_equal_torch(hf_root, gen):
+    plan, result = _result(hf_root)
+    assert result.optimizer_note is None
+    checkpoints = _checkpoints(hf_root)
+    assert result.iterations == list(range(1, gen.ADAM_STEPS + 1)) == [int(p.name[11:]) for p in checkpoints]
+    expected_lr = [torch.load(p / "scheduler.pt", weights_only=True)["_last_lr"][0] for p in checkpoints]
+    assert result.lr == expected_lr
+    named = [_trainer_named_moments(p) for p in checkpoints]
+    assert plan.eps == named[0][1][0]["eps"] == 1e-8
+    assert sorted(m.name for m in result.moments) == sorted(named[0][0]) == sorted(t.name for t in plan.tensors)
+    for m in result.moments:
+        for k, (moments, _groups) in enumerate(named):
+            mean = float(moments[m.name].mean())
+            assert m.exp_avg_sq_mean[k] == pytest.approx(mean, rel=REL), (m.name, k)
+            assert m.step_size_mean[k] == pytest.approx(expected_lr[k] / (math.sqrt(mean) + 1e-8), rel=REL)
+    mlp = next(m for m in result.moment_modules if m.name == "model.layers.1.mlp")
+    for k, (moments, _groups) in enumerate(named):
+        v = torch.cat([moments[f"model.layers.1.mlp.{p}_proj.weight"].flatten() for p in ("gate", "up", "down")])
+        assert mlp.exp_avg_sq_mean[k] == pytest.approx(float(v.mean()), rel=REL)
+    assert any("named by position (Trainer.create_optimizer" in n for n in result.notes)
+    data = json.loads(run_cli("timeline", str(hf_root), "--json").out)
+    assert data["optimizer"]["note"] is None and len(data["optimizer"]["tensors"]) == len(result.moments)
+
+
+def _rewrite_config(checkpoint: Path, **changes) -> None:
+    path = checkpoint / "config.json"
+    config = json.loads(path.read_text())
+    config.update(changes)
+    path.write_text(json.dumps(config))
+
+
+def test_another_models_config_gives_no_statistics_and_says_why(hf_root, tmp_path):
+    """A config whose MLP is narrower has the same number of parameters in the same groups: only the
+    shape check can tell, and then no statistics are attributed at all."""
+    root = tmp_path / "run"
+    shutil.copytree(hf_root, root)
+    for checkpoint in _checkpoints(root):
+        _rewrite_config(checkpoint, intermediate_size=48)
+    _plan, result = _result(root)
+    assert result.moments == [] and result.moment_modules == []
+    note = result.optimizer_note
+    assert "cannot tell which parameter each position of optimizer.pt is" in note
+    assert "exp_avg_sq is [64, 32], its parameter model.layers.0.mlp.gate_proj.weight is [48, 32]" in note
+
+
+def test_one_mismatched_iteration_has_no_statistics(hf_root, tmp_path):
+    root = tmp_path / "run"
+    shutil.copytree(hf_root, root)
+    _rewrite_config(root / "checkpoint-2", num_hidden_layers=3)
+    _plan, result = _result(root)
+    assert result.optimizer_note is None and result.moments
+    for m in result.moments:
+        assert m.exp_avg_sq_mean[1] is None and m.step_size_mean[1] is None
+        assert m.exp_avg_sq_mean[0] is not None and m.exp_avg_sq_mean[2] is not None
+    why = next(n for n in result.notes if n.startswith("no Adam statistics for iteration 2:"))
+    assert "LlamaForCausalLM has 30 parameters" in why and "expected [23, 7]" in why, why
+
+
+
+# --- DeepSpeed global_stepN roots -----------------------------------------------------------------
+
+
+def _oracle_numbers(states: list[dict], moments: list[dict], result) -> None:
+    """Per tensor: norms and relative changes from DeepSpeed's own fp32 merge, mean exp_avg_sq from its
+    moment merge, each computed with torch."""
+    by_name = {s.name: s for s in result.tensors}
+    common = set(states[0]).intersection(*states[1:])
+    assert common and common <= set(by_name)
+    for name in common:
+        series = by_name[name]
+        for k, state in enumerate(states):
+            assert series.norm[k] == pytest.approx(float(state[name].double().norm()), rel=REL), name
+        prev, cur = states[0][name].double(), states[1][name].double()
+        assert series.change[0] == pytest.approx(float((cur - prev).norm() / prev.norm()), rel=REL), name
+    by_moment = {m.name: m for m in result.moments}
+    assert set(moments[0]) <= set(by_moment) and moments[0]
+    for name in moments[0]:
+        for k, state in enumerate(moments):
+            mean = float(state[name].double().mean())
+            assert by_moment[name].exp_avg_sq_mean[k] == pytest.approx(mean, rel=REL), name
+            assert by_moment[name].step_size_mean[k] == pytest.approx(result.lr[k] / (math.sqrt(mean) + 1e-8),
+                                                                       rel=REL)
+
+
+def test_deepspeed_root_from_the_shipped_saves(tmp_path):
+    """The shipped ZeRO-1 and ZeRO-2 saves (DeepSpeed 0.19.8, the same model, two steps each) as the two
+    tags of one save dir: discovered as iterations 1 and 2, ``latest`` names the newest."""
+    shipped = SAMPLES / "deepspeed_zero"
+    root = tmp_path / "ds"
+    root.mkdir()
+    for step, stage in ((1, 1), (2, 2)):
+        (root / f"global_step{step}").symlink_to(shipped / f"zero{stage}" / "global_step2")
+    (root / "latest").write_text("global_step2")
+    found = discover_iterations(root)
+    assert [(i.iteration, i.kind, i.complete, i.latest) for i in found] == [(2, "deepspeed", True, True),
+                                                                            (1, "deepspeed", True, False)]
+    _plan, result = _result(root)
+    assert result.kind == "deepspeed" and result.iterations == [1, 2] and result.optimizer_note is None
+    assert result.lr == [1e-2, 1e-2]
+    states = [torch.load(shipped / f"zero{s}.fp32_oracle.pt", weights_only=True) for s in (1, 2)]
+    moments = [{k[len("exp_avg_sq."):]: v for k, v in torch.load(shipped / f"zero{s}.moments_oracle.pt",
+                                                                  weights_only=True).items()
+                if k.startswith("exp_avg_sq.")} for s in (1, 2)]
+    _oracle_numbers(states, moments, result)
+    listing = run_cli("inspect", str(root))
+    assert listing.code == 0 and "global_step2" in listing.out + listing.err
+
+
+def test_hf_trainer_checkpoint_with_deepspeed_inside_stays_a_checkpoint(hf_root, tmp_path):
+    """``Trainer`` under DeepSpeed writes ``checkpoint-N/global_stepN/`` + ``latest`` beside the model:
+    that dir is one checkpoint, not a save root of DeepSpeed iterations."""
+    from ckptscope.ops.roots import resolve_root
+
+    checkpoint = tmp_path / "checkpoint-1"
+    shutil.copytree(hf_root / "checkpoint-1", checkpoint)
+    (checkpoint / "global_step1").symlink_to(SAMPLES / "deepspeed_zero" / "zero1" / "global_step2")
+    (checkpoint / "latest").write_text("global_step1")
+    assert discover_iterations(checkpoint) is None and resolve_root(checkpoint) == str(checkpoint)
+
+
+def test_deepspeed_two_step_run(tmp_path):
+    """A real ZeRO-2 run (2 gloo ranks) saving every step under DeepSpeed's default tags."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    root = _import("make_deepspeed_samples").write_deepspeed_steps(tmp_path)
+    assert (root / "latest").read_text().strip() == "global_step2"
+    _plan, result = _result(root)
+    assert result.kind == "deepspeed" and result.iterations == [1, 2] and result.optimizer_note is None
+    merged = [get_fp32_state_dict_from_zero_checkpoint(str(root), tag=f"global_step{k}") for k in (1, 2)]
+    states = [{n: v.detach() for n, v in state.items()} for state in merged]
+    by_name = {s.name: s for s in result.tensors}
+    for name in states[0]:
+        prev, cur = states[0][name].double(), states[1][name].double()
+        assert by_name[name].norm[1] == pytest.approx(float(cur.norm()), rel=REL), name
+        if prev.norm() > 0:
+            assert by_name[name].change[0] == pytest.approx(float((cur - prev).norm() / prev.norm()), rel=REL)
+    assert {m.name for m in result.moments} == {n for n in states[0] if n != "model.layers.0.input_layernorm.weight"}
+
+
+# --- Megatron's distributed optimizer --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def distopt(tmp_path_factory, gen) -> dict[str, Path]:
+    pytest.importorskip("megatron.core")
+    return gen.write_timeline_distopt(tmp_path_factory.mktemp("timeline_distopt"))
+
+
+def _flat_moments(distopt: dict[str, Path], gen, flavour: str) -> list[dict]:
+    """``exp_avg_sq`` per parameter (megatron's own parameter names), cut out of the flat buffers at the
+    places megatron-core's ``param_index_map`` recorded while training; the buffers loaded by torch's
+    own ``dcp.load`` (torch_dist buckets) or ``torch.load`` (``distrib_optim.pt``: buckets concatenated
+    at their unpadded ends)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    (layout,) = json.loads((distopt[flavour].parent / gen.DISTOPT_LAYOUT).read_text())
+    buckets = layout["buckets"]
+    out = []
+    for step in sorted(p for p in distopt[flavour].iterdir() if p.name.startswith("iter_")):
+        if flavour == "legacy":
+            flat = torch.load(step / "mp_rank_00" / "distrib_optim.pt", weights_only=False)[0]
+            (vector,) = [v["exp_avg_sq"] for v in flat.values()]
+            bases = [sum(n for _o, n in buckets[:b]) for b in range(len(buckets))]
+            parts = {b: vector[bases[b]: bases[b] + n] for b, (_o, n) in enumerate(buckets)}
+        else:
+            meta = FileSystemReader(str(step)).read_metadata().state_dict_metadata
+            state = {k: torch.empty(tuple(v.size), dtype=v.properties.dtype) for k, v in meta.items()
+                     if k.startswith("optimizer.distributed.") and k.endswith(".exp_avg_sq")}
+            dcp.load(state, checkpoint_id=str(step))
+            parts = {int(k.split(".bucket_idx_")[1].split(".")[0]): v for k, v in state.items()}
+        out.append({name: parts[b][start - buckets[b][0]: end - buckets[b][0]].double()
+                    for name, (start, end, b) in layout["params"].items()})
+    return out, layout
+
+
+def _legacy_name(name: str) -> str:
+    """torch_dist (TE-style) norm names -> the local spec's parameter (and legacy ``state_dict``) names."""
+    return (name.replace("self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight")
+            .replace("mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight"))
+
+
+@pytest.mark.parametrize("flavour", ["dp_reshardable", "legacy"])
+def test_megatron_distributed_optimizer_adam_statistics(distopt, gen, flavour):
+    expected, layout = _flat_moments(distopt, gen, flavour)
+    assert len(layout["buckets"]) > 1  # later buckets start after the earlier ones' end padding
+    plan, result = _result(distopt[flavour])
+    assert result.kind == "megatron" and result.iterations == list(range(1, gen.DISTOPT_STEPS + 1))
+    assert result.optimizer_note is None and result.lr == [gen.LR] * gen.DISTOPT_STEPS and plan.eps == 1e-8
+    by_name = {_legacy_name(m.name): m for m in result.moments}
+    assert sorted(by_name) == sorted(expected[0])
+    for name, m in by_name.items():
+        for k, state in enumerate(expected):
+            mean = float(state[name].mean())
+            assert m.exp_avg_sq_mean[k] == pytest.approx(mean, rel=REL), (flavour, name, k)
+            assert m.step_size_mean[k] == pytest.approx(gen.LR / (math.sqrt(mean) + 1e-8), rel=REL)
+    mlp = next(m for m in result.moment_modules if m.name == "decoder.layers.1.mlp")
+    members = [_legacy_name(m.name) for m in result.moments if module_of(m.name)[0] == "decoder.layers.1.mlp"]
+    assert len(members) == (2 if flavour == "legacy" else 3)  # legacy names the MLP's norm pre_mlp_layernorm
+    for k, state in enumerate(expected):
+        v = torch.cat([state[n] for n in members])
+        assert mlp.exp_avg_sq_mean[k] == pytest.approx(float(v.mean()), rel=REL)
+
+
+def test_megatron_fully_reshardable_state_of_later_buckets_is_refused(distopt, gen):
+    """megatron-core 0.16.1's own ``fully_reshardable`` save, with several grad buckets, stores each
+    later bucket's state shifted by the bucket padding under the right names (it warns "param range
+    exceeds unpadded buffer"). Its fp32 masters then differ from the weights: those tensors get no
+    statistics and a note; the first bucket's are right and kept."""
+    expected, layout = _flat_moments(distopt, gen, "dp_reshardable")
+    first = {n for n, (_s, _e, b) in layout["params"].items() if b == 0}
+    assert 0 < len(first) < len(layout["params"])
+    _plan, result = _result(distopt["fully_reshardable"])
+    assert result.optimizer_note is None
+    assert {_legacy_name(m.name) for m in result.moments} == first
+    for m in result.moments:
+        for k, state in enumerate(expected):
+            assert m.exp_avg_sq_mean[k] == pytest.approx(float(state[_legacy_name(m.name)].mean()), rel=REL)
+    refused = [n for n in result.notes if "whose saved fp32 master is not its weights" in n]
+    assert len(refused) == gen.DISTOPT_STEPS
+    assert all(f"{len(layout['params']) - len(first)} tensors" in n for n in refused)
+def test_megatron_optimizer_file_of_another_save_gives_no_statistics(distopt, tmp_path):
+    """``distrib_optim.pt`` of iteration 1 put into iteration 2: its fp32 masters are not iteration 2's
+    weights, so nothing is named there (and iteration 1 keeps its numbers)."""
+    root = tmp_path / "run"
+    shutil.copytree(distopt["legacy"], root)
+    shutil.copy(root / "iter_0000001/mp_rank_00/distrib_optim.pt", root / "iter_0000002/mp_rank_00/distrib_optim.pt")
+    _plan, result = _result(root)
+    assert result.moments and all(m.exp_avg_sq_mean[1] is None and m.exp_avg_sq_mean[0] is not None
+                                  for m in result.moments)
+    why = next(n for n in result.notes if n.startswith("no Adam statistics for iteration 2:"))
+    assert "no model tensor's weights equal the fp32 masters at element 0" in why
+
+
+def test_megatron_flat_state_sampled_rows(distopt, gen):
+    """``--sample``: a parameter's sampled rows are the same elements of its flat buffer range."""
+    expected, _layout = _flat_moments(distopt, gen, "dp_reshardable")
+    plan, result = _result(distopt["dp_reshardable"], sample=3)
+    tensor = next(t for t in plan.tensors if t.name == "output_layer.weight")
+    moment = next(m for m in result.moments if m.name == "output_layer.weight")
+    assert tensor.rows is not None and sum(hi - lo for lo, hi in tensor.rows) == 3
+    for k, state in enumerate(expected):
+        full = state["output_layer.weight"].reshape(tensor.shape)
+        rows = torch.cat([full[lo:hi] for lo, hi in tensor.rows])
+        assert moment.exp_avg_sq_mean[k] == pytest.approx(float(rows.mean()), rel=REL)
