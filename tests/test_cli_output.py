@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli
 
 SAMPLES = REPO / "sample_ckpts"
 RENAMED = ("model.layers.3.ffn.down_proj.weight", "model.layers.3.mlp.down_proj.weight")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from tests.conftest import run_cli
 from dist_reference import SAMPLES, assert_no_torch_on_metadata_path
 
 from ckptscope.core.errors import CkptError

@@ -9,7 +9,7 @@ import struct
 
 import pytest
 import torch
-from conftest import run_cli
+from tests.conftest import run_cli
 
 
 def assert_one_line_error(result, *fragments: str) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from tests.conftest import REPO
 from dist_reference import assert_no_torch_on_metadata_path
 
 from ckptscope.core.errors import CkptError

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from tests.conftest import run_cli
 from safetensors import safe_open
 from safetensors.torch import load_file
 
