@@ -66,7 +66,8 @@ class ConvertSettings:
 
 
 def default_target(index: CheckpointIndex | None) -> str:
-    """The other family: HF names go to Megatron-Core, everything else (Megatron, FSDP shards) to HF."""
+    """``ops.convert.plan.target_family_for``: HF for training saves (as ``merge``), Megatron-Core
+    for a whole HF model; HF while the index is unknown."""
     if index is None:
         return "hf"
     from ckptscope.ops.convert.plan import target_family_for

@@ -342,3 +342,24 @@ async def test_shard_size_and_arch_fields_reach_the_written_checkpoint(mcore_ite
         await choose(pilot, "#convert-target", "hf")
         await choose(pilot, "#convert-arch", "qwen3_moe")
         assert form.plan is None and form.problem
+
+
+@pytest.mark.parametrize(("source", "target"), [
+    ("verl_run/global_step_2/actor", "hf"),  # verl FSDP: per-rank shards of an HF model, merged
+    ("deepspeed_zero/zero1", "hf"),
+    ("deepspeed_zero/zero3", "hf"),
+    ("dcp_fsdp2", "hf"),
+    ("megatron_torch_dist/iter_0000010", "hf"),
+    ("hf_llama_sharded", "mcore"),  # a whole HF model: the other family
+])
+@sync
+async def test_default_target_is_what_merge_does_for_training_saves(in_repo, source, target):
+    """C on a training save sharded by rank presets hf (as ``ckptscope merge``), even when the
+    names inside are HF names; only a whole HF model presets Megatron-Core."""
+    app = make_app(f"sample_ckpts/{source}", keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        form = await open_convert_form(pilot)
+        assert form.query_one("#convert-target", Select).value == target
+        assert form.query_one("#convert-dst", Input).value.endswith(f"-{target}")
+        if source.startswith("verl"):  # its HF config is in the save: the merge plan is made at once
+            assert form.plan is not None and form.plan.target == "hf", text_of(form.query_one("#convert-status", Static))

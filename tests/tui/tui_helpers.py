@@ -38,3 +38,15 @@ def text_of(widget: Any, width: int = 200) -> str:
     console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
     console.print(content)
     return console.export_text()
+
+
+async def wheel(pilot: Pilot, widget: Any, *, down: bool = True, times: int = 1) -> None:
+    """Turn the mouse wheel over ``widget`` as a terminal reports it: the event goes to the app,
+    which hands it to the widget under the pointer (Pilot has clicks and hovers, no wheel)."""
+    from textual.events import MouseScrollDown, MouseScrollUp
+
+    x, y = widget.region.x + 1, widget.region.y + 1
+    event = MouseScrollDown if down else MouseScrollUp
+    for _ in range(times):
+        pilot.app.post_message(event(None, x, y, 0, 1 if down else -1, 0, False, False, False, screen_x=x, screen_y=y))
+        await pilot.pause()

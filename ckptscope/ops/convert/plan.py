@@ -65,8 +65,17 @@ __all__ = ["Box", "ConvertPlan", "OutputTensor", "Recipe", "plan_convert", "targ
 """``Box`` and ``Recipe`` are the mapping layer's types a plan is made of, named here for the views."""
 
 
+WHOLE_MODEL_FORMATS = frozenset({"hf", "safetensors", "torch", "torch-legacy"})
+"""Formats that hold a model as one whole state dict; every other format (verl, DCP, DeepSpeed,
+Megatron) is a training save sharded by rank, which ``merge`` turns into one HF model."""
+
+
 def target_family_for(index: CheckpointIndex) -> str:
-    """The other family: HF names go to Megatron-Core, everything else (Megatron, FSDP shards) to HF."""
+    """The natural target: a whole HF-named model goes to Megatron-Core; a training save sharded by
+    rank goes to HF, as ``merge`` does, even with HF names inside (a verl FSDP actor, DCP or ZeRO
+    shards of an HF model: the wanted result is the merged HF model, not a Megatron layout)."""
+    if index.format not in WHOLE_MODEL_FORMATS:
+        return "hf"
     return "mcore" if model_entries(index).naming == "hf" else "hf"
 
 

@@ -23,6 +23,7 @@ from textual.widgets import DataTable
 from ckptscope.core.units import middle_ellipsis
 from ckptscope.tui.diff_rows import COLUMNS, row_cells
 from ckptscope.tui.widgets.column_fit import fit_column
+from ckptscope.tui.widgets.row_fit import TAIL_ONLY_BELOW, shorten
 from ckptscope.tui.widgets.vim_keys import table_keys
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,14 +32,6 @@ if TYPE_CHECKING:  # pragma: no cover
 MIN_NAME_WIDTH = 16
 KEEP_VISIBLE = ("status", "max_abs")
 """Columns that stay on screen beside the name however narrow the table (the rest scroll)."""
-TAIL_ONLY_BELOW = 30
-"""Narrower than this, a cut name keeps only its end (``…attn.k_proj.weight``)."""
-
-
-def shorten(name: str, width: int) -> str:
-    """The whole name when it fits; else its start and end around a middle ellipsis, the end given
-    more room (it tells ``q_proj.weight`` from ``k_proj.weight``); in a narrow cell only the end."""
-    return middle_ellipsis(name, width, head=0.4 if width >= TAIL_ONLY_BELOW else 0.0)
 
 
 def name_width(table_width: int, longest: int, padding: int) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding, BindingType
 from textual.message import Message
@@ -22,6 +23,7 @@ from ckptscope.core.tensor import TensorMeta
 from ckptscope.core.units import human_bytes, human_count, shape_str
 from ckptscope.ops.tree import TreeNode
 from ckptscope.tui.colors import DTYPE_ICON, dtype_color
+from ckptscope.tui.widgets.row_fit import Row
 from ckptscope.tui.widgets.vim_keys import VimTree, tree_keys
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -105,7 +107,7 @@ def node_label(entry: Entry, pending: PendingView | None = None, copies: list[st
     ``✗ dropped``) and a module the number of pending changes below it.
     """
     node = entry.node
-    text = Text(no_wrap=True, overflow="ellipsis")
+    text = Row(no_wrap=True, overflow="ellipsis")
     if entry.more_from >= 0:
         rest = len(node.children) - entry.more_from
         return Text(f"… {rest:,} more (enter to show {min(rest, PAGE)})", style="italic dim")
@@ -113,30 +115,36 @@ def node_label(entry: Entry, pending: PendingView | None = None, copies: list[st
     meta = entry.tensor
     if meta is not None:
         text.append(f"{DTYPE_ICON} ", style=dtype_color(meta.dtype))
-        text.append(entry.label, style="dim strike" if note is not None and "dropped" in note.plain else
-                    "dim" if dim else "")
+        text.append_name(entry.label, style="dim strike" if note is not None and "dropped" in note.plain else
+                         "dim" if dim else "")
         if note is not None:
             text.append_text(note)
         if node.is_range:
             text.append(f" ×{node.repeat}", style="bold magenta")
+        text.start_detail()
         text.append(f"  {shape_str(meta.shape)}", style="dim")
+        text.start_detail()
         text.append(f"  {human_bytes(node.nbytes)}", style="dim italic")
         return text
     if node.is_range:
         head, _, rng = entry.label.rpartition(".")
         if head:
-            text.append(head + " ", style="bold")
+            text.append_name(head, style="bold")
+            text.append(" ")
         text.append(rng, style="bold magenta")
         text.append(f" ×{node.repeat}", style="magenta")
     else:
-        text.append(entry.label, style="bold")
+        text.append_name(entry.label, style="bold")
     if note is not None:
         text.append_text(note)
     kind = training_kind(node.path) if node.path else None
     if kind is not None and entry.label == node.path:  # a top-level training-state module
+        text.start_detail()
         text.append(f"  training state: {kind}", style="yellow")
     # optimizer moments, rng ... are elements, not model parameters, at every depth
+    text.start_detail()
     text.append(f"  {human_count(node.num_params)} {'params' if kind is None else 'elements'}", style="dim")
+    text.start_detail()
     text.append(f"  {human_bytes(node.nbytes)}", style="dim italic")
     return text
 
@@ -261,6 +269,48 @@ class TensorTree(VimTree, Tree[Entry]):
             event.stop()
         elif event.node.allow_expand:
             event.node.toggle()
+
+    # --- rows that fit ----------------------------------------------------------------------
+
+    def _room(self, node: WidgetNode[Entry]) -> int:
+        """Cells the label of ``node`` has: the tree's width less the scrollbar (its gutter is kept,
+        see app.tcss, so rows need no refit when it appears), the guides and the ▶ icon."""
+        depth, parent = 0, node.parent
+        while parent is not None and not parent.is_root:
+            depth, parent = depth + 1, parent.parent
+        icon = len(self.ICON_NODE) if node.allow_expand else 0
+        return self.scrollable_content_region.width - depth * self.guide_depth - icon
+
+    def process_label(self, label: str | Text) -> Text:
+        """A ``Row`` is kept as built (one line already): ``Tree`` would copy it into a plain
+        ``Text`` and lose the parts ``render_label`` fits by."""
+        return label if isinstance(label, Row) else super().process_label(label)
+
+    def render_label(self, node: WidgetNode[Entry], base_style: Style, style: Style) -> Text:
+        """The row fitted to the tree's width (``Row.fit``): a cut row shows ``…``; the tooltip
+        and the detail pane have it whole. Before the first layout (width 0) it stays whole."""
+        full = super().render_label(node, base_style, style)
+        label = node.label
+        if not isinstance(label, Row) or self.size.width <= 0:
+            return full
+        fitted = label.fit(self._room(node))
+        if fitted is label:
+            return full
+        fitted = fitted.copy()
+        fitted.stylize(style)
+        return Text.assemble(full[: len(full) - len(label)], fitted)  # the ▶/▼ prefix, then the row
+
+    def watch_hover_line(self, previous_hover_line: int, hover_line: int) -> None:
+        """A row cut to fit shows whole (name, shape, size, full path) in a tooltip under the mouse."""
+        super().watch_hover_line(previous_hover_line, hover_line)
+        node = self.get_node_at_line(hover_line)
+        label = node.label if node is not None else None
+        tooltip = None
+        if node is not None and isinstance(label, Row) and self.size.width > 0 \
+                and label.fit(self._room(node)) is not label and node.data is not None:
+            path = node.data.node.path
+            tooltip = label.plain + (f"\n{path}" if path and path != node.data.label else "")
+        self.tooltip = tooltip
 
     def on_tree_node_expanded(self, event: Tree.NodeExpanded[Entry]) -> None:
         self._populate(event.node)
