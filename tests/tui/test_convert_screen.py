@@ -346,8 +346,8 @@ async def test_shard_size_and_arch_fields_reach_the_written_checkpoint(mcore_ite
 
 @pytest.mark.parametrize(("source", "target"), [
     ("verl_run/global_step_2/actor", "hf"),  # verl FSDP: per-rank shards of an HF model, merged
-    ("deepspeed_zero/zero1", "hf"),
-    ("deepspeed_zero/zero3", "hf"),
+    ("deepspeed_zero/zero1/global_step2", "hf"),
+    ("deepspeed_zero/zero3/global_step2", "hf"),
     ("dcp_fsdp2", "hf"),
     ("megatron_torch_dist/iter_0000010", "hf"),
     ("hf_llama_sharded", "mcore"),  # a whole HF model: the other family
