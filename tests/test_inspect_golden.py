@@ -1,0 +1,79 @@
+"""``inspect --json`` stays byte-identical while its internals are made faster (issue 15).
+
+The checkpoints are written here by safetensors' own writer and cover what the fast paths special-case:
+dtypes of every width (sub-byte packing aside), scalars and empty tensors, names a JSON encoder must
+escape (quotes, backslashes, non-ASCII), training state and unknown entries beside the model, a
+sharded HF dir whose index leaves a tensor out (a warning), and ``__metadata__``. The expected
+documents in ``tests/data/inspect_golden/`` were captured from ckptscope before those fast paths
+existed; the checkpoint's own path is replaced by ``@ROOT@`` so the files do not depend on tmp.
+Set ``CKPTSCOPE_WRITE_GOLDEN=1`` to rewrite them after an intended change of the document.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+GOLDEN = Path(__file__).parent / "data" / "inspect_golden"
+ODD = 'model.layers.1.self_attn.q_proj.weight\\"ñ€'
+"""A model name with a backslash, a quote and non-ASCII characters (JSON must escape all three)."""
+
+
+def _mixed() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "model.embed_tokens.weight": rng.standard_normal((16, 8)).astype(np.float16),
+        "model.layers.0.self_attn.q_proj.weight": rng.standard_normal((8, 8)).astype(np.float32),
+        "model.layers.0.self_attn.k_proj.weight": rng.standard_normal((4, 8)).astype(np.float32),
+        "model.layers.0.mlp.down_proj.weight": np.arange(24, dtype=np.int8).reshape(3, 8),
+        "model.layers.0.input_layernorm.weight": np.ones(8, np.float64),
+        "model.layers.1.mlp.up_proj.weight": np.zeros((0, 8), np.float32),
+        ODD: np.ones((2, 2), np.uint8),
+        "model.norm.weight": np.ones(8, np.float32),
+        "model.layers.1.self_attn.rotary_emb.inv_freq": np.array(3.0, np.float32),
+        "model.layers.1.mlp.gate_proj.mask": np.array([True, False, True]),
+        "lm_head.weight": rng.standard_normal((16, 8)).astype(np.float16),
+        "optimizer.state.0.exp_avg": np.zeros((16, 8), np.float32),
+        "rng_state.cuda": np.arange(5, dtype=np.int64),
+        "ema.model.norm.weight": np.ones(8, np.float32),
+    }
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("golden")
+    tensors = _mixed()
+    single = root / "mixed.safetensors"
+    save_file(tensors, str(single), metadata={"note": "ünïcode"})  # one key: the writer's order of several varies
+    sharded = root / "sharded"
+    sharded.mkdir()
+    names = list(tensors)
+    weight_map = {}
+    for i, part in enumerate((names[:5], names[5:10], names[10:])):
+        file = f"model-{i + 1:05d}-of-00003.safetensors"
+        save_file({n: tensors[n] for n in part}, str(sharded / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, file))
+    del weight_map["ema.model.norm.weight"]  # stored but not indexed: an index-mismatch warning
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (sharded / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    return {"mixed": single, "sharded": sharded}
+
+
+@pytest.mark.parametrize("case", [
+    ("mixed", ()), ("sharded", ()), ("sharded", ("--include", "model.layers.*", "--exclude", "*k_proj*")),
+])
+def test_inspect_json_is_byte_identical(checkpoints, cli, case):
+    name, args = case
+    path = checkpoints[name]
+    result = cli("inspect", "--json", *args, str(path))
+    assert result.code == 0, result.err
+    got = result.out.replace(json.dumps(str(path))[1:-1], "@ROOT@")
+    golden = GOLDEN / f"{name}{'-filtered' if args else ''}.json"
+    if os.environ.get("CKPTSCOPE_WRITE_GOLDEN"):
+        golden.write_text(got, encoding="utf-8")
+    assert got == golden.read_text(encoding="utf-8")
