@@ -10,12 +10,14 @@ compares what it calls the model, convert / merge export exactly its model and n
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ckptscope.core.index import CheckpointIndex, bytes_by_dtype
+from ckptscope.core.index import CheckpointIndex, bytes_by_dtype, count_elements
 from ckptscope.core.roles import MODEL, TRAINING_KINDS, UNKNOWN, Split, split_entries, strip_infix_wrappers
 from ckptscope.core.tensor import TensorMeta
-from ckptscope.mappings.links import Piece, Recipe
+
+if TYPE_CHECKING:  # the mappings package registers every architecture on import: inspect never needs it
+    from ckptscope.mappings.links import Recipe
 
 
 @dataclass
@@ -43,11 +45,11 @@ class ModelEntries:
     def num_params(self) -> int:
         """Parameters of the model as ``sum(p.numel() for p in model.parameters())`` counts them: a
         tensor stored twice on one storage (tied embeddings in a ``torch.save`` file) counts once."""
-        return _totals(self.unique_tensors())["params"]
+        return count_elements(self.unique_tensors())
 
     @property
     def nbytes(self) -> int:
-        return _totals(self.unique_tensors())["bytes"]
+        return sum(bytes_by_dtype(self.unique_tensors()).values())
 
     def unique_tensors(self) -> list[TensorMeta]:
         seen: set[str] = set()
@@ -70,6 +72,8 @@ class ModelEntries:
 
     def to_stored(self, recipes: dict[str, Recipe]) -> dict[str, Recipe]:
         """Recipes over model names, rewritten to read the stored (or view) names."""
+        from ckptscope.mappings.links import Piece, Recipe
+
         if all(self.stored.get(n, n) == n for n in self.stored):
             return recipes
         out = {}
@@ -94,12 +98,12 @@ class ModelEntries:
 def _totals(metas) -> dict[str, int]:
     """Count, elements and bytes of some tensors."""
     metas = list(metas)
-    return {"tensors": len(metas), "params": sum(m.numel for m in metas),
-            "bytes": sum(bytes_by_dtype(metas).values())}
+    return {"tensors": len(metas), "params": count_elements(metas), "bytes": sum(bytes_by_dtype(metas).values())}
 
 
 def _groups(index: CheckpointIndex) -> dict[str, str]:
-    return {name: group for name, meta in index.tensors.items() if (group := meta.attr("group")) is not None}
+    return {name: group for name, meta in index.tensors.items()
+            if meta.attrs and (group := meta.attr("group")) is not None}
 
 
 def model_entries(index: CheckpointIndex, *, logical: bool = False) -> ModelEntries:
