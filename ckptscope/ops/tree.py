@@ -7,6 +7,7 @@ different shape) breaks the run, so nothing is hidden. Used by ``inspect`` and b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from ckptscope.core.names import natural_key
@@ -121,20 +122,32 @@ def build_tree(tensors: Iterable[TensorMeta], *, collapse: bool = True, root_lab
     return _node(root, root_label, "", collapse)
 
 
-def _sum_totals(trie: _Trie) -> None:
+def _sum_totals(trie: _Trie, bits: dict[str, int] | None = None) -> None:
     """Fill params/bytes/count bottom-up: once per trie node, instead of once per tensor per
-    level while inserting. Recursion depth is the name depth (a dozen levels)."""
+    level while inserting. Recursion depth is the name depth (a dozen levels). ``bits`` caches
+    each dtype's bits: a leaf's size is then arithmetic, not two property calls (issue 15)."""
+    if bits is None:
+        bits = {}
     tensor = trie.tensor
     if tensor is not None:
         params, nbytes, count = tensor.numel, tensor.nbytes, 1
     else:
         params = nbytes = count = 0
+    prod = math.prod
     for child in trie.children.values():
         if child.children:
-            _sum_totals(child)
+            _sum_totals(child, bits)
         else:  # a leaf: one tensor (most nodes; skip the call)
             leaf = child.tensor
-            child.params, child.nbytes, child.count = leaf.numel, leaf.nbytes, 1  # type: ignore[union-attr]
+            if leaf.attrs:  # type: ignore[union-attr]  # quantised sizes live in attrs
+                child.params, child.nbytes = leaf.numel, leaf.nbytes  # type: ignore[union-attr]
+            else:
+                dtype_bits = bits.get(leaf.dtype)  # type: ignore[union-attr]
+                if dtype_bits is None:
+                    dtype_bits = bits[leaf.dtype] = leaf.dtype_info.bits  # type: ignore[union-attr]
+                child.params = numel = prod(leaf.shape)  # type: ignore[union-attr]
+                child.nbytes = (numel * dtype_bits + 7) // 8
+            child.count = 1
         params += child.params
         nbytes += child.nbytes
         count += child.count
@@ -191,8 +204,10 @@ def _signature(trie: _Trie) -> int:
     """
     if trie.signature is None:
         own = (trie.tensor.dtype, trie.tensor.shape) if trie.tensor is not None else None
-        key = (own, tuple(sorted((k, _signature(c)) for k, c in trie.children.items())))
-        trie.signature = trie.shapes.setdefault(key, len(trie.shapes))
+        children = trie.children
+        below = tuple(sorted([(k, c.signature if c.signature is not None else _signature(c))
+                              for k, c in children.items()])) if children else ()
+        trie.signature = trie.shapes.setdefault((own, below), len(trie.shapes))
     return trie.signature
 
 
