@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter, methodcaller
 
 MODEL = "model"
 UNKNOWN = "unknown"
@@ -159,6 +160,11 @@ def split_entries(names: Iterable[str], groups: Mapping[str, str] | None = None)
     ``groups`` holds readers' own tags (stored name -> ``optimizer``) where they have them.
     """
     groups = groups or {}
+    if not groups:
+        names = list(names)
+        plain = _split_plain(names)
+        if plain is not None:
+            return plain
     split = Split()
     candidates: list[tuple[str, str]] = []  # (name without infix wrappers, stored name)
     by_first: dict[str, str | None] = {}  # first component -> kind: it alone decides, but for chained_N
@@ -192,6 +198,27 @@ def split_entries(names: Iterable[str], groups: Mapping[str, str] | None = None)
             continue
         stored_names[model_name] = stored
     return split
+
+
+def _split_plain(names: list[str]) -> Split | None:
+    """``split_entries`` for the common checkpoint in C-level passes (issue 15: 100,000 names): no reader
+    tags, no training state, no infix wrapper, no prefix, and every name in the family found (or none
+    found). None when any of that does not hold: the general loop decides then."""
+    if "_mod" in "\0".join(names):  # an infix wrapper somewhere (or a name that merely contains _mod)
+        return None
+    for first in set(map(itemgetter(0), map(methodcaller("partition", "."), names))):
+        if first.startswith("chained_") or training_kind(first) is not None:
+            return None
+    prefix, family = _model_prefix(names)
+    if prefix:
+        return None
+    pattern = _PATTERNS.get(family)
+    if pattern is not None and not all(map(pattern.match, names)):
+        return None
+    stored = dict(zip(names, names))
+    if len(stored) != len(names):  # a name twice: the general loop records the collision
+        return None
+    return Split(prefix=prefix, naming=family, stored=stored)
 
 
 def _model_prefix(names: list[str]) -> tuple[str, str]:

@@ -9,6 +9,7 @@ compares what it calls the model, convert / merge export exactly its model and n
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -111,7 +112,11 @@ def model_entries(index: CheckpointIndex, *, logical: bool = False) -> ModelEntr
     split = split_entries(index.tensors, _groups(index))
     tensors: dict[str, TensorMeta] = {}
     stored: dict[str, str] = {}
-    if not logical or not index.views:
+    if (not logical or not index.views) and len(split.stored) == len(index.tensors) and all(
+            map(operator.is_, split.stored, split.stored.values())):  # every entry is the model, as stored
+        tensors = dict(index.tensors)
+        stored = dict(split.stored)
+    elif not logical or not index.views:
         for model_name, name in split.stored.items():
             meta = index.tensors[name]
             tensors[model_name] = meta if model_name == name else replace(meta, name=model_name)
