@@ -77,3 +77,46 @@ def test_inspect_json_is_byte_identical(checkpoints, cli, case):
     if os.environ.get("CKPTSCOPE_WRITE_GOLDEN"):
         golden.write_text(got, encoding="utf-8")
     assert got == golden.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("width", [30, 60, 160])
+def test_plain_tree_is_what_rich_draws(width):
+    """``print_tree`` writes the lines itself for plain output; they must be rich's, wrapping included
+    (a row too wide, a tab or a control character goes to rich)."""
+    import io
+
+    from rich.console import Console
+    from rich.text import Text
+    from rich.tree import Tree
+
+    from ckptscope.cli.render import print_tree
+
+    def tree() -> Tree:
+        root = Tree(Text.assemble(("model", "bold"), ("  1.2K params", "dim")))
+        layers = root.add(Text("layers.[0-31]  ×32", style="bold blue"))
+        for i in range(3):
+            layer = layers.add(Text(f"{i}  mlp"))
+            layer.add(Text("down_proj.weight  bfloat16 [4096, 11008]  45.1M  86.0 MiB"))
+            layer.add(Text("名前.weight  float16 [8]  8  16 B"))  # wide characters: two cells each
+        root.add(Text("tab\tinside"))
+        root.add(Text("x" * 50))  # wraps at width 30
+        return root
+
+    def render(plain: bool) -> str:
+        out = io.StringIO()
+        console = Console(file=out, width=width, highlight=False, soft_wrap=False, color_system=None)
+        print_tree(console, tree()) if plain else console.print(tree())
+        return out.getvalue()
+
+    assert render(True) == render(False)
+    no_tab = tree()
+    no_tab.children = [c for c in no_tab.children if "\t" not in c.label.plain and len(c.label.plain) < 50]
+    out, expected = io.StringIO(), io.StringIO()
+
+    class Plain(Console):
+        def print(self, *args, **kwargs):  # the fast path must not need rich when every row fits
+            raise AssertionError("print_tree fell back to rich")
+
+    print_tree((Plain if width == 160 else Console)(file=out, width=width, color_system=None), no_tab)
+    Console(file=expected, width=width, color_system=None).print(no_tab)
+    assert out.getvalue() == expected.getvalue()
