@@ -63,6 +63,11 @@ def bytes_by_dtype(metas: Iterable[TensorMeta]) -> dict[str, int]:
     elements: dict[str, int] = {}
     scaled: Counter[str] = Counter()
     prod = math.prod
+    dtypes = set(map(_dtype_of, metas))
+    if len(dtypes) == 1 and not any(map(_attrs_of, metas)):  # one dtype, nothing quantised: C-level passes
+        dtype = dtypes.pop()
+        if dtype_by_name(dtype).bits % 8 == 0:
+            return {dtype: dtype_by_name(dtype).nbytes(count_elements(metas))}
     for t in metas:
         if t.attrs:
             scheme = t.attr("quant_scheme")
@@ -86,6 +91,8 @@ def count_elements(metas: Iterable[TensorMeta]) -> int:
 
 
 _shape_of = attrgetter("shape")
+_dtype_of = attrgetter("dtype")
+_attrs_of = attrgetter("attrs")
 
 
 @dataclass(slots=True)

@@ -103,7 +103,9 @@ def _document(report: InspectReport) -> dict[str, Any]:
         "files": [{"path": f.path, "size": f.size, "role": f.role} for f in index.files],
         "num_tensors": len(index),
         "num_params": described["model"]["params"],  # ModelEntries.num_params, counted once
-        "num_params_all": index.num_params,
+        # The model is every tensor (the usual case): the same count, not another pass.
+        "num_params_all": described["model"]["params"] if described["model"]["tensors"] == len(index)
+        else index.num_params,
         "roles": described,
         "bytes_per_dtype": index.bytes_per_dtype(),
         "warnings": list(index.warnings),

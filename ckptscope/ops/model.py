@@ -53,6 +53,8 @@ class ModelEntries:
         return sum(bytes_by_dtype(self.unique_tensors()).values())
 
     def unique_tensors(self) -> list[TensorMeta]:
+        if not any(map(_attrs_of, self.tensors.values())):  # no storage shared: every tensor counts
+            return list(self.tensors.values())
         seen: set[str] = set()
         out = []
         for name, meta in self.tensors.items():
@@ -103,8 +105,13 @@ def _totals(metas) -> dict[str, int]:
 
 
 def _groups(index: CheckpointIndex) -> dict[str, str]:
+    if not any(map(_attrs_of, index.tensors.values())):  # most checkpoints: one C-level pass
+        return {}
     return {name: group for name, meta in index.tensors.items()
             if meta.attrs and (group := meta.attr("group")) is not None}
+
+
+_attrs_of = operator.attrgetter("attrs")
 
 
 def model_entries(index: CheckpointIndex, *, logical: bool = False) -> ModelEntries:

@@ -110,13 +110,25 @@ def build_tree(tensors: Iterable[TensorMeta], *, collapse: bool = True, root_lab
     while inserting; everything below the root is materialised lazily."""
     shapes: dict[tuple, int] = {}
     root = _Trie(shapes)
+    parents: dict[str, _Trie] = {}
+    """Module path -> its node: a tensor finds its parent with one look-up instead of walking every
+    level from the root (100,000 tensors of eight levels, issue 15)."""
+
+    def node_at(path: str) -> _Trie:
+        above_path, dot, part = path.rpartition(".")
+        above = (parents.get(above_path) or node_at(above_path)) if dot else root
+        node = above.children.get(part)
+        if node is None:
+            node = above.children[part] = _Trie(shapes)
+        parents[path] = node
+        return node
+
     for meta in tensors:
-        node = root
-        for part in meta.name.split("."):
-            child = node.children.get(part)
-            if child is None:
-                child = node.children[part] = _Trie(shapes)
-            node = child
+        parent_path, dot, part = meta.name.rpartition(".")
+        parent = (parents.get(parent_path) or node_at(parent_path)) if dot else root
+        node = parent.children.get(part)
+        if node is None:
+            node = parent.children[part] = _Trie(shapes)
         node.tensor = meta
     _sum_totals(root)
     return _node(root, root_label, "", collapse)
@@ -204,10 +216,19 @@ def _signature(trie: _Trie) -> int:
     """
     if trie.signature is None:
         own = (trie.tensor.dtype, trie.tensor.shape) if trie.tensor is not None else None
-        children = trie.children
-        below = tuple(sorted([(k, c.signature if c.signature is not None else _signature(c))
-                              for k, c in children.items()])) if children else ()
-        trie.signature = trie.shapes.setdefault((own, below), len(trie.shapes))
+        shapes = trie.shapes
+        below = []
+        for key, child in trie.children.items():
+            sig = child.signature
+            if sig is None:
+                leaf = child.tensor
+                if child.children or leaf is None:
+                    sig = _signature(child)
+                else:  # most nodes are leaves: interned here, without a call
+                    sig = child.signature = shapes.setdefault(((leaf.dtype, leaf.shape), ()), len(shapes))
+            below.append((key, sig))
+        below.sort()
+        trie.signature = shapes.setdefault((own, tuple(below)), len(shapes))
     return trie.signature
 
 
