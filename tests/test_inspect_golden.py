@@ -120,3 +120,33 @@ def test_plain_tree_is_what_rich_draws(width):
     print_tree((Plain if width == 160 else Console)(file=out, width=width, color_system=None), no_tab)
     Console(file=expected, width=width, color_system=None).print(no_tab)
     assert out.getvalue() == expected.getvalue()
+
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_ckpts"
+
+
+@pytest.mark.parametrize("name", ["dcp_fsdp2", "dcp_nested", "dcp_safetensors", "hf_llama_bin", "hf_llama_gqa",
+                                  "megatron_style.pt", "legacy_format.pt", "dtypes.safetensors"])
+def test_json_text_is_json_dumps_of_the_document(name):
+    """``report_json_text`` (what ``inspect --json`` prints when piped) is ``json.dumps`` of
+    ``report_to_json`` on the committed samples: FSDP2 tensors of several chunks, torch pickles,
+    shared storages, every safetensors dtype."""
+    from ckptscope.ops.inspect import inspect_checkpoint, report_json_text, report_to_json
+
+    report = inspect_checkpoint(SAMPLES / name)
+    if name == "dcp_fsdp2":
+        assert any(len(t.chunks) > 1 for t in report.index.tensors.values())
+    extra = {"layout": "x", "root": "ü"}
+    assert report_json_text(report, extra) == json.dumps(report_to_json(report) | extra)
+
+
+def test_json_text_of_block_scaled_tensors(tmp_path):
+    """FP8 block-scaled tensors carry a ``quantization`` object (written by transformers + torch)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from ckptscope.ops.inspect import inspect_checkpoint, report_json_text, report_to_json
+    from tests.blockscaled_fixtures import write_fp8_llama
+
+    report = inspect_checkpoint(write_fp8_llama(tmp_path))
+    assert any(t.quantization for t in report.index.tensors.values())
+    assert report_json_text(report, {}) == json.dumps(report_to_json(report))

@@ -156,16 +156,28 @@ def _tensors_text(index: CheckpointIndex, roles: dict[str, str]) -> str:
     tuples: dict[tuple[int, ...], str] = {}
     parts = []
     for t, nbytes, role, quantization in _tensor_facts(index, roles):
+        name, dtype, shape = escape(t.name), strings.get(t.dtype), tuples.get(t.shape)
+        if dtype is None:
+            dtype = strings[t.dtype] = escape(t.dtype)
+        if shape is None:
+            shape = tuples[t.shape] = json.dumps(list(t.shape))
+        role_text = strings.get(role) or strings.setdefault(role, escape(role))
+        if len(t.chunks) == 1 and not quantization:  # the common case, in one f-string
+            c = t.chunks[0]
+            offsets = tuples.get(c.offsets) or tuples.setdefault(c.offsets, json.dumps(list(c.offsets)))
+            chunk_shape = shape if c.shape is t.shape else (
+                tuples.get(c.shape) or tuples.setdefault(c.shape, json.dumps(list(c.shape))))
+            file = strings.get(c.file) or strings.setdefault(c.file, escape(c.file))
+            parts.append(f'{{"name": {name}, "dtype": {dtype}, "shape": {shape}, "nbytes": {nbytes}, "role": '
+                         f'{role_text}, "chunks": [{{"offsets": {offsets}, "shape": {chunk_shape}, "file": {file}}}]}}')
+            continue
         chunks = []
         for c in t.chunks:
             offsets = tuples.get(c.offsets) or tuples.setdefault(c.offsets, json.dumps(list(c.offsets)))
-            shape = tuples.get(c.shape) or tuples.setdefault(c.shape, json.dumps(list(c.shape)))
+            chunk_shape = tuples.get(c.shape) or tuples.setdefault(c.shape, json.dumps(list(c.shape)))
             file = strings.get(c.file) or strings.setdefault(c.file, escape(c.file))
-            chunks.append(f'{{"offsets": {offsets}, "shape": {shape}, "file": {file}}}')
-        dtype = strings.get(t.dtype) or strings.setdefault(t.dtype, escape(t.dtype))
-        role_text = strings.get(role) or strings.setdefault(role, escape(role))
-        shape = tuples.get(t.shape) or tuples.setdefault(t.shape, json.dumps(list(t.shape)))
+            chunks.append(f'{{"offsets": {offsets}, "shape": {chunk_shape}, "file": {file}}}')
         tail = f', "quantization": {json.dumps(quantization)}}}' if quantization else "}"
-        parts.append(f'{{"name": {escape(t.name)}, "dtype": {dtype}, "shape": {shape}, "nbytes": {nbytes}, '
+        parts.append(f'{{"name": {name}, "dtype": {dtype}, "shape": {shape}, "nbytes": {nbytes}, '
                      f'"role": {role_text}, "chunks": [{", ".join(chunks)}]{tail}')
     return f"[{', '.join(parts)}]"
