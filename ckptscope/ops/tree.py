@@ -113,25 +113,28 @@ def build_tree(tensors: Iterable[TensorMeta], *, collapse: bool = True, root_lab
     parents: dict[str, _Trie] = {}
     """Module path -> its node: a tensor finds its parent with one look-up instead of walking every
     level from the root (100,000 tensors of eight levels, issue 15)."""
-
-    def node_at(path: str) -> _Trie:
-        above_path, dot, part = path.rpartition(".")
-        above = (parents.get(above_path) or node_at(above_path)) if dot else root
-        node = above.children.get(part)
-        if node is None:
-            node = above.children[part] = _Trie(shapes)
-        parents[path] = node
-        return node
-
     for meta in tensors:
         parent_path, dot, part = meta.name.rpartition(".")
-        parent = (parents.get(parent_path) or node_at(parent_path)) if dot else root
+        parent = (parents.get(parent_path) or _node_at(parent_path, root, parents)) if dot else root
         node = parent.children.get(part)
         if node is None:
             node = parent.children[part] = _Trie(shapes)
         node.tensor = meta
     _sum_totals(root)
     return _node(root, root_label, "", collapse)
+
+
+def _node_at(path: str, root: _Trie, parents: dict[str, _Trie]) -> _Trie:
+    """The node of module ``path``, made (with the nodes above it) if new, and remembered in ``parents``.
+    A module function, not a closure: a recursive closure is a reference cycle that would keep the
+    whole trie alive until the cyclic collector runs."""
+    above_path, dot, part = path.rpartition(".")
+    above = (parents.get(above_path) or _node_at(above_path, root, parents)) if dot else root
+    node = above.children.get(part)
+    if node is None:
+        node = above.children[part] = _Trie(root.shapes)
+    parents[path] = node
+    return node
 
 
 def _sum_totals(trie: _Trie, bits: dict[str, int] | None = None) -> None:
