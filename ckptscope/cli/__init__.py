@@ -32,7 +32,17 @@ class PathDefaultGroup(click.Group):
     is a path (exists, or has a slash) opens the TUI (posting's DefaultGroup habit, without the
     extra dependency). Anything else is still a command name: a typo gets one line naming the commands."""
 
-    lazy: dict[str, str] = {}
+    lazy: dict[str, str] = {
+        "rename": "ckptscope.cli.rename_cmd:rename",
+        "check": "ckptscope.cli.check_cmd:check",
+        "diff": "ckptscope.cli.diff_cmd:diff",
+        "convert": "ckptscope.cli.convert_cmd:convert",
+        "merge": "ckptscope.cli.convert_cmd:merge",
+        "verify": "ckptscope.cli.convert_cmd:verify",
+        "lora": "ckptscope.cli.lora_cmd:lora",
+        "timeline": "ckptscope.cli.timeline_cmd:timeline",
+        "archs": "ckptscope.cli.archs_cmd:archs",
+    }
     """Command name -> ``module:attribute``: imported when that command runs (or help lists them all),
     so ``inspect`` does not pay for importing convert, diff, timeline ... (issue 15)."""
 
@@ -233,16 +243,3 @@ def _main(argv: Sequence[str] | None) -> None:
         if os.environ.get("CKPTSCOPE_DEBUG"):
             raise
         _fail(f"internal error: {type(exc).__name__}: {exc} (set CKPTSCOPE_DEBUG=1 for a traceback)")
-
-
-PathDefaultGroup.lazy = {
-    "rename": "ckptscope.cli.rename_cmd:rename",
-    "check": "ckptscope.cli.check_cmd:check",
-    "diff": "ckptscope.cli.diff_cmd:diff",
-    "convert": "ckptscope.cli.convert_cmd:convert",
-    "merge": "ckptscope.cli.convert_cmd:merge",
-    "verify": "ckptscope.cli.convert_cmd:verify",
-    "lora": "ckptscope.cli.lora_cmd:lora",
-    "timeline": "ckptscope.cli.timeline_cmd:timeline",
-    "archs": "ckptscope.cli.archs_cmd:archs",
-}
