@@ -131,13 +131,16 @@ def test_json_text_is_json_dumps_of_the_document(name):
     """``report_json_text`` (what ``inspect --json`` prints when piped) is ``json.dumps`` of
     ``report_to_json`` on the committed samples: FSDP2 tensors of several chunks, torch pickles,
     shared storages, every safetensors dtype."""
-    from ckptscope.ops.inspect import inspect_checkpoint, report_json_text, report_to_json
+    from ckptscope.ops.inspect import inspect_checkpoint, report_json_chunks, report_json_text, report_to_json
 
     report = inspect_checkpoint(SAMPLES / name)
     if name == "dcp_fsdp2":
         assert any(len(t.chunks) > 1 for t in report.index.tensors.values())
     extra = {"layout": "x", "root": "ü"}
-    assert report_json_text(report, extra) == json.dumps(report_to_json(report) | extra)
+    expected = json.dumps(report_to_json(report) | extra)
+    assert report_json_text(report, extra) == expected
+    for batch in (1, 2, len(report.index.tensors)):  # the pieces join at any batch boundary
+        assert "".join(report_json_chunks(report, extra, batch=batch)) == expected
 
 
 def test_json_text_of_block_scaled_tensors(tmp_path):

@@ -162,7 +162,7 @@ def inspect(path: str, as_json: bool, include: tuple[str, ...], exclude: tuple[s
 def _inspect(path: str, as_json: bool, include: tuple[str, ...], exclude: tuple[str, ...], trust_pickle: bool,
              no_collapse: bool, all_children: bool, iteration: int | str | None) -> None:
     from ckptscope.cli.roots_view import iterations_json, print_iterations, resolve
-    from ckptscope.ops.inspect import inspect_checkpoint, report_json_text, report_to_json
+    from ckptscope.ops.inspect import inspect_checkpoint, report_json_chunks, report_to_json
     from ckptscope.ops.roots import describe_checkpoint
 
     target = resolve(path, iteration)
@@ -179,7 +179,11 @@ def _inspect(path: str, as_json: bool, include: tuple[str, ...], exclude: tuple[
         if sys.stdout.isatty():
             click.echo(json.dumps(report_to_json(report) | extra, indent=2))
         else:  # the same document as json.dumps(..., indent=None) writes it, made faster (issue 15)
-            click.echo(report_json_text(report, extra))
+            out = click.get_text_stream("stdout")
+            for piece in report_json_chunks(report, extra):
+                out.write(piece)
+            out.write("\n")
+            out.flush()
         return
     from rich.text import Text
 

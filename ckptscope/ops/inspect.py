@@ -13,7 +13,6 @@ from typing import Any
 from ckptscope.core.dtypes import dtype_by_name
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.names import select
-from ckptscope.core.tensor import TensorMeta
 from ckptscope.formats import open_checkpoint
 from ckptscope.ops.model import ModelEntries, model_entries
 from ckptscope.ops.tree import TreeNode, build_tree
@@ -79,19 +78,33 @@ def report_to_json(report: InspectReport) -> dict[str, Any]:
 
 
 def report_json_text(report: InspectReport, extra: dict[str, Any]) -> str:
-    """``json.dumps(report_to_json(report) | extra)``, byte for byte, in a fraction of the time.
+    """``json.dumps(report_to_json(report) | extra)``, byte for byte (see ``report_json_chunks``)."""
+    return "".join(report_json_chunks(report, extra))
+
+
+def report_json_chunks(report: InspectReport, extra: dict[str, Any], *, batch: int = 4096) -> Iterator[str]:
+    """``json.dumps(report_to_json(report) | extra)`` in pieces of ``batch`` tensors, byte for byte, in a
+    fraction of the time; ``inspect --json`` writes each piece as it comes.
 
     The per-tensor entries are most of the document (issue 15: 100,000 tensors), and building a dict
     per tensor and chunk only for the encoder to walk them is most of its cost. Here each entry is
     written as text with the encoder's own string escaping (``encode_basestring_ascii``) and its
     separators; the text of a dtype, role, file or shape is made once with ``json.dumps`` and reused.
+    Written in pieces, the document is never one string of tens of megabytes.
     """
     doc = _document(report)
     doc.update(extra)
     head = json.dumps({"path": doc.pop("path"), "format": doc.pop("format")})
     doc.pop("tensors")
-    tensors = _tensors_text(report.index, report.entries.split.roles_by_name())
-    return f"{head[:-1]}, \"tensors\": {tensors}, {json.dumps(doc)[1:]}"
+    yield f'{head[:-1]}, "tensors": ['
+    parts: list[str] = []
+    for text in _tensor_texts(report.index, report.entries.split.roles_by_name()):
+        parts.append(text)
+        if len(parts) == batch:
+            yield ", ".join(parts)
+            parts = [""]  # the next piece starts with the separator
+    yield ", ".join(parts)
+    yield f"], {json.dumps(doc)[1:]}"
 
 
 def _document(report: InspectReport) -> dict[str, Any]:
@@ -119,65 +132,64 @@ def _document(report: InspectReport) -> dict[str, Any]:
     }
 
 
-def _tensor_facts(index: CheckpointIndex, roles: dict[str, str]) -> Iterator[tuple[TensorMeta, int, str, Any]]:
-    """Each tensor with its bytes, role and quantisation (None for most). A plain tensor's bytes come
-    from its dtype's bits, looked up once per dtype: this runs for every tensor (issue 15)."""
-    bits: dict[str, int] = {}
-    prod = math.prod
-    for t in index.tensors.values():
-        if t.attrs:
-            quantization = t.quantization
-            nbytes = t.nbytes
-        else:
-            quantization = None
-            dtype_bits = bits.get(t.dtype)
-            if dtype_bits is None:
-                dtype_bits = bits[t.dtype] = dtype_by_name(t.dtype).bits
-            nbytes = (prod(t.shape) * dtype_bits + 7) // 8
-        yield t, nbytes, roles.get(t.name, "unknown"), quantization
-
-
 def _tensor_docs(index: CheckpointIndex, roles: dict[str, str]) -> list[dict[str, Any]]:
     out = []
-    for t, nbytes, role, quantization in _tensor_facts(index, roles):
-        doc = {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "nbytes": nbytes, "role": role,
+    for t in index.tensors.values():
+        doc = {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "nbytes": t.nbytes,
+               "role": roles.get(t.name, "unknown"),
                "chunks": [{"offsets": list(c.offsets), "shape": list(c.shape), "file": c.file} for c in t.chunks]}
+        quantization = t.quantization if t.attrs else None
         if quantization:
             doc["quantization"] = quantization
         out.append(doc)
     return out
 
 
-def _tensors_text(index: CheckpointIndex, roles: dict[str, str]) -> str:
-    """The ``tensors`` list of ``_tensor_docs`` as ``json.dumps`` writes it (see ``report_json_text``).
-    Memoised pieces are keyed by value: a shape is a tuple of ints and a name, dtype, role or file a str."""
+def _tensor_texts(index: CheckpointIndex, roles: dict[str, str]) -> Iterator[str]:
+    """Each entry of ``_tensor_docs`` as ``json.dumps`` writes it (see ``report_json_chunks``). Runs once
+    per tensor, so a plain tensor's bytes come from its dtype's bits, and the texts of dtypes, shapes,
+    offsets and files are memoised by value (a shape is a tuple of ints; the others are str), with the
+    previous tensor's dtype and file tried first by identity: neighbours share them."""
     escape = encode_basestring_ascii
+    dumps = json.dumps
+    prod = math.prod
     strings: dict[str, str] = {}
     tuples: dict[tuple[int, ...], str] = {}
-    parts = []
-    for t, nbytes, role, quantization in _tensor_facts(index, roles):
-        name, dtype, shape = escape(t.name), strings.get(t.dtype), tuples.get(t.shape)
-        if dtype is None:
-            dtype = strings[t.dtype] = escape(t.dtype)
+    dtypes: dict[str, tuple[str, int]] = {}  # dtype -> (its JSON text, bits)
+    last_dtype, dtype_text, bits = None, "", 0
+    last_file, file_text = None, ""
+    for t in index.tensors.values():
+        if t.dtype is not last_dtype:
+            last_dtype = t.dtype
+            found = dtypes.get(last_dtype)
+            if found is None:
+                found = dtypes[last_dtype] = (escape(last_dtype), dtype_by_name(last_dtype).bits)
+            dtype_text, bits = found
+        shape = tuples.get(t.shape)
         if shape is None:
-            shape = tuples[t.shape] = json.dumps(list(t.shape))
+            shape = tuples[t.shape] = dumps(list(t.shape))
+        role = roles.get(t.name, "unknown")
         role_text = strings.get(role) or strings.setdefault(role, escape(role))
-        if len(t.chunks) == 1 and not quantization:  # the common case, in one f-string
-            c = t.chunks[0]
-            offsets = tuples.get(c.offsets) or tuples.setdefault(c.offsets, json.dumps(list(c.offsets)))
+        chunks = t.chunks
+        if not t.attrs and len(chunks) == 1:  # the common case, in one f-string
+            c = chunks[0]
+            if c.file is not last_file:
+                last_file = c.file
+                file_text = strings.get(last_file) or strings.setdefault(last_file, escape(last_file))
+            offsets = tuples.get(c.offsets) or tuples.setdefault(c.offsets, dumps(list(c.offsets)))
             chunk_shape = shape if c.shape is t.shape else (
-                tuples.get(c.shape) or tuples.setdefault(c.shape, json.dumps(list(c.shape))))
-            file = strings.get(c.file) or strings.setdefault(c.file, escape(c.file))
-            parts.append(f'{{"name": {name}, "dtype": {dtype}, "shape": {shape}, "nbytes": {nbytes}, "role": '
-                         f'{role_text}, "chunks": [{{"offsets": {offsets}, "shape": {chunk_shape}, "file": {file}}}]}}')
+                tuples.get(c.shape) or tuples.setdefault(c.shape, dumps(list(c.shape))))
+            yield (f'{{"name": {escape(t.name)}, "dtype": {dtype_text}, "shape": {shape}, "nbytes": '
+                   f'{(prod(t.shape) * bits + 7) // 8}, "role": {role_text}, "chunks": [{{"offsets": {offsets}, '
+                   f'"shape": {chunk_shape}, "file": {file_text}}}]}}')
             continue
-        chunks = []
-        for c in t.chunks:
-            offsets = tuples.get(c.offsets) or tuples.setdefault(c.offsets, json.dumps(list(c.offsets)))
-            chunk_shape = tuples.get(c.shape) or tuples.setdefault(c.shape, json.dumps(list(c.shape)))
+        texts = []
+        for c in chunks:
+            offsets = tuples.get(c.offsets) or tuples.setdefault(c.offsets, dumps(list(c.offsets)))
+            chunk_shape = tuples.get(c.shape) or tuples.setdefault(c.shape, dumps(list(c.shape)))
             file = strings.get(c.file) or strings.setdefault(c.file, escape(c.file))
-            chunks.append(f'{{"offsets": {offsets}, "shape": {chunk_shape}, "file": {file}}}')
-        tail = f', "quantization": {json.dumps(quantization)}}}' if quantization else "}"
-        parts.append(f'{{"name": {name}, "dtype": {dtype}, "shape": {shape}, "nbytes": {nbytes}, '
-                     f'"role": {role_text}, "chunks": [{", ".join(chunks)}]{tail}')
-    return f"[{', '.join(parts)}]"
+            texts.append(f'{{"offsets": {offsets}, "shape": {chunk_shape}, "file": {file}}}')
+        quantization = t.quantization if t.attrs else None
+        tail = f', "quantization": {dumps(quantization)}}}' if quantization else "}"
+        yield (f'{{"name": {escape(t.name)}, "dtype": {dtype_text}, "shape": {shape}, "nbytes": {t.nbytes}, '
+               f'"role": {role_text}, "chunks": [{", ".join(texts)}]{tail}')
