@@ -58,3 +58,22 @@ def test_totals_of_every_node_equal_the_sum_over_its_tensors():
         assert node.num_tensors == len(below), node.path
         assert node.num_params == sum(t.numel for t in below), node.path
         assert node.nbytes == sum(t.nbytes for t in below), node.path
+
+
+def test_tree_is_freed_without_the_cyclic_collector():
+    """Opening runs with the collector paused (issue 15): a tree that held a reference cycle would
+    stay alive until the collector ran, then cost a walk over every node."""
+    import gc
+
+    metas = [TensorMeta(f"model.layers.{i}.mlp.experts.{j}.w", "float32", (2,)) for i in range(20) for j in range(4)]
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        tree = build_tree(metas)
+        assert tree.num_tensors == 80
+        del tree
+        assert gc.collect() == 0
+    finally:
+        if was:
+            gc.enable()

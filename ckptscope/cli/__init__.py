@@ -32,9 +32,34 @@ class PathDefaultGroup(click.Group):
     is a path (exists, or has a slash) opens the TUI (posting's DefaultGroup habit, without the
     extra dependency). Anything else is still a command name: a typo gets one line naming the commands."""
 
+    lazy: dict[str, str] = {
+        "rename": "ckptscope.cli.rename_cmd:rename",
+        "check": "ckptscope.cli.check_cmd:check",
+        "diff": "ckptscope.cli.diff_cmd:diff",
+        "convert": "ckptscope.cli.convert_cmd:convert",
+        "merge": "ckptscope.cli.convert_cmd:merge",
+        "verify": "ckptscope.cli.convert_cmd:verify",
+        "lora": "ckptscope.cli.lora_cmd:lora",
+        "timeline": "ckptscope.cli.timeline_cmd:timeline",
+        "archs": "ckptscope.cli.archs_cmd:archs",
+    }
+    """Command name -> ``module:attribute``: imported when that command runs (or help lists them all),
+    so ``inspect`` does not pay for importing convert, diff, timeline ... (issue 15)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.lazy:
+            import importlib
+
+            module, attribute = self.lazy[cmd_name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), cmd_name)
+        return self.commands.get(cmd_name)
+
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         first = args[0] if args else ""
-        if first and first not in self.commands and not first.startswith("-") and (
+        if first and first not in self.commands and first not in self.lazy and not first.startswith("-") and (
                 os.path.lexists(first) or os.sep in first):  # a path, even a wrong one: say so on screen
             args = ["open", *args]
         return super().parse_args(ctx, args)
@@ -42,7 +67,7 @@ class PathDefaultGroup(click.Group):
     def resolve_command(self, ctx: click.Context, args: list[str]):
         name = args[0] if args else ""
         if name and not name.startswith("-") and self.get_command(ctx, name) is None:
-            raise click.UsageError(f"no command or path {name!r} (commands: {', '.join(sorted(self.commands))}; "
+            raise click.UsageError(f"no command or path {name!r} (commands: {', '.join(self.list_commands(ctx))}; "
                                    "a path opens the TUI)", ctx)
         return super().resolve_command(ctx, args)
 
@@ -126,8 +151,18 @@ def inspect(path: str, as_json: bool, include: tuple[str, ...], exclude: tuple[s
     """Summarise a checkpoint: format, files, tensors, parameters, bytes per dtype, module tree.
 
     On a save directory, list its iterations and inspect the latest complete one (or --iteration N)."""
+    from ckptscope.core.collector import collector_paused
+
+    # Everything this command builds stays alive until it exits: the cyclic collector would only walk
+    # it again and again (superlinear in tensors, issue 15).
+    with collector_paused():
+        _inspect(path, as_json, include, exclude, trust_pickle, no_collapse, all_children, iteration)
+
+
+def _inspect(path: str, as_json: bool, include: tuple[str, ...], exclude: tuple[str, ...], trust_pickle: bool,
+             no_collapse: bool, all_children: bool, iteration: int | str | None) -> None:
     from ckptscope.cli.roots_view import iterations_json, print_iterations, resolve
-    from ckptscope.ops.inspect import inspect_checkpoint, report_to_json
+    from ckptscope.ops.inspect import inspect_checkpoint, report_json_chunks, report_to_json
     from ckptscope.ops.roots import describe_checkpoint
 
     target = resolve(path, iteration)
@@ -137,12 +172,18 @@ def inspect(path: str, as_json: bool, include: tuple[str, ...], exclude: tuple[s
     for warning in report.index.warnings:
         click.echo(f"ckptscope: warning: {warning}", err=True)
     if as_json:
-        doc = report_to_json(report)
-        doc["layout"] = layout
+        extra = {"layout": layout}
         if target.iterations is not None:
-            doc.update(root=target.root, iterations=iterations_json(target),
-                       iteration_layout=describe_checkpoint(target.path, report.index))
-        click.echo(json.dumps(doc, indent=None if not sys.stdout.isatty() else 2))
+            extra.update(root=target.root, iterations=iterations_json(target),
+                         iteration_layout=describe_checkpoint(target.path, report.index))
+        if sys.stdout.isatty():
+            click.echo(json.dumps(report_to_json(report) | extra, indent=2))
+        else:  # the same document as json.dumps(..., indent=None) writes it, made faster (issue 15)
+            out = click.get_text_stream("stdout")
+            for piece in report_json_chunks(report, extra):
+                out.write(piece)
+            out.write("\n")
+            out.flush()
         return
     from rich.text import Text
 
@@ -206,26 +247,3 @@ def _main(argv: Sequence[str] | None) -> None:
         if os.environ.get("CKPTSCOPE_DEBUG"):
             raise
         _fail(f"internal error: {type(exc).__name__}: {exc} (set CKPTSCOPE_DEBUG=1 for a traceback)")
-
-
-def _register_commands() -> None:
-    from ckptscope.cli.archs_cmd import archs
-    from ckptscope.cli.check_cmd import check
-    from ckptscope.cli.convert_cmd import convert, merge, verify
-    from ckptscope.cli.diff_cmd import diff
-    from ckptscope.cli.lora_cmd import lora
-    from ckptscope.cli.rename_cmd import rename
-    from ckptscope.cli.timeline_cmd import timeline
-
-    cli.add_command(rename)
-    cli.add_command(check)
-    cli.add_command(diff)
-    cli.add_command(convert)
-    cli.add_command(merge)
-    cli.add_command(verify)
-    cli.add_command(lora)
-    cli.add_command(timeline)
-    cli.add_command(archs)
-
-
-_register_commands()

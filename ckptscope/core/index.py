@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import Any
 
 from ckptscope.core.dtypes import dtype_by_name
@@ -58,14 +60,22 @@ def bytes_by_dtype(metas: Iterable[TensorMeta]) -> dict[str, int]:
     dtypes round up per tensor, as they are stored. A block-scaled tensor (FP8 + scales, MXFP4) counts
     its stored bytes, payload and scales, under its scheme (``fp8_block``), not the float32 it reads as."""
     metas = list(metas)
-    elements: Counter[str] = Counter()
+    elements: dict[str, int] = {}
     scaled: Counter[str] = Counter()
+    prod = math.prod
+    dtypes = set(map(_dtype_of, metas))
+    if len(dtypes) == 1 and not any(map(_attrs_of, metas)):  # one dtype, nothing quantised: C-level passes
+        dtype = dtypes.pop()
+        if dtype_by_name(dtype).bits % 8 == 0:
+            return {dtype: dtype_by_name(dtype).nbytes(count_elements(metas))}
     for t in metas:
-        scheme = t.attr("quant_scheme") if t.attrs else None
-        if scheme is not None:
-            scaled[scheme] += int(t.attr("stored_bytes") or 0)
-            continue
-        elements[t.dtype] += t.numel
+        if t.attrs:
+            scheme = t.attr("quant_scheme")
+            if scheme is not None:
+                scaled[scheme] += int(t.attr("stored_bytes") or 0)
+                continue
+        dtype = t.dtype
+        elements[dtype] = elements.get(dtype, 0) + prod(t.shape)
     packed: Counter[str] = Counter()
     for name in elements:
         if dtype_by_name(name).bits % 8:
@@ -73,6 +83,16 @@ def bytes_by_dtype(metas: Iterable[TensorMeta]) -> dict[str, int]:
     counts = Counter({d: packed[d] if d in packed else dtype_by_name(d).nbytes(n) for d, n in elements.items()})
     counts.update(scaled)
     return dict(counts.most_common())
+
+
+def count_elements(metas: Iterable[TensorMeta]) -> int:
+    """Elements of all ``metas`` together (``sum(t.numel for t in metas)``, without a property call per tensor)."""
+    return sum(map(math.prod, map(_shape_of, metas)))
+
+
+_shape_of = attrgetter("shape")
+_dtype_of = attrgetter("dtype")
+_attrs_of = attrgetter("attrs")
 
 
 @dataclass(slots=True)
@@ -116,7 +136,7 @@ class CheckpointIndex:
 
     @property
     def num_params(self) -> int:
-        return sum(t.numel for t in self.tensors.values())
+        return count_elements(self.tensors.values())
 
     @property
     def total_bytes(self) -> int:

@@ -35,6 +35,8 @@ def glob_match(name: str, pattern: str) -> bool:
 
 def select(names: Iterable[str], include: Sequence[str] = (), exclude: Sequence[str] = ()) -> list[str]:
     """Names kept by ``--include`` (any pattern matches, default all) minus ``--exclude``."""
+    if not include and not exclude:
+        return list(names)
     kept = []
     for name in names:
         if include and not any(glob_match(name, p) for p in include):

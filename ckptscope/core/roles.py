@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter, methodcaller
 
 MODEL = "model"
 UNKNOWN = "unknown"
@@ -72,26 +73,29 @@ _FAMILIES = (
 )
 
 
+_ANY_FAMILY = re.compile("|".join(f"(?P<{family}>{pattern.pattern})" for family, pattern in _FAMILIES))
+"""Every family's pattern in one alternation, tried in ``_FAMILIES`` order: one ``match`` per name
+tells which family claims it first (the outer named group is the last one closed, ``lastgroup``)."""
+_PATTERNS = dict(_FAMILIES)
+
+
 def naming_family(names: Iterable[str]) -> str:
     """``"mcore"`` (Megatron-Core GPTModel names), ``"hf"`` (transformers names), ``"gguf"``
     (llama.cpp's), ``"torchtitan"`` (torchtitan's Llama-style names) or ``"other"``: whichever most
-    names follow."""
+    names follow (a name counts for the first family in ``_FAMILIES`` that it follows)."""
     counts = dict.fromkeys(("mcore", "hf", "gguf", "torchtitan"), 0)
-    for name in names:
-        for family, pattern in _FAMILIES:
-            if pattern.match(name):
-                counts[family] += 1
-                break
+    match = _ANY_FAMILY.match
+    for found in map(match, names):
+        if found is not None:
+            counts[found.lastgroup] += 1
     best, count = max(counts.items(), key=lambda kv: kv[1])
     return best if count else "other"
 
 
 def in_family(name: str, family: str) -> bool:
     """Whether ``name`` follows ``family``'s naming (``other`` admits every name)."""
-    for known, pattern in _FAMILIES:
-        if known == family:
-            return bool(pattern.match(name))
-    return True
+    pattern = _PATTERNS.get(family)
+    return pattern is None or bool(pattern.match(name))
 
 
 def training_kind(name: str, group: str | None = None) -> str | None:
@@ -156,29 +160,65 @@ def split_entries(names: Iterable[str], groups: Mapping[str, str] | None = None)
     ``groups`` holds readers' own tags (stored name -> ``optimizer``) where they have them.
     """
     groups = groups or {}
+    if not groups:
+        names = list(names)
+        plain = _split_plain(names)
+        if plain is not None:
+            return plain
     split = Split()
     candidates: list[tuple[str, str]] = []  # (name without infix wrappers, stored name)
+    by_first: dict[str, str | None] = {}  # first component -> kind: it alone decides, but for chained_N
     for name in names:
-        kind = training_kind(name, groups.get(name))
+        first = name.partition(".")[0]
+        group = groups.get(name) if groups else None
+        if group is None and first in by_first:  # the common case: one dict look-up per name
+            kind = by_first[first]
+        else:
+            kind = training_kind(name, group)
+            if group is None and not first.startswith("chained_"):
+                by_first[first] = kind
         if kind is not None:
             split.training.setdefault(kind, []).append(name)
         else:
-            candidates.append((strip_infix_wrappers(name), name))
+            candidates.append((strip_infix_wrappers(name) if "_mod" in name else name, name))
     prefix, family = _model_prefix([c for c, _ in candidates])
     split.prefix, split.naming = prefix, family
+    follows = _PATTERNS[family].match if family in _PATTERNS else None
+    stored_names = split.stored
     for clean, stored in candidates:
         if not clean.startswith(prefix):
             split.unknown.append(stored)
             continue
-        model_name = clean[len(prefix):]
-        if family != "other" and not in_family(model_name, family):
+        model_name = clean[len(prefix):] if prefix else clean
+        if follows is not None and follows(model_name) is None:
             split.unknown.append(stored)
             continue
-        if model_name in split.stored:
-            split.collisions.append((model_name, split.stored[model_name], stored))
+        if model_name in stored_names:
+            split.collisions.append((model_name, stored_names[model_name], stored))
             continue
-        split.stored[model_name] = stored
+        stored_names[model_name] = stored
     return split
+
+
+def _split_plain(names: list[str]) -> Split | None:
+    """``split_entries`` for the common checkpoint in C-level passes (issue 15: 100,000 names): no reader
+    tags, no training state, no infix wrapper, no prefix, and every name in the family found (or none
+    found). None when any of that does not hold: the general loop decides then."""
+    if "_mod" in "\0".join(names):  # an infix wrapper somewhere (or a name that merely contains _mod)
+        return None
+    for first in set(map(itemgetter(0), map(methodcaller("partition", "."), names))):
+        if first.startswith("chained_") or training_kind(first) is not None:
+            return None
+    prefix, family = _model_prefix(names)
+    if prefix:
+        return None
+    pattern = _PATTERNS.get(family)
+    if pattern is not None and not all(map(pattern.match, names)):
+        return None
+    stored = dict(zip(names, names))
+    if len(stored) != len(names):  # a name twice: the general loop records the collision
+        return None
+    return Split(prefix=prefix, naming=family, stored=stored)
 
 
 def _model_prefix(names: list[str]) -> tuple[str, str]:

@@ -127,8 +127,10 @@ def fold_block_scaled(index: CheckpointIndex) -> dict[str, BlockScaled]:
     place in the order) and return how to read them. A pair whose shapes do not fit is left as stored,
     with a warning: guessing a block would be silently wrong."""
     tensors = index.tensors
-    block = _config_block(index) or DEFAULT_FP8_BLOCK
     found: dict[str, BlockScaled] = {}
+    if "_scale" not in "\0".join(tensors):  # no scale tensor at all: one C-level scan (issue 15)
+        return found
+    block = _config_block(index) or DEFAULT_FP8_BLOCK
     for name in list(tensors):
         if name.endswith("_scale_inv"):
             scheme, payload_name, logical = "fp8_block", name.removesuffix("_scale_inv"), name.removesuffix("_scale_inv")

@@ -9,13 +9,16 @@ compares what it calls the model, convert / merge export exactly its model and n
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ckptscope.core.index import CheckpointIndex, bytes_by_dtype
+from ckptscope.core.index import CheckpointIndex, bytes_by_dtype, count_elements
 from ckptscope.core.roles import MODEL, TRAINING_KINDS, UNKNOWN, Split, split_entries, strip_infix_wrappers
 from ckptscope.core.tensor import TensorMeta
-from ckptscope.mappings.links import Piece, Recipe
+
+if TYPE_CHECKING:  # the mappings package registers every architecture on import: inspect never needs it
+    from ckptscope.mappings.links import Recipe
 
 
 @dataclass
@@ -43,13 +46,15 @@ class ModelEntries:
     def num_params(self) -> int:
         """Parameters of the model as ``sum(p.numel() for p in model.parameters())`` counts them: a
         tensor stored twice on one storage (tied embeddings in a ``torch.save`` file) counts once."""
-        return _totals(self.unique_tensors())["params"]
+        return count_elements(self.unique_tensors())
 
     @property
     def nbytes(self) -> int:
-        return _totals(self.unique_tensors())["bytes"]
+        return sum(bytes_by_dtype(self.unique_tensors()).values())
 
     def unique_tensors(self) -> list[TensorMeta]:
+        if not any(map(_attrs_of, self.tensors.values())):  # no storage shared: every tensor counts
+            return list(self.tensors.values())
         seen: set[str] = set()
         out = []
         for name, meta in self.tensors.items():
@@ -70,6 +75,8 @@ class ModelEntries:
 
     def to_stored(self, recipes: dict[str, Recipe]) -> dict[str, Recipe]:
         """Recipes over model names, rewritten to read the stored (or view) names."""
+        from ckptscope.mappings.links import Piece, Recipe
+
         if all(self.stored.get(n, n) == n for n in self.stored):
             return recipes
         out = {}
@@ -94,12 +101,17 @@ class ModelEntries:
 def _totals(metas) -> dict[str, int]:
     """Count, elements and bytes of some tensors."""
     metas = list(metas)
-    return {"tensors": len(metas), "params": sum(m.numel for m in metas),
-            "bytes": sum(bytes_by_dtype(metas).values())}
+    return {"tensors": len(metas), "params": count_elements(metas), "bytes": sum(bytes_by_dtype(metas).values())}
 
 
 def _groups(index: CheckpointIndex) -> dict[str, str]:
-    return {name: group for name, meta in index.tensors.items() if (group := meta.attr("group")) is not None}
+    if not any(map(_attrs_of, index.tensors.values())):  # most checkpoints: one C-level pass
+        return {}
+    return {name: group for name, meta in index.tensors.items()
+            if meta.attrs and (group := meta.attr("group")) is not None}
+
+
+_attrs_of = operator.attrgetter("attrs")
 
 
 def model_entries(index: CheckpointIndex, *, logical: bool = False) -> ModelEntries:
@@ -107,7 +119,11 @@ def model_entries(index: CheckpointIndex, *, logical: bool = False) -> ModelEntr
     split = split_entries(index.tensors, _groups(index))
     tensors: dict[str, TensorMeta] = {}
     stored: dict[str, str] = {}
-    if not logical or not index.views:
+    if (not logical or not index.views) and len(split.stored) == len(index.tensors) and all(
+            map(operator.is_, split.stored, split.stored.values())):  # every entry is the model, as stored
+        tensors = dict(index.tensors)
+        stored = dict(split.stored)
+    elif not logical or not index.views:
         for model_name, name in split.stored.items():
             meta = index.tensors[name]
             tensors[model_name] = meta if model_name == name else replace(meta, name=model_name)

@@ -7,6 +7,7 @@ different shape) breaks the run, so nothing is hidden. Used by ``inspect`` and b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from ckptscope.core.names import natural_key
@@ -109,32 +110,59 @@ def build_tree(tensors: Iterable[TensorMeta], *, collapse: bool = True, root_lab
     while inserting; everything below the root is materialised lazily."""
     shapes: dict[tuple, int] = {}
     root = _Trie(shapes)
+    parents: dict[str, _Trie] = {}
+    """Module path -> its node: a tensor finds its parent with one look-up instead of walking every
+    level from the root (100,000 tensors of eight levels, issue 15)."""
     for meta in tensors:
-        node = root
-        for part in meta.name.split("."):
-            child = node.children.get(part)
-            if child is None:
-                child = node.children[part] = _Trie(shapes)
-            node = child
+        parent_path, dot, part = meta.name.rpartition(".")
+        parent = (parents.get(parent_path) or _node_at(parent_path, root, parents)) if dot else root
+        node = parent.children.get(part)
+        if node is None:
+            node = parent.children[part] = _Trie(shapes)
         node.tensor = meta
     _sum_totals(root)
     return _node(root, root_label, "", collapse)
 
 
-def _sum_totals(trie: _Trie) -> None:
+def _node_at(path: str, root: _Trie, parents: dict[str, _Trie]) -> _Trie:
+    """The node of module ``path``, made (with the nodes above it) if new, and remembered in ``parents``.
+    A module function, not a closure: a recursive closure is a reference cycle that would keep the
+    whole trie alive until the cyclic collector runs."""
+    above_path, dot, part = path.rpartition(".")
+    above = (parents.get(above_path) or _node_at(above_path, root, parents)) if dot else root
+    node = above.children.get(part)
+    if node is None:
+        node = above.children[part] = _Trie(root.shapes)
+    parents[path] = node
+    return node
+
+
+def _sum_totals(trie: _Trie, bits: dict[str, int] | None = None) -> None:
     """Fill params/bytes/count bottom-up: once per trie node, instead of once per tensor per
-    level while inserting. Recursion depth is the name depth (a dozen levels)."""
+    level while inserting. Recursion depth is the name depth (a dozen levels). ``bits`` caches
+    each dtype's bits: a leaf's size is then arithmetic, not two property calls (issue 15)."""
+    if bits is None:
+        bits = {}
     tensor = trie.tensor
     if tensor is not None:
         params, nbytes, count = tensor.numel, tensor.nbytes, 1
     else:
         params = nbytes = count = 0
+    prod = math.prod
     for child in trie.children.values():
         if child.children:
-            _sum_totals(child)
+            _sum_totals(child, bits)
         else:  # a leaf: one tensor (most nodes; skip the call)
             leaf = child.tensor
-            child.params, child.nbytes, child.count = leaf.numel, leaf.nbytes, 1  # type: ignore[union-attr]
+            if leaf.attrs:  # type: ignore[union-attr]  # quantised sizes live in attrs
+                child.params, child.nbytes = leaf.numel, leaf.nbytes  # type: ignore[union-attr]
+            else:
+                dtype_bits = bits.get(leaf.dtype)  # type: ignore[union-attr]
+                if dtype_bits is None:
+                    dtype_bits = bits[leaf.dtype] = leaf.dtype_info.bits  # type: ignore[union-attr]
+                child.params = numel = prod(leaf.shape)  # type: ignore[union-attr]
+                child.nbytes = (numel * dtype_bits + 7) // 8
+            child.count = 1
         params += child.params
         nbytes += child.nbytes
         count += child.count
@@ -191,8 +219,19 @@ def _signature(trie: _Trie) -> int:
     """
     if trie.signature is None:
         own = (trie.tensor.dtype, trie.tensor.shape) if trie.tensor is not None else None
-        key = (own, tuple(sorted((k, _signature(c)) for k, c in trie.children.items())))
-        trie.signature = trie.shapes.setdefault(key, len(trie.shapes))
+        shapes = trie.shapes
+        below = []
+        for key, child in trie.children.items():
+            sig = child.signature
+            if sig is None:
+                leaf = child.tensor
+                if child.children or leaf is None:
+                    sig = _signature(child)
+                else:  # most nodes are leaves: interned here, without a call
+                    sig = child.signature = shapes.setdefault(((leaf.dtype, leaf.shape), ()), len(shapes))
+            below.append((key, sig))
+        below.sort()
+        trie.signature = shapes.setdefault((own, tuple(below)), len(shapes))
     return trie.signature
 
 

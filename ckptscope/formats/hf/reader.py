@@ -80,10 +80,10 @@ def _load_json(path: Path) -> Any:
 def _read_weight_map(index_path: Path) -> tuple[dict[str, str], dict[str, Any]]:
     data = _load_json(index_path)
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+    if not isinstance(weight_map, dict) or not set(map(type, weight_map.values())) <= {str}:
         raise CkptError("index file has no valid weight_map", index_path)
     metadata = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
-    return {str(k): v for k, v in weight_map.items()}, metadata
+    return weight_map, metadata  # JSON object keys are always str
 
 
 @register_reader
@@ -131,19 +131,27 @@ class HFDirReader(CheckpointReader):
             index.metadata["index"] = meta
             shards = self._shards_named_by(index, index_file, weight_map)
             headers = {shard: self._header(index, shard) for shard in shards}
-            owner = {n: shard for shard, header in headers.items() for n in header.tensors}
+            owner: dict[str, str] | None = None  # tensor -> shard that stores it; built only for a misplaced one
+            found_in: dict[str, int] = dict.fromkeys(headers, 0)  # shard -> tensors the index places there, found
+            tensors = index.tensors
             for name, shard in weight_map.items():
-                if shard not in headers:
+                header = headers.get(shard)
+                if header is None:
                     continue  # a missing shard: already an issue
-                found = headers[shard].tensors.get(name)
+                found = header.tensors.get(name)
                 if found is None:
+                    if owner is None:
+                        owner = {n: s for s, h in headers.items() for n in h.tensors}
                     self._misplaced(index, index_file, name, shard, owner.get(name))
                     if name in owner:
-                        index.tensors[name] = headers[owner[name]].tensors[name]
+                        tensors[name] = headers[owner[name]].tensors[name]
                     continue
-                index.tensors[name] = found
+                found_in[shard] += 1
+                tensors[name] = found
             for shard, header in headers.items():
-                extra = [n for n in header.tensors if n not in weight_map]
+                # When the index places every tensor of the shard there, none can be missing from it.
+                complete = len(header.tensors) == found_in[shard]
+                extra = [] if complete else [n for n in header.tensors if n not in weight_map]
                 if extra:
                     index.add_issue("index-mismatch", f"{len(extra)} tensors stored here are not listed in "
                                     f"{index_file.name} (loaders skip them)", file=shard, tensors=tuple(extra),
@@ -254,7 +262,7 @@ class HFDirReader(CheckpointReader):
     # --- everything else in the directory ----------------------------------------------------
 
     def _add_side_files(self, index: CheckpointIndex) -> None:
-        data_files = {f for t in index.tensors.values() for f in t.files}
+        data_files = {c.file for t in index.tensors.values() for c in t.chunks}
         entries = sorted(self.path.iterdir(), key=lambda p: natural_key(p.name))
         names = {p.name for p in entries if p.is_file()}
         trainer = self._is_trainer_checkpoint(names)

@@ -17,7 +17,7 @@ from typing import Any
 from ckptscope.core.dtypes import dtype_by_safetensors
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo
-from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
+from ckptscope.core.tensor import TensorMeta, raw_tensor
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import register_reader
 
@@ -88,34 +88,77 @@ def parse_safetensors_header(path: Path, rel_name: str, *, allow_truncated: bool
     metadata = header.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict):
         raise CkptError("bad safetensors header: __metadata__ is not an object", path)
-    tensors: dict[str, TensorMeta] = {}
-    spans: list[tuple[int, int, str]] = []
-    truncated: list[str] = []
-    by_code: dict[str, Any] = {}
-    for name, entry in header.items():
-        begin, end, meta = _parse_entry(path, name, entry, data_start, rel_name, by_code)
-        if end > data_size and allow_truncated:
-            truncated.append(name)
-        elif end > data_size:
-            raise CkptError(
-                f"truncated safetensors file: tensor {name!r} ends at byte {data_start + end}, "
-                f"file has {file_size}",
-                path,
-            )
-        spans.append((begin, end, name))
-        tensors[name] = meta
-    warnings = _check_layout(path, spans, data_size)
-    if truncated:  # the layout warning would count the missing bytes as negative free space
-        end = data_start + max(e for _, e, _ in spans)
-        warnings = [f"{path.name}: truncated: the header places data up to byte {end}, the file has {file_size}"]
+    tensors, truncated, warnings = _parse_entries(path, header, data_start, data_size, rel_name, allow_truncated)
     return SafetensorsHeader(tensors, {str(k): str(v) for k, v in metadata.items()}, data_start, file_size,
                              tuple(warnings), tuple(truncated))
 
 
+def _parse_entries(path: Path, header: dict[str, Any], data_start: int, data_size: int, rel_name: str,
+                   allow_truncated: bool) -> tuple[dict[str, TensorMeta], list[str], list[str]]:
+    """Every header entry, validated: the metas by name, the names past the end of the data (only with
+    ``allow_truncated``; otherwise that is an error) and the layout warnings (``_check_layout``).
+
+    This loop runs once per tensor and is most of the time a huge header costs (issue 15), so it
+    keeps the well-formed case to a few C-level steps (dtype facts cached per code, ``raw_tensor``)
+    and hands anything unusual to ``_parse_entry``, which either accepts it the same way or raises
+    the error that names the problem. Writers place tensors in header order, so the layout is checked
+    on the fly (each tensor starts at or after the previous end); only a header in another order is
+    sorted."""
+    tensors: dict[str, TensorMeta] = {}
+    by_code: dict[str, Any] = {}
+    known: dict[str, tuple[str, int]] = {}  # dtype code -> (canonical name, bits)
+    prod = math.prod
+    previous_end = 0
+    in_order = True
+    covered = 0
+    for name, entry in header.items():
+        try:
+            dtype, bits = known[entry["dtype"]]
+            shape = tuple(map(int, entry["shape"]))
+            begin, end = map(int, entry["data_offsets"])
+            if (end - begin != (prod(shape) * bits + 7) // 8 or begin < 0 or end < begin
+                    or (shape and min(shape) < 0)):
+                raise ValueError
+            meta = raw_tensor(name, dtype, shape, rel_name, data_start + begin, end - begin)
+        except (KeyError, TypeError, ValueError):
+            begin, end, meta = _parse_entry(path, name, entry, data_start, rel_name, by_code)
+            known.setdefault(entry["dtype"], (meta.dtype, by_code[entry["dtype"]].bits))
+        if begin < previous_end:
+            in_order = False
+        previous_end = end
+        covered += end - begin
+        tensors[name] = meta
+    spans = None if in_order else _spans(tensors, data_start)
+    if spans is not None:
+        _check_layout(path, spans)
+    last = previous_end if spans is None else max((e for _, e, _ in spans), default=0)
+    truncated: list[str] = []
+    if last > data_size:
+        file_size = data_start + data_size
+        truncated = [n for n, m in tensors.items() if m.chunks[0].byte_offset + m.chunks[0].byte_length > file_size]
+        if not allow_truncated:
+            name = truncated[0]
+            chunk = tensors[name].chunks[0]
+            raise CkptError(f"truncated safetensors file: tensor {name!r} ends at byte "
+                            f"{chunk.byte_offset + chunk.byte_length}, file has {file_size}", path)
+        # the layout warning would count the missing bytes as negative free space
+        return tensors, truncated, [f"{path.name}: truncated: the header places data up to byte {data_start + last}, "
+                                    f"the file has {file_size}"]
+    if covered != data_size:
+        return tensors, truncated, [f"{path.name}: {data_size - covered} bytes of the data buffer belong to no tensor"]
+    return tensors, truncated, []
+
+
+def _spans(tensors: dict[str, TensorMeta], data_start: int) -> list[tuple[int, int, str]]:
+    """(begin, end, name) of every tensor, relative to the data buffer."""
+    return [(c.byte_offset - data_start, c.byte_offset - data_start + c.byte_length, n)
+            for n, m in tensors.items() for c in m.chunks]
+
+
 def _parse_entry(path: Path, name: str, entry: Any, data_start: int, rel_name: str,
                  by_code: dict[str, Any]) -> tuple[int, int, TensorMeta]:
-    """One header entry, validated. Runs once per tensor and dominates opening huge headers,
-    so dtypes are looked up once per code (``by_code``) and construction is positional."""
+    """One header entry, validated, the slow and thorough way: the first entry of each dtype, and
+    any entry the fast loop in ``_parse_entries`` did not accept (which this reports precisely)."""
     if not isinstance(entry, dict):
         raise CkptError(f"bad safetensors header: entry {name!r} is not an object", path)
     try:
@@ -138,22 +181,15 @@ def _parse_entry(path: Path, name: str, entry: Any, data_start: int, rel_name: s
             f"{dtype.name}{list(shape)} needs {expected}",
             path,
         )
-    chunk = Chunk((0,) * len(shape), shape, rel_name, data_start + begin, end - begin, Encoding.RAW)
-    return begin, end, TensorMeta(name, dtype.name, shape, (chunk,))
+    return begin, end, raw_tensor(name, dtype.name, shape, rel_name, data_start + begin, end - begin)
 
 
-def _check_layout(path: Path, spans: list[tuple[int, int, str]], data_size: int) -> list[str]:
-    """Overlapping tensors are an error; holes or trailing bytes only a warning (other writers pad)."""
+def _check_layout(path: Path, spans: list[tuple[int, int, str]]) -> None:
+    """Overlapping tensors are an error (holes or trailing bytes only a warning: other writers pad)."""
     spans.sort()
-    covered = 0
-    for (b0, e0, n0), (b1, _e1, n1) in zip(spans, spans[1:]):
+    for (_b0, e0, n0), (b1, _e1, n1) in zip(spans, spans[1:]):
         if b1 < e0:
             raise CkptError(f"bad safetensors header: tensors {n0!r} and {n1!r} overlap", path)
-    for begin, end, _ in spans:
-        covered += end - begin
-    if covered != data_size:
-        return [f"{path.name}: {data_size - covered} bytes of the data buffer belong to no tensor"]
-    return []
 
 
 @register_reader

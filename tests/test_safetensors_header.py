@@ -1,0 +1,115 @@
+"""The safetensors header loop (issue 15's fast path) accepts and refuses exactly what it did.
+
+Well-formed files come from safetensors' own writer; the damaged ones are its output with the header
+edited by hand (the only way to get a header the writer refuses to produce), each checked for the one
+clear error or warning the reader gives.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from ckptscope.core.errors import CkptError
+from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
+from ckptscope.formats.safetensors.reader import parse_safetensors_header
+
+
+def _write(path: Path, header: dict, data: bytes) -> Path:
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    return path
+
+
+def _header(path: Path) -> tuple[dict, bytes]:
+    blob = path.read_bytes()
+    (length,) = struct.unpack("<Q", blob[:8])
+    return json.loads(blob[8:8 + length]), blob[8 + length:]
+
+
+@pytest.fixture
+def written(tmp_path) -> Path:
+    path = tmp_path / "w.safetensors"
+    save_file({"a": np.ones((2, 3), np.float32), "b": np.zeros(4, np.float16), "c": np.array(7, np.int64),
+               "e": np.zeros((0, 5), np.float32), "m": np.array([True, False])}, str(path))
+    return path
+
+
+def test_metas_are_the_constructors_objects(written):
+    parsed = parse_safetensors_header(written, "w.safetensors")
+    header, _ = _header(written)
+    start = written.stat().st_size - len(_header(written)[1])
+    assert list(parsed.tensors) == [n for n in header if n != "__metadata__"]
+    for name, meta in parsed.tensors.items():
+        entry = header[name]
+        begin, end = entry["data_offsets"]
+        shape = tuple(entry["shape"])
+        expected = TensorMeta(name, meta.dtype, shape,
+                              (Chunk((0,) * len(shape), shape, "w.safetensors", start + begin, end - begin, Encoding.RAW),))
+        assert meta == expected and hash(meta) == hash(expected)
+    assert parsed.warnings == () and parsed.truncated == ()
+
+
+def test_header_order_need_not_be_data_order(written, tmp_path):
+    header, data = _header(written)
+    reordered = dict(reversed(list(header.items())))
+    parsed = parse_safetensors_header(_write(tmp_path / "r.safetensors", reordered, data), "r")
+    assert set(parsed.tensors) == set(parse_safetensors_header(written, "w").tensors)
+    assert parsed.warnings == ()
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_overlap_is_an_error_in_either_order(written, tmp_path, reverse):
+    header, data = _header(written)
+    names = [n for n in header if n != "__metadata__" and header[n]["data_offsets"][1] > header[n]["data_offsets"][0]]
+    first, second = sorted(names, key=lambda n: header[n]["data_offsets"][0])[:2]
+    # the second tensor moved 4 bytes back into the first one (same length, so sizes still agree)
+    begin, end = header[second]["data_offsets"]
+    header[second]["data_offsets"] = [begin - 4, end - 4]
+    if reverse:
+        header = dict(reversed(list(header.items())))
+    with pytest.raises(CkptError, match="overlap"):
+        parse_safetensors_header(_write(tmp_path / "o.safetensors", header, data), "o")
+
+
+def test_hole_and_trailing_bytes_are_a_warning(written, tmp_path):
+    header, data = _header(written)
+    parsed = parse_safetensors_header(_write(tmp_path / "h.safetensors", header, data + b"\0" * 8), "h")
+    assert parsed.warnings == ("h.safetensors: 8 bytes of the data buffer belong to no tensor",)
+
+
+def test_truncated_file(written, tmp_path):
+    header, data = _header(written)
+    path = _write(tmp_path / "t.safetensors", header, data[:-4])
+    with pytest.raises(CkptError, match="truncated safetensors file: tensor .* ends at byte"):
+        parse_safetensors_header(path, "t")
+    parsed = parse_safetensors_header(path, "t", allow_truncated=True)
+    cut = [n for n in header if n != "__metadata__" and header[n]["data_offsets"][1] > len(data) - 4]
+    assert cut and parsed.truncated == tuple(cut)  # in header order
+    assert "truncated: the header places data up to byte" in parsed.warnings[0]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda e: e.update(dtype="F99"), "unknown safetensors dtype"),
+    (lambda e: e.update(shape=[2, 2]), "spans 24 bytes but float32\\[2, 2\\] needs 16"),
+    (lambda e: e.update(shape=[-2, -3]), "negative sizes or offsets"),
+    (lambda e: e.pop("data_offsets"), "lacks dtype/shape/data_offsets"),
+    (lambda e: e.update(shape="2x3"), "lacks dtype/shape/data_offsets"),
+])
+def test_bad_entries_name_their_problem(written, tmp_path, edit, message):
+    header, data = _header(written)
+    edit(header["a"])
+    with pytest.raises(CkptError, match=message):
+        parse_safetensors_header(_write(tmp_path / "b.safetensors", header, data), "b")
+
+
+def test_an_entry_that_is_not_an_object(written, tmp_path):
+    header, data = _header(written)
+    header["a"] = [1, 2]
+    with pytest.raises(CkptError, match="entry 'a' is not an object"):
+        parse_safetensors_header(_write(tmp_path / "n.safetensors", header, data), "n")
