@@ -1,63 +1,94 @@
-"""Copy byte ranges file to file, in the kernel where it can (``copy_file_range``).
+"""Copy byte ranges file to file, in the kernel where that is fastest (``copy_file_range``).
 
-Shared by the writers (formats) and the ops that copy unchanged data (rename, convert): moving
-bytes this way skips the round trip through user memory, which is what makes ``cp`` fast.
+Shared by the writers (formats) and the ops that copy unchanged data (rename, convert, merge).
+When source and destination offsets sit at the same place within a page, ``copy_file_range``
+moves whole pages without a round trip through user memory, which is what makes ``cp`` fast.
+When they do not (a tensor moving from a zip container into a safetensors file), the kernel
+copies every page in two pieces and runs about a third slower than reading into an 8 MiB buffer
+and writing it out (measured here on ext4: 1.5 GB in 0.165 s vs 0.12 s), so that case is copied
+through a per-thread buffer instead.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import zlib
 from pathlib import Path
 
 from ckptscope.core.errors import CkptError
 
-
-def copy_range(src: Path, dst_handle, offset: int, length: int) -> None:
-    """Copy ``length`` bytes of ``src`` from ``offset`` into ``dst_handle`` (kernel-side when possible)."""
-    with open(src, "rb") as source:
-        remaining = length
-        pos = offset
-        out_fd = dst_handle.fileno()
-        dst_handle.flush()
-        use_kernel = hasattr(os, "copy_file_range")
-        while remaining > 0:
-            if use_kernel:
-                try:
-                    done = os.copy_file_range(source.fileno(), out_fd, remaining, pos)
-                except OSError:
-                    use_kernel = False
-                    continue
-                if done == 0:
-                    raise CkptError(f"unexpected end of file at byte {pos}", src)
-            else:
-                source.seek(pos)
-                block = source.read(min(remaining, 64 << 20))
-                if not block:
-                    raise CkptError(f"unexpected end of file at byte {pos}", src)
-                dst_handle.write(block)
-                dst_handle.flush()
-                done = len(block)
-            pos += done
-            remaining -= done
+PAGE = 4096
+BUFFER = 8 << 20
+_local = threading.local()
 
 
-def copy_range_at(src: Path, dst_fd: int, offset: int, dst_offset: int, length: int) -> None:
+def copy_range(src: Path, dst_handle, offset: int, length: int, crc: int | None = None) -> int | None:
+    """Copy ``length`` bytes of ``src`` from ``offset`` to the current position of the open binary
+    file ``dst_handle``, and leave its position after them. With ``crc`` (a running CRC-32), return
+    it updated with the copied bytes (see ``copy_range_at``)."""
+    dst_handle.flush()
+    start = dst_handle.tell()
+    crc = copy_range_at(src, dst_handle.fileno(), offset, start, length, crc)
+    dst_handle.seek(start + length)
+    return crc
+
+
+def copy_range_at(src: Path, dst_fd: int, offset: int, dst_offset: int, length: int,
+                  crc: int | None = None) -> int | None:
     """Copy ``length`` bytes of ``src`` from ``offset`` to ``dst_offset`` of the open file ``dst_fd``,
-    leaving its file position alone: several threads can fill disjoint parts of one file at once."""
+    leaving its file position alone: several threads can fill different files at once.
+
+    With ``crc`` (a running CRC-32), return it updated with the copied bytes: computed on the buffer
+    the bytes pass through, or, after a kernel copy, from the source pages it just read (hot)."""
     with open(src, "rb") as source:
         in_fd = source.fileno()
         done = 0
-        use_kernel = hasattr(os, "copy_file_range")
+        kernel = hasattr(os, "copy_file_range") and offset % PAGE == dst_offset % PAGE
         while done < length:
-            if use_kernel:
+            if kernel:
                 try:
                     n = os.copy_file_range(in_fd, dst_fd, length - done, offset + done, dst_offset + done)
-                except OSError:
-                    use_kernel = False
+                except OSError:  # another filesystem, or no support: copy through memory
+                    kernel = False
                     continue
+                if crc is not None and n:
+                    crc = _crc_of(in_fd, offset + done, n, crc)
             else:
-                block = os.pread(in_fd, min(length - done, 64 << 20), offset + done)
-                n = os.pwrite(dst_fd, block, dst_offset + done) if block else 0
+                n, crc = _copy_through_buffer(in_fd, dst_fd, offset + done, dst_offset + done, length - done, crc)
             if n == 0:
                 raise CkptError(f"unexpected end of file at byte {offset + done}", src)
             done += n
+    return crc
+
+
+def _buffer() -> memoryview:
+    buffer = getattr(_local, "buffer", None)
+    if buffer is None:
+        buffer = _local.buffer = memoryview(bytearray(BUFFER))
+    return buffer
+
+
+def _copy_through_buffer(in_fd: int, dst_fd: int, offset: int, dst_offset: int, length: int,
+                         crc: int | None) -> tuple[int, int | None]:
+    """One buffer's worth (at most ``BUFFER`` bytes): the bytes copied (0 at end of file), the CRC."""
+    buffer = _buffer()
+    n = os.preadv(in_fd, [buffer[:min(length, BUFFER)]], offset)
+    written = 0
+    while written < n:
+        written += os.pwrite(dst_fd, buffer[written:n], dst_offset + written)
+    if crc is not None:
+        crc = zlib.crc32(buffer[:n], crc)
+    return n, crc
+
+
+def _crc_of(in_fd: int, offset: int, length: int, crc: int) -> int:
+    buffer = _buffer()
+    done = 0
+    while done < length:
+        n = os.preadv(in_fd, [buffer[:min(length - done, BUFFER)]], offset + done)
+        if n == 0:
+            break
+        crc = zlib.crc32(buffer[:n], crc)
+        done += n
+    return crc

@@ -51,7 +51,7 @@ import os
 import struct
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -213,22 +213,24 @@ class _DataFile:
         write_torch_save(self.write, tensor_pickle(dtype, array.shape), [("0", data, crc)])
         return start, self.size - start, crc
 
-    def append_runs(self, runs: list[tuple[Path, int, int]], shape: tuple[int, ...], dtype: DType,
-                    checksums: Executor) -> tuple[int, int, int]:
-        """Append a tensor whose bytes are ``runs`` of source files: the data is copied file to
-        file by the kernel while a second thread reads the same (cached) pages for the CRC."""
+    def append_runs(self, runs: list[tuple[Path, int, int]], shape: tuple[int, ...], dtype: DType) -> tuple[int, int, int]:
+        """Append a tensor whose bytes are ``runs`` of source files, copied file to file (by the
+        kernel where offsets allow) with the CRC-32 computed on the way: the container needs it
+        only in the data descriptor that follows the data."""
         start = self.size
         size = sum(length for _, _, length in runs)
-        crc = checksums.submit(runs_crc32, runs)
+        crc = [0]
 
         def copy() -> None:
+            value = 0
             for path, offset, length in runs:
-                copy_range(path, self.handle, offset, length)
+                value = copy_range(path, self.handle, offset, length, value)
+            crc[0] = value & 0xFFFFFFFF
             self.size += size
 
-        data = Copied(size, copy, crc.result, runs_head(runs))
+        data = Copied(size, copy, lambda: crc[0], runs_head(runs))
         write_torch_save(self.write, tensor_pickle(dtype, shape), [("0", data, None)])
-        return start, self.size - start, crc.result()
+        return start, self.size - start, crc[0]
 
     def close(self) -> None:
         self.handle.close()
@@ -258,26 +260,6 @@ class _Metadata:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
-
-
-def runs_crc32(runs: list[tuple[Path, int, int]]) -> int:
-    """CRC-32 of the concatenated byte runs, read through short-lived maps (zlib releases the GIL)."""
-    import mmap
-    import zlib
-
-    value = 0
-    for path, offset, length in runs:
-        if not length:
-            continue
-        with open(path, "rb") as handle:
-            base = offset - offset % mmap.ALLOCATIONGRANULARITY
-            with mmap.mmap(handle.fileno(), length + offset - base, access=mmap.ACCESS_READ, offset=base) as mapped:
-                view = memoryview(mapped)
-                try:
-                    value = zlib.crc32(view[offset - base:], value)
-                finally:
-                    view.release()
-    return value & 0xFFFFFFFF
 
 
 def runs_head(runs: list[tuple[Path, int, int]], size: int = 8) -> bytes:
@@ -402,11 +384,8 @@ def write_dist_files(iter_dir: Path, layout: DistLayout, files: set[int] | None 
     for i, item in enumerate(layout.items):
         if item.file in wanted and item.entry is not None:
             by_entry.setdefault(item.entry, []).append(i)
-    checksums = None
     try:
         lanes = _file_lanes(layout, by_entry) or [[(e, indices, True) for e, indices in by_entry.items()]]
-        # One CRC thread per writing lane: at ~3 GiB/s a single one would trail two kernel copies.
-        checksums = ThreadPoolExecutor(max_workers=len(lanes), thread_name_prefix="ckptscope-crc")
         for item in layout.items:
             if item.file in wanted and item.entry is None:
                 _expect(handles[item.file], item, handles[item.file].append(layout.payload))
@@ -416,7 +395,7 @@ def write_dist_files(iter_dir: Path, layout: DistLayout, files: set[int] | None 
             for e, indices, counts in work:  # the entries' write order
                 entry = layout.model.entries[e]
                 try:
-                    got = _write_entry(entry, [(i, layout.items[i]) for i in indices], handles, checksums)
+                    got = _write_entry(entry, [(i, layout.items[i]) for i in indices], handles)
                 except BaseException:
                     if on_failure:
                         on_failure(entry.out.name)
@@ -433,8 +412,6 @@ def write_dist_files(iter_dir: Path, layout: DistLayout, files: set[int] | None 
                 for future in [pool.submit(write_lane, lane) for lane in lanes]:
                     future.result()
     finally:
-        if checksums is not None:
-            checksums.shutdown(wait=True, cancel_futures=True)
         for data_file in handles.values():
             data_file.close()
     return crcs
@@ -458,8 +435,7 @@ def _file_lanes(layout: DistLayout, by_entry: dict[int, list[int]]) -> list[list
     return list(lanes.values())
 
 
-def _write_entry(entry: Entry, items: list[tuple[int, DistItem]], handles: dict[int, _DataFile],
-                 checksums: Executor) -> dict[int, int]:
+def _write_entry(entry: Entry, items: list[tuple[int, DistItem]], handles: dict[int, _DataFile]) -> dict[int, int]:
     """Produce one tensor and append its chunks ``items`` (locals die on return: the array never
     outlives its turn); returns item index -> CRC-32."""
     import numpy as np
@@ -474,7 +450,7 @@ def _write_entry(entry: Entry, items: list[tuple[int, DistItem]], handles: dict[
             row_bytes = entry.nbytes // shape[0] if shape and shape[0] else 0
             part = runs if chunk.rows is None else slice_runs(runs, chunk.rows[0] * row_bytes,
                                                               chunk.rows[1] * row_bytes)
-            offset, length, crc = target.append_runs(part, chunk.sizes, entry.dtype, checksums)
+            offset, length, crc = target.append_runs(part, chunk.sizes, entry.dtype)
         else:
             piece = array if chunk.rows is None else array[chunk.rows[0]:chunk.rows[1]]
             offset, length, crc = target.append_tensor(np.ascontiguousarray(piece).reshape(chunk.sizes), entry.dtype)

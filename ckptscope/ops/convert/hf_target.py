@@ -84,7 +84,7 @@ def write_hf_shards(plan: ConvertPlan, out: Path, files: set[str] | None = None,
         del array
         advance(t.name, t.nbytes)
 
-    lanes = min(os.cpu_count() or 1, MAX_COPY_THREADS)
+    lanes = min(len(shards), os.cpu_count() or 1, MAX_COPY_THREADS)
     if not order and lanes > 1:
         _copy_in_lanes(shards, by_name, runs, out, lanes, advance)
         return
@@ -96,8 +96,9 @@ def write_hf_shards(plan: ConvertPlan, out: Path, files: set[str] | None = None,
 def _copy_in_lanes(shards: list[tuple[str, list[str]]], by_name: dict, runs: dict, out: Path, lanes: int,
                    advance: Callable[[str, int], None]) -> None:
     """Every tensor is a kernel copy: write each shard's header, then copy the tensors to their
-    planned offsets on ``lanes`` threads, tensors dealt largest first to the least loaded lane. A
-    single output file is then filled by several cores at once, where ``cp`` copies with one."""
+    planned offsets on ``lanes`` threads, whole shards dealt largest first to the least loaded
+    lane, so several cores copy at once where ``cp`` copies with one. A shard is never split
+    between threads: writers to one file queue on its inode lock (measured: 4x the system time)."""
     jobs = []
     fds = {}
     try:
@@ -111,12 +112,15 @@ def _copy_in_lanes(shards: list[tuple[str, list[str]]], by_name: dict, runs: dic
             for t in tensors:
                 jobs.append((t, fd, offset))
                 offset += t.nbytes
+        by_fd: dict[int, list[tuple]] = {}
+        for job in jobs:
+            by_fd.setdefault(job[1], []).append(job)
         loads = [0] * lanes
         work: list[list[tuple]] = [[] for _ in range(lanes)]
-        for job in sorted(jobs, key=lambda j: -j[0].nbytes):
+        for shard_jobs in sorted(by_fd.values(), key=lambda js: -sum(j[0].nbytes for j in js)):
             lane = loads.index(min(loads))
-            loads[lane] += job[0].nbytes
-            work[lane].append(job)
+            loads[lane] += sum(j[0].nbytes for j in shard_jobs)
+            work[lane] += shard_jobs
 
         def run(lane_jobs: list[tuple]) -> None:
             for t, fd, offset in sorted(lane_jobs, key=lambda j: (j[1], j[2])):
