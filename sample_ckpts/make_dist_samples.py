@@ -50,7 +50,23 @@ def _run_then_exit(rank: int, fn, world_size: int, out: str, init_file: str) -> 
     fn(rank, world_size, out, init_file)
     sys.stdout.flush()
     sys.stderr.flush()
+    _end_children()
     os._exit(0)
+
+
+def _end_children() -> None:
+    """Stop the processes a rank started (megatron-core's persistent async-save worker, spawned
+    with multiprocessing): ``os._exit`` skips the shutdown that would stop them, and each one left
+    behind waited forever, holding ~260 MB."""
+    import multiprocessing
+
+    children = multiprocessing.active_children()
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.join(5)
+        if child.is_alive():
+            child.kill()
 
 
 def _init_gloo(rank: int, world_size: int, init_file: str) -> None:

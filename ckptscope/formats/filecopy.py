@@ -92,3 +92,21 @@ def _crc_of(in_fd: int, offset: int, length: int, crc: int) -> int:
         crc = zlib.crc32(buffer[:n], crc)
         done += n
     return crc
+
+
+def read_exact(path: Path, offset: int, view: memoryview) -> None:
+    """Fill ``view`` with the bytes of ``path`` from ``offset``; a file that ends first is one
+    clear error (a truncated checkpoint), never a short buffer."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise CkptError(f"cannot read: {exc.strerror}", path) from None
+    try:
+        done = 0
+        while done < len(view):
+            n = os.preadv(fd, [view[done:]], offset + done)
+            if n <= 0:
+                raise CkptError(f"file ends before byte {offset + len(view)}; it is truncated", path)
+            done += n
+    finally:
+        os.close(fd)
