@@ -437,9 +437,8 @@ def _file_lanes(layout: DistLayout, by_entry: dict[int, list[int]]) -> list[list
 
 def _write_entry(entry: Entry, items: list[tuple[int, DistItem]], handles: dict[int, _DataFile]) -> dict[int, int]:
     """Produce one tensor and append its chunks ``items`` (locals die on return: the array never
-    outlives its turn); returns item index -> CRC-32."""
-    import numpy as np
-
+    outlives its turn); returns item index -> CRC-32. numpy is imported only for a tensor that is
+    produced in memory: a convert made of file-to-file copies never pays its import."""
     crcs = {}
     runs = entry.out.runs() if entry.out.runs is not None else None
     array = None if runs is not None else produce_array(entry)
@@ -452,6 +451,8 @@ def _write_entry(entry: Entry, items: list[tuple[int, DistItem]], handles: dict[
                                                               chunk.rows[1] * row_bytes)
             offset, length, crc = target.append_runs(part, chunk.sizes, entry.dtype)
         else:
+            import numpy as np
+
             piece = array if chunk.rows is None else array[chunk.rows[0]:chunk.rows[1]]
             offset, length, crc = target.append_tensor(np.ascontiguousarray(piece).reshape(chunk.sizes), entry.dtype)
         _expect(target, item, (offset, length))
