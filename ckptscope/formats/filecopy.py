@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import os
 import threading
-import zlib
 from pathlib import Path
 
 from ckptscope.core.errors import CkptError
+from ckptscope.formats.checksum import crc32
 
 BUFFER = 8 << 20
 _local = threading.local()
@@ -77,7 +77,7 @@ def _copy_through_buffer(in_fd: int, dst_fd: int, offset: int, dst_offset: int, 
     while written < n:
         written += os.pwrite(dst_fd, buffer[written:n], dst_offset + written)
     if crc is not None:
-        crc = zlib.crc32(buffer[:n], crc)
+        crc = crc32(buffer[:n], crc)
     return n, crc
 
 
@@ -88,7 +88,7 @@ def _crc_of(in_fd: int, offset: int, length: int, crc: int) -> int:
         n = os.preadv(in_fd, [buffer[:min(length - done, BUFFER)]], offset + done)
         if n == 0:
             break
-        crc = zlib.crc32(buffer[:n], crc)
+        crc = crc32(buffer[:n], crc)
         done += n
     return crc
 

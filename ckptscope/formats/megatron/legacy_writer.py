@@ -21,7 +21,6 @@ import argparse
 import os
 import struct
 import zipfile
-import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptscope.core.dtypes import DType
 from ckptscope.core.errors import CkptError
+from ckptscope.formats.checksum import crc32
 from ckptscope.formats.megatron.model_layout import (
     COLUMN,
     EXPERTS,
@@ -426,7 +426,7 @@ def _fill(entry: Entry, places: list[_Place]) -> None:
         for piece in _pieces(array, entry.layout, place.split, place.part):
             data = raw_bytes(piece)
             _pwrite_all(rank.fd, data, slot.offset + slot.written)
-            slot.crc = zlib.crc32(data, slot.crc)
+            slot.crc = crc32(data, slot.crc)
             slot.written += len(data)
 
 
@@ -495,7 +495,7 @@ def _restamp_serialization_id(path: Path) -> None:
             raise RuntimeError(f"{path}: no {SERIALIZATION_ID} record of {len(value)} bytes to rewrite")
         handle.seek(stamp[0])
         handle.write(value)
-    _patch_crcs(path, [(SERIALIZATION_ID, stamp[0] + len(value), zlib.crc32(value))])
+    _patch_crcs(path, [(SERIALIZATION_ID, stamp[0] + len(value), crc32(value))])
 
 
 def write_torch_legacy(iter_dir: Path, tensors: list[OutTensor], *, args: dict, iteration: int, tp: int, pp: int,

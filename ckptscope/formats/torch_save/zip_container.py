@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import math
 import struct
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ckptscope.formats.checksum import crc32 as _crc32
 from ckptscope.formats.torch_save.serialization_id import SERIALIZATION_ID, descriptor_values, serialization_id
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -78,7 +78,7 @@ def crc32(data: Any) -> int:
     view = memoryview(data)
     if view.nbytes == 0:
         return 0
-    return zlib.crc32(view.cast("B") if view.format != "B" or view.ndim != 1 else view) & _U32
+    return _crc32(view.cast("B") if view.format != "B" or view.ndim != 1 else view) & _U32
 
 
 class TorchZipWriter:
