@@ -101,11 +101,16 @@ def read_exact(path: Path, offset: int, view: memoryview) -> None:
     except OSError as exc:
         raise CkptError(f"cannot read: {exc.strerror}", path) from None
     try:
-        done = 0
-        while done < len(view):
-            n = os.preadv(fd, [view[done:]], offset + done)
-            if n <= 0:
-                raise CkptError(f"file ends before byte {offset + len(view)}; it is truncated", path)
-            done += n
+        read_exact_fd(fd, path, offset, view)
     finally:
         os.close(fd)
+
+
+def read_exact_fd(fd: int, path: Path | str, offset: int, view: memoryview) -> None:
+    """``read_exact`` on a file already open as ``fd`` (``path`` names it in the error)."""
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise CkptError(f"file ends before byte {offset + len(view)}; it is truncated", path)
+        done += n

@@ -26,6 +26,7 @@ from typing import Any
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.tensor import Encoding, TensorMeta
+from ckptscope.formats.filecopy import read_exact_fd
 from ckptscope.mappings.links import Box, Piece, Recipe, box_shape, source_slices
 from ckptscope.ops.diff.metrics import Accumulator, compare_block
 from ckptscope.ops.diff.plan import DiffPair, DiffPlan, DiffSide
@@ -244,13 +245,7 @@ class _ByteReader:
         return bufs
 
     def read_into(self, path: str, offset: int, view: memoryview) -> None:
-        fd = self.fd(path)
-        done = 0
-        while done < len(view):
-            n = os.preadv(fd, [view[done:]], offset + done)
-            if n <= 0:
-                raise CkptError(f"file ends before byte {offset + len(view)}; it is truncated", path)
-            done += n
+        read_exact_fd(self.fd(path), path, offset, view)
 
     def close(self) -> None:
         with self._lock:
