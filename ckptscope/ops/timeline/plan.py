@@ -159,8 +159,10 @@ def _choose(root: Path, found: list[IterationInfo] | None, lo: int | None, hi: i
                      f"{', '.join(i.label for i in incomplete)}")
     chosen = [i for i in chosen if i.complete]
     if len(chosen) < 2:
-        have = ", ".join(i.label for i in numbered if i.complete) or "none"
-        raise CkptError(f"a timeline needs at least 2 complete iterations in range; complete: {have}", root)
+        complete = [i.label for i in numbered if i.complete]
+        have = f"the only complete one is iteration {complete[0]}" if len(complete) == 1 else \
+            f"complete iterations: {', '.join(complete)}" if complete else "none is complete"
+        raise CkptError(f"a timeline needs at least 2 complete iterations in range; {have}", root)
     return chosen
 
 
