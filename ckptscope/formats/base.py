@@ -265,7 +265,10 @@ class CheckpointReader(ABC):
     # --- byte access shared by all formats ---------------------------------------------------
 
     def _file_path(self, rel: str) -> Path:
-        return self.path / rel if self.path.is_dir() else self.path.parent / rel
+        base = self.__dict__.get("_files_base")
+        if base is None:  # asked once: streaming ops resolve a file per block
+            base = self._files_base = self.path if self.path.is_dir() else self.path.parent
+        return base / rel
 
     def _buffer(self, rel: str) -> Any:
         """A read-only memory map of one file, opened once and shared."""
