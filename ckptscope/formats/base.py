@@ -220,6 +220,38 @@ class CheckpointReader(ABC):
             return None
         return self._file_path(chunk.file), offset, length
 
+    def byte_runs(self, name: str, region: Region | None = None) -> list[tuple[Path, int, int]] | None:
+        """``byte_span``, generalised to a tensor stored as row blocks in several files (FSDP or
+        ZeRO shards of one parameter, one per rank file): the C-order bytes of ``region`` as one
+        run per block it meets, or None when some block is not one contiguous run. This is what
+        lets ``merge`` copy shards file to file instead of assembling them in memory."""
+        span = self.byte_span(name, region)
+        if span is not None:
+            return [span]
+        meta = self.index().tensors.get(name)
+        if meta is None or len(meta.chunks) < 2 or not meta.shape:
+            return None
+        if any(c.offsets[1:] != (0,) * (len(meta.shape) - 1) or c.shape[1:] != meta.shape[1:] for c in meta.chunks):
+            return None  # not split along rows only
+        bounds = normalize_region(meta.shape, region)
+        (start, stop), rest = bounds[0], bounds[1:]
+        if any(b != (0, n) for b, n in zip(rest, meta.shape[1:])):
+            return None  # a box that cuts rows is not one run per block
+        whole_rows = tuple(slice(0, n) for n in meta.shape[1:])
+        runs, row = [], start
+        for chunk in sorted(meta.chunks, key=lambda c: c.offsets[0]):
+            lo, hi = max(row, chunk.offsets[0]), min(stop, chunk.offsets[0] + chunk.shape[0])
+            if lo >= hi:
+                continue
+            if lo != row:
+                return None  # a gap between row blocks
+            span = self.byte_span(name, (slice(lo, hi),) + whole_rows)
+            if span is None:
+                return None
+            runs.append(span)
+            row = hi
+        return runs if row == stop else None
+
     def _raw_chunk(self, meta: TensorMeta, chunk: Chunk) -> Chunk:
         """The chunk as the raw bytes it holds; formats whose chunks wrap their bytes in a
         container (DCP's per-item ``torch.save`` zips) resolve it here."""

@@ -25,18 +25,17 @@ _local = threading.local()
 def copy_range(src: Path, dst_handle, offset: int, length: int, crc: int | None = None) -> int | None:
     """Copy ``length`` bytes of ``src`` from ``offset`` to the current position of the open binary
     file ``dst_handle``, and leave its position after them. With ``crc`` (a running CRC-32), return
-    it updated with the copied bytes (see ``copy_range_at``)."""
+    it updated with the copied bytes (see ``_copy_at``)."""
     dst_handle.flush()
     start = dst_handle.tell()
-    crc = copy_range_at(src, dst_handle.fileno(), offset, start, length, crc)
+    crc = _copy_at(src, dst_handle.fileno(), offset, start, length, crc)
     dst_handle.seek(start + length)
     return crc
 
 
-def copy_range_at(src: Path, dst_fd: int, offset: int, dst_offset: int, length: int,
+def _copy_at(src: Path, dst_fd: int, offset: int, dst_offset: int, length: int,
                   crc: int | None = None) -> int | None:
-    """Copy ``length`` bytes of ``src`` from ``offset`` to ``dst_offset`` of the open file ``dst_fd``,
-    leaving its file position alone: several threads can fill different files at once.
+    """Copy ``length`` bytes of ``src`` from ``offset`` to ``dst_offset`` of the open file ``dst_fd``.
 
     With ``crc`` (a running CRC-32), return it updated with the copied bytes: computed on the buffer
     the bytes pass through, or, after a kernel copy, from the source pages it just read (hot)."""

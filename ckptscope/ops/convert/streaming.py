@@ -149,43 +149,8 @@ def file_runs(plan: ConvertPlan, tensor: OutputTensor) -> list[tuple[Path, int, 
         return None
     runs = []
     for piece in pieces:
-        region = source_slices(piece, piece.dst_box)
-        span = plan.reader.byte_span(piece.source, region)
-        if span is not None:
-            runs.append(span)
-            continue
-        split = _runs_by_row_chunks(plan.reader, piece.source, region)
-        if split is None:
+        spans = plan.reader.byte_runs(piece.source, source_slices(piece, piece.dst_box))
+        if spans is None:
             return None
-        runs += split
+        runs += spans
     return runs
-
-
-def _runs_by_row_chunks(reader, name: str, region: tuple[slice, ...]) -> list[tuple[Path, int, int]] | None:
-    """``region`` of a tensor stored in several row blocks (FSDP / ZeRO shards of one parameter,
-    one per rank file): one byte run per block it meets, when each block is one contiguous run.
-    This is what lets ``merge`` copy shards file to file instead of assembling them in memory."""
-    index = reader.index()
-    meta = index.tensors.get(name)
-    if meta is None or len(meta.chunks) < 2 or len(region) != len(meta.shape) or not meta.shape:
-        return None
-    if any(c.offsets[1:] != (0,) * (len(meta.shape) - 1) or c.shape[1:] != meta.shape[1:] for c in meta.chunks):
-        return None  # not split along rows only
-    start, stop, _ = region[0].indices(meta.shape[0])
-    rest = region[1:]
-    if any(sl.indices(n)[:2] != (0, n) for sl, n in zip(rest, meta.shape[1:])):
-        return None
-    runs = []
-    row = start
-    for chunk in sorted(meta.chunks, key=lambda c: c.offsets[0]):
-        lo, hi = max(row, chunk.offsets[0]), min(stop, chunk.offsets[0] + chunk.shape[0])
-        if lo >= hi:
-            continue
-        if lo != row:
-            return None  # a gap between row blocks
-        span = reader.byte_span(name, (slice(lo, hi),) + rest)
-        if span is None:
-            return None
-        runs.append(span)
-        row = hi
-    return runs if row == stop else None
