@@ -214,9 +214,9 @@ class _DataFile:
         return start, self.size - start, crc
 
     def append_runs(self, runs: list[tuple[Path, int, int]], shape: tuple[int, ...], dtype: DType) -> tuple[int, int, int]:
-        """Append a tensor whose bytes are ``runs`` of source files, copied file to file (by the
-        kernel where offsets allow) with the CRC-32 computed on the way: the container needs it
-        only in the data descriptor that follows the data."""
+        """Append a tensor whose bytes are ``runs`` of source files, copied file to file by the
+        kernel with the CRC-32 taken from the source pages just copied (hot): the container needs
+        it only in the data descriptor that follows the data."""
         start = self.size
         size = sum(length for _, _, length in runs)
         crc = [0]
@@ -372,9 +372,9 @@ def write_dist_files(iter_dir: Path, layout: DistLayout, files: set[int] | None 
     CRC-32 of every tensor item written (item index -> CRC), which ``.metadata``'s save id needs.
     Each tensor is produced once, when its first chunk here is due; ``progress(nbytes)`` follows it.
 
-    When every tensor is copied file to file (``runs``) and lies in one data file, the data files
-    are written side by side, one thread each: the kernel's copies then use every core, where
-    ``cp`` uses one. Tensors that must be produced in memory keep the one-at-a-time order (and
+    When every tensor is copied file to file (``runs``), the data files are written side by side,
+    one thread each (a tensor whose items lie in two files is copied by both): the kernel's copies
+    then use every core, where ``cp`` uses one. Tensors that must be produced in memory keep the one-at-a-time order (and
     with it the memory bound). ``on_failure(name)`` hears which tensor's write failed."""
     wanted = set(range(len(layout.file_names))) if files is None else set(files)
     iter_dir.mkdir(parents=True, exist_ok=True)
