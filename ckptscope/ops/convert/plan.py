@@ -281,7 +281,8 @@ def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: 
     hf_cfg_dict = _hf_config_from(Path(hf_config)) if hf_config else _source_hf_config(index)
     block = fp8_keep.config_block(hf_cfg_dict or _source_hf_config(index))
     if dtype == "keep" and {t.attr("quant_scheme") for t in tensors.values() if t.quantization} == {"fp8_block"}:
-        reader = open_checkpoint(src_path, trust_pickle=trust_pickle)  # FP8 kept: payloads and scales as stored
+        reader.close()  # the logical index told us there is FP8 to keep: read it again as stored
+        reader = open_checkpoint(src_path, trust_pickle=trust_pickle)
         reader.show_stored_quantization()
         index = reader.index()
         entries = model_entries(index, logical=True)
