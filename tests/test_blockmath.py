@@ -1,7 +1,8 @@
 """The block primitives of diff and timeline (ops/blockmath.py) and the zero-copy read they use.
 
-``sum_squares`` squares narrow floats in float32 for speed; these tests pin that it equals the
-float64 reference in every case where float32 could go wrong (overflow, underflow, NaN, inf).
+``sum_squares`` widens each piece to float64 (narrow floats via float32) and lets BLAS sum the
+squares; these tests pin that it equals the exact sum, including where a float32 square would
+overflow or underflow, and that NaN and inf propagate.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from safetensors.numpy import save_file
 
 from ckptscope.core.errors import CkptError
 from ckptscope.formats.registry import open_checkpoint
-from ckptscope.ops.blockmath import PIECE, same_bytes, sum_squares
+from ckptscope.ops.blockmath import PIECE, buffer_address, memcmp, same_bytes, single_threaded_blas, sum_squares
 
 NARROW = [ml_dtypes.bfloat16, np.float16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2]
 
@@ -38,7 +39,7 @@ def test_sum_squares_equals_exact_sum(dtype):
     ("square underflows float32", [1e-25, -3e-30, 2e-28]),
     ("all zero", [0.0, -0.0, 0.0]),
 ])
-def test_sum_squares_redoes_in_float64_where_float32_fails(case, values):
+def test_sum_squares_is_exact_where_float32_squares_fail(case, values):
     array = np.array(values, dtype=ml_dtypes.bfloat16)
     got = sum_squares(array)
     assert got == pytest.approx(_reference(array), rel=1e-13, abs=0.0), case
@@ -60,6 +61,24 @@ def test_same_bytes():
     assert not same_bytes(a, a[:-1])
     assert same_bytes(a.view(np.uint32), a)  # bytes, not values, are compared
     assert same_bytes(a.reshape(3, -1)[:, ::2], a.reshape(3, -1)[:, ::2].copy())  # non-contiguous
+
+
+def test_memcmp_on_buffer_addresses():
+    a, b = bytearray(b"\x00" * 4096), bytearray(b"\x00" * 4096)
+    assert memcmp(buffer_address(a), buffer_address(b), len(a)) == 0
+    b[4095] = 1
+    assert memcmp(buffer_address(a), buffer_address(b), len(a)) != 0
+    assert memcmp(buffer_address(a), buffer_address(b), 4095) == 0  # only the first length bytes
+
+
+def test_single_threaded_blas_limits_and_restores():
+    import threadpoolctl
+    before = [p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
+    with single_threaded_blas():
+        inside = [p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
+        assert inside and set(inside) == {1}
+    after = [p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
+    assert after == before
 
 
 def test_read_mapped_is_a_view_with_the_values_of_read(tmp_path):

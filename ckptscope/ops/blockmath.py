@@ -1,32 +1,34 @@
-"""Two block primitives that diff and timeline spend most of their CPU in, made cheap.
+"""The block primitives that diff and timeline spend most of their CPU in, made cheap.
 
-* ``sum_squares``: the float64 sum of squares of a block. Weights of 16 bits or less (bf16, f16,
-  fp8) are cast to float32 and squared there, which is exact (a square needs twice the mantissa
-  bits: at most 2 x 11 <= 24), then summed with float64 accumulation. That avoids a float64 copy of
-  the block, the dominant cost (a fresh 32 MB array faults in more pages than the arithmetic costs).
-  Wider dtypes go through float64 in cache-sized pieces. The float32 square can overflow (bf16 spans
-  float32's range) or lose bits to underflow (|x| < 2^-63): such sums are redone in float64.
-* ``same_bytes``: are two contiguous arrays byte-for-byte equal, at ``memcmp`` speed with no
-  temporary (``np.array_equal`` builds a boolean array as large as the block first).
+* ``sum_squares``: the float64 sum of squares of a block, in cache-sized pieces: each piece is
+  widened to float64 (16-bit and 8-bit floats via float32, where ml_dtypes' casts are fast) and
+  dotted with itself by BLAS ``ddot``. For every dtype up to 32 bits each square is exact in
+  float64 (a float32 square needs 48 bits of mantissa and twice float32's exponent range, well
+  inside float64's), so only the summation rounds.
+* ``same_bytes`` / ``memcmp``: are two runs of bytes equal, at ``memcmp`` speed with no temporary
+  (``np.array_equal`` builds a boolean array as large as the block first).
+* ``single_threaded_blas``: BLAS on one thread while blocks run on our own worker threads. OpenBLAS
+  spreads a ``ddot`` over 10k elements across every core; beside our workers that spent 10-50x the
+  CPU time on a busy machine, and the sum's rounding depended on the thread count.
 
-Both release the GIL for the bulk of their work, so blocks on several threads use several cores.
+All release the GIL for the bulk of their work, so blocks on several threads use several cores.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import sys
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
 
 PIECE = 1 << 16
-"""Elements per piece: a float32 piece is 256 KB, a float64 one 512 KB, both inside L2."""
-TINY = 2.0 ** -100
-"""Below this a float32-squared sum may have lost underflowed terms: redo it in float64."""
+"""Elements per piece: a float64 piece is 512 KB and a float32 one 256 KB, inside L2 together."""
 
 _local = threading.local()
 
@@ -48,42 +50,35 @@ def _narrow_float(values: "np.ndarray") -> bool:
 
 
 def sum_squares(values: "np.ndarray") -> float:
-    """``sum(x * x)`` in float64 over every element of ``values`` (NaN / inf propagate)."""
+    """``sum(x * x)`` in float64 over every element of ``values`` (NaN / inf propagate). Run it
+    inside ``single_threaded_blas`` when several threads call it."""
     import numpy as np
 
     flat = values.reshape(-1)
-    if flat.size == 0:
-        return 0.0
-    if _narrow_float(flat):
-        total = _narrow_sum_squares(flat)
-        if np.isnan(total) or (np.isfinite(total) and total >= TINY):
-            return total
-        if total == 0.0 and not np.any(flat.view(np.uint8 if flat.dtype.itemsize == 1 else np.uint16)
-                                       & (0x7F if flat.dtype.itemsize == 1 else 0x7FFF)):
-            return 0.0  # every element is +-0: nothing underflowed
-    buf = _scratch("f8")
+    wide = _scratch("f8")
+    narrow = _scratch("f4") if _narrow_float(flat) else None
     total = 0.0
     for lo in range(0, flat.size, PIECE):
         piece = flat[lo:lo + PIECE]
-        out = buf[:piece.size]
-        np.copyto(out, piece, casting="unsafe")
-        total += float(np.einsum("i,i->", out, out))
-    return total
-
-
-def _narrow_sum_squares(flat: "np.ndarray") -> float:
-    import numpy as np
-
-    buf = _scratch("f4")
-    total = 0.0
-    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-        for lo in range(0, flat.size, PIECE):
-            piece = flat[lo:lo + PIECE]
-            out = buf[:piece.size]
+        out = wide[:piece.size]
+        if narrow is not None:
+            np.copyto(narrow[:piece.size], piece, casting="unsafe")
+            np.copyto(out, narrow[:piece.size])
+        else:
             np.copyto(out, piece, casting="unsafe")
-            np.multiply(out, out, out=out)
-            total += float(np.add.reduce(out, dtype=np.float64))
+        total += float(np.dot(out, out))
     return total
+
+
+@contextlib.contextmanager
+def single_threaded_blas() -> Iterator[None]:
+    """numpy's BLAS limited to one thread for the duration (see the module docstring). Imports
+    numpy: the limit reaches only BLAS libraries already loaded."""
+    import numpy  # noqa: F401
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
 
 
 def _load_memcmp():
@@ -101,6 +96,19 @@ def _load_memcmp():
 
 
 _memcmp = _load_memcmp()
+
+
+def buffer_address(buffer: bytearray) -> int:
+    """Address of a bytearray's first byte, for ``memcmp``; valid while it lives and is not resized."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+
+
+def memcmp(a: int, b: int, length: int) -> int:
+    """libc ``memcmp`` on two addresses (0: equal), the GIL released; a Python compare where libc
+    has none. Hot loops call this with addresses looked up once (``buffer_address``)."""
+    if _memcmp is not None:
+        return _memcmp(a, b, length)
+    return 0 if ctypes.string_at(a, length) == ctypes.string_at(b, length) else 1
 
 
 def same_bytes(a: "np.ndarray", b: "np.ndarray") -> bool:

@@ -15,19 +15,20 @@ Two paths per pair:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from math import prod
 from typing import Any
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.tensor import Encoding, TensorMeta
-from ckptscope.formats.filecopy import read_exact_fd
 from ckptscope.mappings.links import Box, Piece, Recipe, box_shape, source_slices
+from ckptscope.ops.blockio import BYTE_CHUNK, RELEASE_EVERY, ByteReader, split_box
+from ckptscope.ops.blockmath import single_threaded_blas
 from ckptscope.ops.diff.metrics import Accumulator, compare_block
 from ckptscope.ops.diff.plan import DiffPair, DiffPlan, DiffSide
 from ckptscope.ops.diff.quant import quant_error, quant_note, quantised_type
@@ -36,10 +37,6 @@ BLOCK_BYTES = 16 * 1024 * 1024
 """Upper bound of one block per side (raw bytes); float64 copies make the working set ~4x this."""
 VALUE_BLOCK_ELEMS = 1 << 22
 """Elements per block on the value path: a float64 copy of a block is then 32 MB."""
-BYTE_CHUNK = 1 << 20
-"""Bytes per read on the byte path: large enough that syscalls are few, small enough to stay in cache."""
-RELEASE_EVERY = 64 * 1024 * 1024
-"""Release mapped pages after this many bytes read, so RSS tracks the working set."""
 SIGNIFICANT = 12
 """Float metrics are reported to this many significant digits: CPU and GPU sum in different
 orders, and the last bits of a float64 sum are not a property of the checkpoints."""
@@ -196,62 +193,12 @@ def _overlaps(a: Recipe, b: Recipe) -> Iterator[tuple[Box, Piece, Piece]]:
                 yield tuple(box), pa, pb
 
 
-def split_box(box: Box, max_elems: int) -> Iterator[Box]:
-    """Cut ``box`` along its first axis into boxes of at most ``max_elems`` elements (>= one row)."""
-    if not box:
-        yield box
-        return
-    shape = box_shape(box)
-    row = prod(shape[1:]) or 1
-    step = max(1, max_elems // row)
-    start, stop = box[0]
-    for lo in range(start, stop, step):
-        yield ((lo, min(stop, lo + step)),) + box[1:]
-
-
 def read_piece(side: DiffSide, piece: Piece, box: Box, *, mapped: bool = False):
     """Canonical ``box`` of a recipe piece, as a numpy array of the box's shape. ``mapped``: a
     read-only view of the file where the bytes allow it (``CheckpointReader.read_mapped``)."""
     read = side.reader.read_mapped if mapped else side.reader.read
     array = read(piece.source, source_slices(piece, box))
     return array.reshape(box_shape(box))
-
-
-class _ByteReader:
-    """``preadv`` into per-thread reused buffers: no page-cache mapping kept, no fresh allocations."""
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-        self._fds: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def fd(self, path: str) -> int:
-        with self._lock:
-            fd = self._fds.get(path)
-            if fd is None:
-                try:
-                    fd = self._fds[path] = os.open(path, os.O_RDONLY)
-                except OSError as exc:
-                    raise CkptError(f"cannot read: {exc.strerror}", path) from None
-            return fd
-
-    def buffers(self) -> tuple[bytearray, bytearray]:
-        """Two ``BYTE_CHUNK`` buffers per thread. ``bytearray == bytearray`` is a ``memcmp``; at this
-        size both stay in the core's cache between the read and the compare, so a compare costs
-        little more than the copy out of the page cache that ``cat`` pays too."""
-        bufs = getattr(self._local, "bufs", None)
-        if bufs is None:
-            bufs = self._local.bufs = (bytearray(BYTE_CHUNK), bytearray(BYTE_CHUNK))
-        return bufs
-
-    def read_into(self, path: str, offset: int, view: memoryview) -> None:
-        read_exact_fd(self.fd(path), path, offset, view)
-
-    def close(self) -> None:
-        with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
 
 
 # --- the engine ------------------------------------------------------------------------------------
@@ -287,7 +234,10 @@ class DiffEngine:
         self.options = options or DiffOptions()
         self.device = _pick_device(self.options.device)
         self.workers = self.options.workers or max(2, min(4, os.cpu_count() or 1))
-        self._bytes = _ByteReader()
+        self._bytes = ByteReader()
+        self._blas, self._blas_taken = contextlib.ExitStack(), False
+        """Holds ``single_threaded_blas`` from the first pair decoded to the end of ``compare``: an
+        all-equal diff never imports numpy, so the limit is taken only once values are needed."""
         self._read_lock = threading.Lock()
         self._read_since_release = 0
         self.bytes_read = 0
@@ -353,6 +303,9 @@ class DiffEngine:
         return units
 
     def _value_units(self, pair: DiffPair) -> list[tuple]:
+        if not self._blas_taken:
+            self._blas.enter_context(single_threaded_blas())
+            self._blas_taken = True
         itemsize = max(_itemsize(pair.a.dtype), _itemsize(pair.b.dtype))
         max_elems = max(1, min(VALUE_BLOCK_ELEMS, self.options.block_bytes // itemsize))
         units = []
@@ -500,6 +453,8 @@ class DiffEngine:
                             future.cancel()
                         break
         finally:
+            self._blas.close()
+            self._blas_taken = False
             self._bytes.close()
             self.plan.a.reader.release_pages()
             self.plan.b.reader.release_pages()

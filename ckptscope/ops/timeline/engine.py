@@ -24,10 +24,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptscope.formats.filecopy import read_exact
-from ckptscope.ops.blockmath import PIECE, same_bytes, sum_squares
-from ckptscope.ops.diff.engine import RELEASE_EVERY
-from ckptscope.ops.diff.engine import split_box as split_rows
+from ckptscope.formats.filecopy import read_exact, read_exact_fd
+from ckptscope.ops.blockmath import PIECE, buffer_address, memcmp, same_bytes, single_threaded_blas, sum_squares
+from ckptscope.ops.blockio import RELEASE_EVERY, ByteReader
+from ckptscope.ops.blockio import split_box as split_rows
 from ckptscope.ops.timeline.flags import (
     DEFAULT_FACTOR,
     Flag,
@@ -152,13 +152,15 @@ def _boxes(shape: tuple[int, ...], rows, block_elems: int) -> list:
 
 
 class _Reading:
-    """Byte accounting and page release shared by the worker threads."""
+    """Byte accounting, page release and open files shared by the worker threads."""
 
     def __init__(self, plan: TimelinePlan) -> None:
         self.plan = plan
         self.lock = threading.Lock()
         self.bytes_read = 0
         self.since_release = 0
+        self.files = ByteReader()
+        self.runs: dict[int, list[_Run | None]] = {}
 
     def count(self, nbytes: int) -> None:
         with self.lock:
@@ -171,15 +173,64 @@ class _Reading:
             for reader in self.plan.all_readers():
                 reader.release_pages()
 
+    def runs_of(self, t: int) -> list[_Run | None]:
+        """Per iteration, where tensor ``t`` lies as one run of bytes (None: read it otherwise).
+        Looked up once per tensor: ``byte_span`` per block and iteration cost more than the read."""
+        with self.lock:
+            runs = self.runs.get(t)
+        if runs is None:
+            tensor = self.plan.tensors[t]
+            runs = [_run_of(reader, name, tensor.shape, self.files)
+                    for reader, name in zip(self.plan.readers, tensor.stored)]
+            with self.lock:
+                self.runs[t] = runs
+        return runs
+
+    def close(self) -> None:
+        self.files.close()
+
+
+@dataclass(frozen=True)
+class _Run:
+    """A tensor stored as one C-order run of bytes: ``fd`` from ``offset``, ``row_bytes`` per
+    first-axis row (the whole tensor for a scalar), decoded as ``dtype``."""
+
+    fd: int
+    path: str
+    offset: int
+    row_bytes: int
+    dtype: Any
+
+
+def _run_of(reader, name: str, shape: tuple[int, ...], files: ByteReader) -> _Run | None:
+    span = reader.byte_span(name)
+    if span is None:
+        return None
+    path, offset, length = span
+    rows = shape[0] if shape else 1
+    if not rows:
+        return None
+    return _Run(files.fd(str(path)), str(path), offset, length // rows, reader.meta(name).dtype_info.numpy())
+
 
 _LOCAL = threading.local()
 
 
+def _thread_bytes(length: int) -> tuple[list[memoryview], list[int]]:
+    """Two byte buffers per thread (this iteration's block, the previous one's), as memoryviews and
+    their addresses for ``memcmp``, grown as blocks need."""
+    bufs = getattr(_LOCAL, "bytes", None)
+    if bufs is None or len(bufs[0][0]) < length:
+        size = max(length, 1, len(bufs[0][0]) if bufs else 0)
+        arrays = [bytearray(size), bytearray(size)]
+        bufs = _LOCAL.bytes = ([memoryview(a) for a in arrays], [buffer_address(a) for a in arrays])
+    return bufs
+
+
 def _read_stored(reader, name: str, box, slot: int):
-    """The block as stored. When it is one run of bytes in a file (``byte_span``) it is read into
-    this thread's buffer ``slot`` (two per thread: this iteration and the previous one): a copy out
-    of the page cache into a buffer that stays in cache costs half what faulting in the mapped
-    pages does. Otherwise a view of the mapped file, or a copy (``read_mapped``)."""
+    """The block as stored, for a tensor that is not one run of bytes per iteration: where the
+    block itself is (``byte_span``) it is read into this thread's buffer ``slot``; otherwise a view
+    of the mapped file, or a copy (``read_mapped``)."""
     import numpy as np
 
     region = _slices(box)
@@ -187,11 +238,8 @@ def _read_stored(reader, name: str, box, slot: int):
     if span is None:
         return reader.read_mapped(name, region)
     path, offset, length = span
-    bufs = getattr(_LOCAL, "bytes", None)
-    if bufs is None or len(bufs[slot]) < length:
-        size = max(length, len(bufs[0]) if bufs else 0)
-        bufs = _LOCAL.bytes = [bytearray(size), bytearray(size)]
-    view = memoryview(bufs[slot])[:length]
+    views, _ = _thread_bytes(length)
+    view = views[slot][:length]
     read_exact(path, offset, view)
     dtype = reader.meta(name).dtype_info.numpy()
     shape = tuple(hi - lo for lo, hi in box)
@@ -211,11 +259,10 @@ def _buffers(size: int):
 
 
 def _sumsq(values) -> float:
-    """Sum of squares in float64. ``einsum``, not ``np.dot``: BLAS ``ddot`` runs on a thread team of
-    its own, which on a busy machine (or beside our worker threads) spends 10-50x the CPU time."""
+    """Sum of squares in float64 (BLAS ``ddot``, on one thread: ``single_threaded_blas``)."""
     import numpy as np
 
-    return float(np.einsum("i,i->", values, values))
+    return float(np.dot(values, values))
 
 
 def _load(raw, out, narrow) -> None:
@@ -243,7 +290,7 @@ def _step_sums(cur, prev) -> tuple[float, float]:
         _load(cur[lo:lo + n], x, narrow[:n])
         _load(prev[lo:lo + n], y, narrow[:n])
         np.subtract(x, y, out=x)
-        dsq += float(np.einsum("i,i->", x, x))
+        dsq += float(np.dot(x, x))
         np.abs(x, out=x)
         dmax = max(dmax, float(x.max()))
     return dsq, dmax
@@ -258,33 +305,57 @@ def _piece_buffers():
     return bufs
 
 
-def _tensor_block(plan: TimelinePlan, reading: _Reading, tensor: TimelineTensor, box) -> Sums:
+def _tensor_block(plan: TimelinePlan, reading: _Reading, t: int, box) -> Sums:
     """One block of rows through every iteration: per iteration the sum of squares and NaN / Inf
     counts, per step the squared difference, the earlier side's squares and max |difference| (over
     elements finite on both sides).
 
-    The block is read as stored (``_read_stored``) and never decoded whole when it is finite: a
-    block whose bytes equal the previous iteration's (frozen weights) costs one ``memcmp``, a norm
-    comes from ``sum_squares`` and a step from ``_step_sums``, both in cache-sized pieces. Only a
-    block with NaN or Inf is decoded into the block-sized float64 buffers, to mask it."""
+    The block is read as stored, into one of two per-thread buffers (this iteration's, the previous
+    one's), and never decoded whole when it is finite: a block whose bytes equal the previous
+    iteration's (frozen weights) costs one read and one ``memcmp``, a norm comes from
+    ``sum_squares`` and a step from ``_step_sums``, both in cache-sized pieces. Only a block with
+    NaN or Inf is decoded into the block-sized float64 buffers, to mask it."""
     import numpy as np
 
+    tensor = plan.tensors[t]
+    runs = reading.runs_of(t)
     n = len(plan.readers)
     sums = Sums(n)
+    shape = tuple(hi - lo for lo, hi in box)
     size = 1
-    for lo, hi in box:
-        size *= hi - lo
+    for d in shape:
+        size *= d
+    first_row = box[0][0] if box else 0
     cur, prev, narrow = (b[:size] for b in _buffers(size))
     prev_raw = None
+    prev_addr = 0
     slot = 1
     prev_loaded = False
     prev_mask = None
+    nbytes = 0
     for i, reader in enumerate(plan.readers):
         slot = 1 - slot  # the previous iteration's block stays in the other buffer
-        raw = _read_stored(reader, tensor.stored[i], box, slot)
-        reading.count(raw.nbytes)
+        run = runs[i]
+        if run is not None:
+            length = shape[0] * run.row_bytes if shape else run.row_bytes  # boxes keep whole rows
+            views, addresses = _thread_bytes(length)
+            view = views[slot][:length]
+            read_exact_fd(run.fd, run.path, run.offset + first_row * run.row_bytes, view)
+            addr = addresses[slot]
+            nbytes += length
+            if (prev_addr and prev_raw.dtype == run.dtype and prev_raw.nbytes == length
+                    and memcmp(addr, prev_addr, length) == 0):
+                frozen = True
+            else:
+                frozen = False
+                raw = np.frombuffer(view, dtype=run.dtype).reshape(shape)
+        else:
+            raw = _read_stored(reader, tensor.stored[i], box, slot)
+            addr = 0
+            nbytes += raw.nbytes
+            frozen = prev_raw is not None and raw.dtype == prev_raw.dtype and same_bytes(raw, prev_raw)
         k = i - 1
-        if prev_raw is not None and raw.dtype == prev_raw.dtype and same_bytes(raw, prev_raw):
+        if frozen:
             slot = 1 - slot  # nothing new to keep: the next read may reuse this buffer
             # Unchanged since the previous iteration (a frozen block): its sums are the previous
             # ones and the step is exactly zero, without decoding it again.
@@ -321,7 +392,8 @@ def _tensor_block(plan: TimelinePlan, reading: _Reading, tensor: TimelineTensor,
             sums.dmax[k] = max(float(d.max()), -float(d.min())) if d.size else 0.0
         if loaded:
             cur, prev = prev, cur
-        prev_raw, prev_loaded, prev_mask = raw, loaded, mask
+        prev_raw, prev_loaded, prev_mask, prev_addr = raw, loaded, mask, addr
+    reading.count(nbytes)
     sums.numel = size
     return sums
 
@@ -373,7 +445,7 @@ def _run_units(plan: TimelinePlan, options: TimelineOptions, reading: _Reading,
     def work(job):
         what, t, _b, box = job
         if what == "w":
-            return _tensor_block(plan, reading, plan.tensors[t], box)
+            return _tensor_block(plan, reading, t, box)
         return _moment_block(plan, reading, plan.optimizer[t], box)
 
     workers = options.workers or max(2, min(4, os.cpu_count() or 1))
@@ -456,8 +528,10 @@ def run_timeline(plan: TimelinePlan, progress: Progress | None = None, options: 
     reading = _Reading(plan)
     n = len(plan.iterations)
     try:
-        weights, moment_sums = _run_units(plan, options, reading, progress, cancelled)
+        with single_threaded_blas():
+            weights, moment_sums = _run_units(plan, options, reading, progress, cancelled)
     finally:
+        reading.close()
         for reader in plan.all_readers():
             reader.release_pages()
     tensors = [series_of(t.name, t.module, t.layer, w) for t, w in zip(plan.tensors, weights)]
