@@ -12,8 +12,11 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import os
+import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -275,6 +278,32 @@ def test_threshold_and_factor_options(gen, roots):
     # a factor above the spike: no exploding flags; everything else unchanged
     _plan, result = _result(roots["timeline_hf"], options=TimelineOptions(explode_factor=1e6))
     assert {f.kind for f in result.flags} == {"frozen", "nan"}
+
+
+def test_cancel_and_a_truncated_file_stop_the_workers(roots, tmp_path):
+    """The worker threads stop on cancellation, and a read that fails in one of them (a file cut
+    short after its header was read) reaches the caller as the one clear error."""
+    plan = build_timeline_plan(roots["timeline_hf"], optimizer=False)
+    try:
+        result = run_timeline(plan, cancelled=lambda: True)
+    finally:
+        plan.close()
+    assert any("cancelled" in note for note in result.notes) and result.bytes_read == 0
+
+    root = tmp_path / "run"
+    shutil.copytree(roots["timeline_hf"], root)
+    last = max((p for p in root.iterdir() if p.name.startswith("checkpoint-")), key=lambda p: int(p.name.split("-")[1]))
+    shard = max(last.glob("*.safetensors"), key=lambda f: f.stat().st_size)
+    plan = build_timeline_plan(root, optimizer=False)
+    os.truncate(shard, shard.stat().st_size - 64)
+    seen = []
+    try:
+        with pytest.raises(CkptError, match="truncated"):
+            run_timeline(plan, progress=lambda done, total: seen.append((done, total)),
+                         options=TimelineOptions(workers=2))
+    finally:
+        plan.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("ckptscope-timeline")]
 
 
 def test_module_grouping():

@@ -3,10 +3,10 @@
 A work unit is one block of rows of one tensor (at most ``BLOCK_ELEMS`` elements): it reads that
 block from iteration 1, 2, ... in turn, keeping only the previous iteration's copy as stored, so
 each stored byte is read exactly once and a unit holds two stored blocks (at most two float64 ones,
-16 MB, for a block with NaN or Inf) however many iterations there are. Units run on a thread pool with a bounded window of them in flight (numpy releases the GIL),
-as ``diff`` does, and mapped pages are released as reading goes on, so memory does not grow with
-the checkpoint or the run. Block results are merged in block order, so sums (and the fingerprints
-built from them) do not depend on thread timing.
+16 MB, for a block with NaN or Inf) however many iterations there are. Worker threads take units
+in order (numpy, ``preadv`` and ``memcmp`` release the GIL), and mapped pages are released as
+reading goes on, so memory does not grow with the checkpoint or the run. Block results are merged
+in block order, so sums (and the fingerprints built from them) do not depend on thread timing.
 
 An iteration whose fingerprints (per tensor: sum of squares, NaN and Inf counts) all equal an
 earlier iteration's is compared with it byte for byte by the diff engine before it is flagged
@@ -15,12 +15,12 @@ earlier iteration's is compared with it byte for byte by the diff engine before 
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,8 @@ BLOCK_ELEMS = 1 << 20
 Measured: 1M is faster than 256K (per-block overhead) and than 4M (the blocks leave the cache)."""
 
 Progress = Callable[[int, int], None]
+PROGRESS_EVERY = 0.05
+"""Seconds between progress reports (and cancellation checks) from the calling thread."""
 
 
 @dataclass
@@ -419,7 +421,8 @@ def _moment_block(plan: TimelinePlan, reading: _Reading, tensor: OptimizerTensor
 
 def _run_units(plan: TimelinePlan, options: TimelineOptions, reading: _Reading,
                progress: Progress | None, cancelled: Callable[[], bool]) -> tuple[list[Sums], list[MomentSums]]:
-    """Every block of every tensor (then every optimizer moment) through a bounded thread pool."""
+    """Every block of every tensor (then every optimizer moment), on ``workers`` threads; a tensor's
+    block results are merged in block order as soon as all of them are in."""
     jobs: list[tuple[str, int, int, Any]] = []
     blocks_of: dict[tuple[str, int], int] = {}
     for t, tensor in enumerate(plan.tensors):
@@ -449,34 +452,54 @@ def _run_units(plan: TimelinePlan, options: TimelineOptions, reading: _Reading,
         return _moment_block(plan, reading, plan.optimizer[t], box)
 
     workers = options.workers or max(2, min(4, os.cpu_count() or 1))
-    window = 2 * workers
+    taken = itertools.count()  # the next job's index; next() on it is atomic under the GIL
+    lock = threading.Lock()
+    stop = threading.Event()
+    failures: list[BaseException] = []
     done = 0
-    pending = iter(jobs)
-    inflight: dict[Future, tuple] = {}
-    with ThreadPoolExecutor(workers, thread_name_prefix="ckptscope-timeline") as pool:
-        exhausted = False
-        while True:
-            while not exhausted and len(inflight) < window and not cancelled():
-                job = next(pending, None)
-                if job is None:
-                    exhausted = True
-                    break
-                inflight[pool.submit(work, job)] = job
-            if not inflight:
-                break
-            finished, _ = wait(inflight, return_when=FIRST_COMPLETED)
-            for future in finished:
-                what, t, b, _box = inflight.pop(future)
-                parts[what, t][b] = future.result()
+
+    def worker() -> None:
+        nonlocal done
+        while not stop.is_set():
+            j = next(taken)
+            if j >= len(jobs):
+                return
+            what, t, b, _box = job = jobs[j]
+            try:
+                part = work(job)
+            except BaseException as exc:  # handed to the calling thread, which raises it
+                failures.append(exc)
+                stop.set()
+                return
+            with lock:
+                parts[what, t][b] = part
                 if len(parts[what, t]) == blocks_of[what, t]:
                     finish((what, t))
                 done += 1
-                if progress:
-                    progress(done, len(jobs))
+
+    # Workers take jobs themselves: a future per block and a wake-up of this thread per block
+    # cost the workers the GIL often enough to show in the run time. This thread only reports
+    # progress and watches for cancellation, a few times a second.
+    threads = [threading.Thread(target=worker, name=f"ckptscope-timeline-{w}", daemon=True) for w in range(workers)]
+    if cancelled():
+        stop.set()
+    for thread in threads:
+        thread.start()
+    try:
+        reported = -1
+        while alive := [thread for thread in threads if thread.is_alive()]:
+            alive[0].join(PROGRESS_EVERY)
             if cancelled():
-                for future in inflight:
-                    future.cancel()
-                exhausted = True
+                stop.set()
+            if progress and done != reported:
+                reported = done
+                progress(done, len(jobs))
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    if failures:
+        raise failures[0]
     return weights, moments
 
 
