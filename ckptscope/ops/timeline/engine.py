@@ -279,23 +279,27 @@ def _load(raw, out, narrow) -> None:
         np.copyto(out.reshape(raw.shape), raw, casting="unsafe")
 
 
-def _step_sums(cur, prev) -> tuple[float, float]:
-    """``sum((cur - prev)^2)`` and ``max |cur - prev|`` in float64 over two finite flat arrays, one
-    ``PIECE`` at a time through per-thread float64 buffers that stay in the core's cache."""
+def _step_sums(cur, prev) -> tuple[float, float, float]:
+    """``sum(cur^2)``, ``sum((cur - prev)^2)`` and ``max |cur - prev|`` in float64 over two flat
+    arrays (``prev`` finite), one ``PIECE`` at a time through per-thread float64 buffers that stay
+    in the core's cache. ``sum(cur^2)`` is summed exactly as ``sum_squares`` sums it (the same
+    pieces, widened the same way, in the same order), so the same bytes give the same norm on
+    either path (fingerprints compare them); where it is not finite the other two are not used."""
     import numpy as np
 
     a, b, narrow = _piece_buffers()
-    dsq, dmax = 0.0, 0.0
+    sq, dsq, dmax = 0.0, 0.0, 0.0
     for lo in range(0, cur.size, PIECE):
         n = min(PIECE, cur.size - lo)
         x, y = a[:n], b[:n]
         _load(cur[lo:lo + n], x, narrow[:n])
+        sq += float(np.dot(x, x))
         _load(prev[lo:lo + n], y, narrow[:n])
         np.subtract(x, y, out=x)
         dsq += float(np.dot(x, x))
         np.abs(x, out=x)
         dmax = max(dmax, float(x.max()))
-    return dsq, dmax
+    return sq, dsq, dmax
 
 
 def _piece_buffers():
@@ -364,7 +368,16 @@ def _tensor_block(plan: TimelinePlan, reading: _Reading, t: int, box) -> Sums:
             sums.sq[i], sums.nan[i], sums.inf[i] = sums.sq[k], sums.nan[k], sums.inf[k]
             sums.psq[k], sums.dsq[k], sums.dmax[k] = sums.sq[k], 0.0, 0.0
             continue
-        sq = sum_squares(raw)
+        if i and prev_mask is None:
+            # The common case, both sides finite: the norm and the step in one pass of cache-sized
+            # pieces straight from the stored bytes, with no block-sized float64 copies.
+            sq, dsq, dmax = _step_sums(raw.reshape(-1), prev_raw.reshape(-1))
+            if math.isfinite(sq):
+                sums.sq[i], sums.psq[k], sums.dsq[k], sums.dmax[k] = sq, sums.sq[k], dsq, dmax
+                prev_raw, prev_loaded, prev_mask, prev_addr = raw, False, None, addr
+                continue
+        else:
+            sq = sum_squares(raw)
         loaded, mask = False, None
         if math.isfinite(sq):
             sums.sq[i] = sq
@@ -375,12 +388,7 @@ def _tensor_block(plan: TimelinePlan, reading: _Reading, t: int, box) -> Sums:
             nans = int(np.count_nonzero(np.isnan(cur)))
             sums.nan[i], sums.inf[i] = nans, int(cur.size - np.count_nonzero(mask)) - nans
             sums.sq[i] = _sumsq(cur[mask])
-        if i and mask is None and prev_mask is None:
-            # Both finite (the common case): the step in cache-sized pieces straight from the
-            # stored bytes, with no block-sized float64 copies.
-            sums.psq[k] = sums.sq[k]
-            sums.dsq[k], sums.dmax[k] = _step_sums(raw.reshape(-1), prev_raw.reshape(-1))
-        elif i:  # NaN or Inf on one side: the step over elements finite on both
+        if i:  # NaN or Inf on one side: the step over elements finite on both
             if not prev_loaded:
                 _load(prev_raw, prev, narrow)
             if not loaded:
