@@ -67,6 +67,11 @@ def _end_children() -> None:
         child.join(5)
         if child.is_alive():
             child.kill()
+    # multiprocessing's own clean-up (its /tmp/pymp-* directory and the sockets in it), which
+    # os._exit would skip as it skips every exit handler.
+    import multiprocessing.util
+
+    multiprocessing.util._exit_function()
 
 
 def _init_gloo(rank: int, world_size: int, init_file: str) -> None:

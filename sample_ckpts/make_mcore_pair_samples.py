@@ -31,6 +31,7 @@ back afterwards (tests share the interpreter); spawned TP=2 ranks use make_dist_
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import os
 import shutil
@@ -349,7 +350,11 @@ def ensure_single_rank_world() -> None:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        init_file = os.path.join(tempfile.mkdtemp(prefix="ckptscope_gloo_"), "rendezvous")
+        rendezvous = tempfile.mkdtemp(prefix="ckptscope_gloo_")
+        # The world lives as long as this process (its store may use the file to the end): the
+        # directory goes when the process exits, not before, and is not left behind in /tmp.
+        atexit.register(shutil.rmtree, rendezvous, ignore_errors=True)
+        init_file = os.path.join(rendezvous, "rendezvous")
         with cpu_megatron():
             _init_gloo(0, 1, init_file)
     with cpu_megatron():

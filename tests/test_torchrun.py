@@ -73,8 +73,18 @@ def work(tmp_path_factory) -> Path:
     return root
 
 
+_SCRATCH: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def scratch_tmpdir(tmp_path_factory) -> None:
+    """torchrun's agent leaves a /tmp/torchelastic_* directory behind per run (ckptscope's own
+    ``--workers`` removes its one): the commands run here get a TMPDIR that pytest cleans up."""
+    _SCRATCH["TMPDIR"] = str(tmp_path_factory.mktemp("tmpdir"))
+
+
 def env(**extra: str) -> dict[str, str]:
-    out = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **extra}
+    out = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **_SCRATCH, **extra}
     out.pop("CKPTSCOPE_FAIL_ON_TENSOR", None)
     out.update(extra)
     return out
@@ -242,8 +252,10 @@ def test_verify_on_two_ranks(work):
     args = ["verify", str(work / "hf"), "--json"]
     alone = one(args)
     assert alone.returncode == 0, alone.stderr
+    before = set(os.listdir(_SCRATCH["TMPDIR"]))
     shared = one([*args, "--workers", "2"])
     assert (shared.returncode, shared.stdout) == (0, alone.stdout), shared.stderr[-2000:]
+    assert set(os.listdir(_SCRATCH["TMPDIR"])) == before  # no torchrun log directory left in TMPDIR
 
 
 def test_failure_stops_every_rank_and_leaves_nothing(work):

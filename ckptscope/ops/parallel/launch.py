@@ -4,7 +4,9 @@ ranks are exactly what a user's ``torchrun -m ckptscope ...`` starts."""
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 import uuid
 from collections.abc import Sequence
 
@@ -31,11 +33,26 @@ def run_workers(workers: int, argv: Sequence[str]) -> int:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # ranks say what went wrong
+    # torchrun's agent keeps its per-run log directory under /tmp/torchelastic_* and never removes
+    # it: one left behind per command. Ours is removed when the ranks are done.
+    log_dir = tempfile.mkdtemp(prefix="ckptscope-workers-")
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=workers, run_id=str(uuid.uuid4()),
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1)
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
+                          **_logs_in(log_dir))
     try:
         elastic_launch(config, sys.executable)("-m", "ckptscope", *strip_workers(argv))
     except ChildFailedError as exc:
         codes = [failure.exitcode for _, failure in sorted(exc.failures.items())]
         return next((code for code in codes if code > 0), 2)  # the ranks' agreed code; a signal: 2
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
     return 0
+
+
+def _logs_in(log_dir: str) -> dict:
+    """``LaunchConfig``'s ``logs_specs`` for ``log_dir`` (torch >= 2.3; older ones take none)."""
+    try:
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    except ImportError:
+        return {}
+    return {"logs_specs": DefaultLogsSpecs(log_dir=log_dir)}
