@@ -49,6 +49,27 @@ def _narrow_float(values: "np.ndarray") -> bool:
                                                      and dt.type.__module__.startswith("ml_dtypes")))
 
 
+def is_float(values: "np.ndarray") -> bool:
+    """A floating dtype, numpy's own or an ml_dtypes one (bf16, fp8)."""
+    return values.dtype.kind == "f" or _narrow_float(values)
+
+
+def widen(piece: "np.ndarray", out: "np.ndarray") -> "np.ndarray":
+    """``piece`` (flat, at most ``PIECE`` elements) as float64 in ``out[:piece.size]``; 8- and 16-bit
+    floats via this thread's float32 scratch (exact, and ml_dtypes' casts to float32 are several
+    times faster than to float64). Returns the filled part of ``out``."""
+    import numpy as np
+
+    out = out[:piece.size]
+    if _narrow_float(piece):
+        narrow = _scratch("f4")[:piece.size]
+        np.copyto(narrow, piece, casting="unsafe")
+        np.copyto(out, narrow)
+    else:
+        np.copyto(out, piece, casting="unsafe")
+    return out
+
+
 def sum_squares(values: "np.ndarray") -> float:
     """``sum(x * x)`` in float64 over every element of ``values`` (NaN / inf propagate). Run it
     inside ``single_threaded_blas`` when several threads call it."""
