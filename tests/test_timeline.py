@@ -274,6 +274,19 @@ def test_sample_reads_a_deterministic_subset(gen, roots):
     assert again.to_json()["tensors"] == result.to_json()["tensors"]
 
 
+@pytest.mark.parametrize("root", ["timeline_hf", "timeline_dcp"])
+@pytest.mark.parametrize("sample", [None, 3])
+def test_tensors_read_as_one_run_of_bytes_give_what_the_reader_gives(roots, root, sample, monkeypatch):
+    """The engine reads a tensor stored as one run of bytes straight from its file (located once per
+    run), block by block, and anything else through the reader: both give the same numbers."""
+    import ckptscope.ops.timeline.engine as engine
+
+    direct = _result(roots[root], sample=sample, optimizer=False)[1].to_json()
+    monkeypatch.setattr(engine, "_run_of", lambda *args: None)
+    through_reader = _result(roots[root], sample=sample, optimizer=False)[1].to_json()
+    assert direct == through_reader
+
+
 def test_threshold_and_factor_options(gen, roots):
     # a factor above the spike: no exploding flags; everything else unchanged
     _plan, result = _result(roots["timeline_hf"], options=TimelineOptions(explode_factor=1e6))
