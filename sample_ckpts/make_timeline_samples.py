@@ -393,6 +393,27 @@ DISTOPT_ROOTS = {"dp_reshardable": "timeline_distopt_dp", "fully_reshardable": "
 """Save flavour -> root name of ``write_timeline_distopt``."""
 
 
+def _save_distopt_dist(run: _MegatronRun, common: dict, flavour: str, root: Path, step: int, rank: int) -> None:
+    """``root/iter_<step>`` as Megatron-LM's torch_dist ``save_checkpoint`` writes it (collective):
+    the model's and the distributed optimizer's sharded state dicts with ``distrib_optim_sharding_type
+    = flavour``, then the tracker."""
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+
+    metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True,
+                "distrib_optim_sharding_type": flavour}
+    model_sd = run.model.sharded_state_dict(metadata=metadata)
+    state = {**common, "model": model_sd, "optimizer": run.optimizer.sharded_state_dict(model_sd, metadata=metadata)}
+    target = root / f"iter_{step:07d}"
+    if rank == 0:
+        _fresh(target)
+    dist.barrier()
+    dist_checkpointing.save(state, str(target), content_metadata=metadata)
+    dist.barrier()
+    if rank == 0:
+        (root / run.ts.TRACKER).write_text(str(step))
+
+
 def _distopt_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
     """One of the DP ranks of the distributed-optimizer run (see ``write_timeline_distopt``)."""
     # TP = 1: the ranks are data-parallel; small buckets (grad reduce overlapped, as Megatron-LM does
@@ -400,7 +421,6 @@ def _distopt_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
     run = _MegatronRun(rank, world_size, init_file, tp=1, distributed=True, bucket_size=DISTOPT_BUCKET)
     torch = run.torch
     import torch.distributed as dist
-    from megatron.core import dist_checkpointing
 
     with run.ts._cpu_as_cuda():
         run.build()
@@ -416,20 +436,7 @@ def _distopt_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
             common = {"args": run.args, "checkpoint_version": 3.0, "iteration": step,
                       "opt_param_scheduler": run.scheduler.state_dict()}
             for flavour in ("dp_reshardable", "fully_reshardable"):
-                metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True,
-                            "distrib_optim_sharding_type": flavour}
-                model_sd = model.sharded_state_dict(metadata=metadata)
-                state = {**common, "model": model_sd,
-                         "optimizer": optimizer.sharded_state_dict(model_sd, metadata=metadata)}
-                root = Path(out) / DISTOPT_ROOTS[flavour]
-                target = root / f"iter_{step:07d}"
-                if rank == 0:
-                    _fresh(target)
-                dist.barrier()
-                dist_checkpointing.save(state, str(target), content_metadata=metadata)
-                dist.barrier()
-                if rank == 0:
-                    (root / run.ts.TRACKER).write_text(str(step))
+                _save_distopt_dist(run, common, flavour, Path(out) / DISTOPT_ROOTS[flavour], step, rank)
             # --ckpt-format torch: DP rank 0 torch.saves the model + the optimizer's non-parameter state,
             # and DistributedOptimizer.save_parameter_state (collective) writes distrib_optim.pt.
             root = Path(out) / DISTOPT_ROOTS["legacy"]
@@ -483,9 +490,88 @@ def write_timeline_distopt(out: Path) -> dict[str, Path]:
     return {flavour: Path(out) / name for flavour, name in DISTOPT_ROOTS.items()}
 
 
+DISTOPT_TP = 2
+DISTOPT_TP_ROOTS = {"dp_reshardable": "timeline_distopt_tp2_dp", "legacy": "timeline_distopt_tp2_legacy"}
+"""Save flavour -> root name of ``write_timeline_distopt_tp``."""
+DISTOPT_TP_ORACLE = "timeline_distopt_tp2_oracle.pt"
+"""Per step and TP rank: megatron-core's own per-parameter state of the TP run (see
+``write_timeline_distopt_tp``)."""
+
+
+def _distopt_tp_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    """One of the TP ranks of the tensor-parallel distributed-optimizer run (see ``write_timeline_distopt_tp``)."""
+    run = _MegatronRun(rank, world_size, init_file, tp=DISTOPT_TP, distributed=True, bucket_size=DISTOPT_BUCKET)
+    torch = run.torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    with run.ts._cpu_as_cuda():
+        run.build()
+        model, optimizer = run.model, run.optimizer
+        oracle = []
+        inner = getattr(optimizer, "chained_optimizers", [optimizer])
+
+        def own_state(param):
+            (owner,) = [o for o in inner if param in o.model_param_group_index_map]
+            return owner._get_main_param_and_optimizer_states(param)
+
+        for step in range(1, DISTOPT_STEPS + 1):
+            run.step(100 * step)  # DP = 1: every TP rank sees the same batch
+            # megatron-core's own per-parameter state of this rank (DP = 1: each shard is the whole local
+            # parameter), in the local parameter's shape
+            oracle.append({name: {key: own_state(p)[key].detach().clone().reshape(p.shape)
+                                  for key in ("param", "exp_avg_sq")}
+                           for name, p in model.named_parameters()})
+            common = {"args": run.args, "checkpoint_version": 3.0, "iteration": step,
+                      "opt_param_scheduler": run.scheduler.state_dict()}
+            flat = Path(out) / DISTOPT_TP_ROOTS["dp_reshardable"]
+            _save_distopt_dist(run, common, "dp_reshardable", flat, step, rank)
+            # --ckpt-format torch: every model-parallel rank at DP rank 0 writes mp_rank_<tp>/ (PP = 1)
+            root = Path(out) / DISTOPT_TP_ROOTS["legacy"]
+            rank_dir = root / f"iter_{step:07d}" / f"mp_rank_{tp_rank:02d}"
+            rank_dir.mkdir(parents=True, exist_ok=True)
+            torch.save({**common, "model": model.state_dict_for_save_checkpoint(),
+                        "optimizer": optimizer.state_dict()}, rank_dir / "model_optim_rng.pt")
+            optimizer.save_parameter_state(str(rank_dir / "distrib_optim.pt"))
+            dist.barrier()
+            if rank == 0:
+                (root / run.ts.TRACKER).write_text(str(step))
+        torch.save(oracle, Path(out) / f"{DISTOPT_TP_ORACLE}.{tp_rank}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def write_timeline_distopt_tp(out: Path) -> dict[str, Path]:
+    """Megatron-LM save roots of one real megatron-core run with the distributed optimizer and
+    tensor parallelism: the run of ``write_timeline_distopt`` on two gloo ranks as TP=2, DP=1, so
+    every rank's flat Adam buffers hold that rank's TP shards (column-parallel ``linear_qkv`` /
+    ``linear_fc1`` and the vocab-parallel embedding and output split on their first axis, SwiGLU's
+    ``linear_fc1`` as ``[gate_r; up_r]``, row-parallel ``linear_proj`` / ``linear_fc2`` on their
+    second, norms whole on both ranks). Saved after each of ``DISTOPT_STEPS`` steps:
+
+    * ``timeline_distopt_tp2_dp/iter_N``: torch_dist ``dp_reshardable``, one
+      ``optimizer.distributed.dp_group_idx_<model-parallel rank>...`` set of buckets per TP rank;
+    * ``timeline_distopt_tp2_legacy/iter_N/mp_rank_0{0,1}/``: ``--ckpt-format torch``, each TP rank's
+      ``model_optim_rng.pt`` and ``distrib_optim.pt`` (``save_parameter_state``).
+
+    The tests' oracle, ``DISTOPT_TP_ORACLE``: a list per step of megatron-core's own per-parameter
+    state on each rank (``DistributedOptimizer._get_main_param_and_optimizer_states``: the fp32
+    master ``param`` and ``exp_avg_sq``, in the local parameter's shape, by local-spec parameter
+    name), one ``torch.save`` per TP rank (suffix ``.<tp rank>``).
+    """
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from make_dist_samples import _spawn
+
+    for name in DISTOPT_TP_ROOTS.values():
+        _fresh(Path(out) / name)
+    _spawn(_distopt_tp_rank, Path(out), world_size=DISTOPT_TP)
+    return {flavour: Path(out) / name for flavour, name in DISTOPT_TP_ROOTS.items()}
+
+
 WRITERS = {"timeline_dcp": write_timeline_dcp, "timeline_hf": write_timeline_hf,
            "timeline_hf_adam": write_timeline_hf_adam, "timeline_megatron": write_timeline_megatron,
-           "timeline_distopt": write_timeline_distopt}
+           "timeline_distopt": write_timeline_distopt, "timeline_distopt_tp": write_timeline_distopt_tp}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -252,6 +252,23 @@ def _flat_moments(distopt: dict[str, Path], gen, flavour: str) -> list[dict]:
     return out, layout
 
 
+def _flat_statistics_equal(root: Path, expected: list[dict], gen):
+    """The timeline of a distributed-optimizer root gives, for every tensor and step, the mean
+    ``exp_avg_sq`` of ``expected`` (per step: megatron's parameter name -> its global state) and the
+    step size at that mean; returns the result."""
+    plan, result = _result(root)
+    assert result.kind == "megatron" and result.iterations == list(range(1, gen.DISTOPT_STEPS + 1))
+    assert result.optimizer_note is None and result.lr == [gen.LR] * gen.DISTOPT_STEPS and plan.eps == 1e-8
+    by_name = {_legacy_name(m.name): m for m in result.moments}
+    assert sorted(by_name) == sorted(expected[0])
+    for name, m in by_name.items():
+        for k, state in enumerate(expected):
+            mean = float(state[name].mean())
+            assert m.exp_avg_sq_mean[k] == pytest.approx(mean, rel=REL), (root.name, name, k)
+            assert m.step_size_mean[k] == pytest.approx(gen.LR / (math.sqrt(mean) + 1e-8), rel=REL)
+    return result
+
+
 def _legacy_name(name: str) -> str:
     """torch_dist (TE-style) norm names -> the local spec's parameter (and legacy ``state_dict``) names."""
     return (name.replace("self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight")
@@ -262,16 +279,7 @@ def _legacy_name(name: str) -> str:
 def test_megatron_distributed_optimizer_adam_statistics(distopt, gen, flavour):
     expected, layout = _flat_moments(distopt, gen, flavour)
     assert len(layout["buckets"]) > 1  # later buckets start after the earlier ones' end padding
-    plan, result = _result(distopt[flavour])
-    assert result.kind == "megatron" and result.iterations == list(range(1, gen.DISTOPT_STEPS + 1))
-    assert result.optimizer_note is None and result.lr == [gen.LR] * gen.DISTOPT_STEPS and plan.eps == 1e-8
-    by_name = {_legacy_name(m.name): m for m in result.moments}
-    assert sorted(by_name) == sorted(expected[0])
-    for name, m in by_name.items():
-        for k, state in enumerate(expected):
-            mean = float(state[name].mean())
-            assert m.exp_avg_sq_mean[k] == pytest.approx(mean, rel=REL), (flavour, name, k)
-            assert m.step_size_mean[k] == pytest.approx(gen.LR / (math.sqrt(mean) + 1e-8), rel=REL)
+    result = _flat_statistics_equal(distopt[flavour], expected, gen)
     mlp = next(m for m in result.moment_modules if m.name == "decoder.layers.1.mlp")
     members = [_legacy_name(m.name) for m in result.moments if module_of(m.name)[0] == "decoder.layers.1.mlp"]
     assert len(members) == (2 if flavour == "legacy" else 3)  # legacy names the MLP's norm pre_mlp_layernorm
@@ -321,3 +329,111 @@ def test_megatron_flat_state_sampled_rows(distopt, gen):
         full = state["output_layer.weight"].reshape(tensor.shape)
         rows = torch.cat([full[lo:hi] for lo, hi in tensor.rows])
         assert moment.exp_avg_sq_mean[k] == pytest.approx(float(rows.mean()), rel=REL)
+
+
+# --- Megatron's distributed optimizer saved by two TP ranks ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def distopt_tp(tmp_path_factory, gen) -> dict[str, Path]:
+    pytest.importorskip("megatron.core")
+    return gen.write_timeline_distopt_tp(tmp_path_factory.mktemp("timeline_distopt_tp"))
+
+
+_TP_SPLIT = {"self_attention.linear_qkv.weight": 0, "mlp.linear_fc1.weight": "glu",
+             "self_attention.linear_proj.weight": 1, "mlp.linear_fc2.weight": 1,
+             "embedding.word_embeddings.weight": 0, "output_layer.weight": 0}
+"""How megatron-core splits each parameter over TP ranks (column-parallel and vocab-parallel on the
+first axis, SwiGLU fc1 as ``[gate_r; up_r]`` of the global ``[gate; up]``, row-parallel on the second,
+norms replicated). Not trusted as such: ``_tp_oracle`` checks it against the weights megatron-core
+saved (torch's own ``dcp.load``)."""
+
+
+def _tp_global(parts: list, name: str):
+    split = next((axis for suffix, axis in _TP_SPLIT.items() if name.endswith(suffix)), None)
+    if split is None:
+        assert all(torch.equal(parts[0], p) for p in parts[1:]), name  # replicas hold the same state
+        return parts[0]
+    if split == "glu":
+        halves = [p.chunk(2) for p in parts]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves])
+    return torch.cat(parts, dim=split)
+
+
+def _tp_oracle(distopt_tp: dict[str, Path], gen) -> list[dict]:
+    """Per step: every parameter's global ``exp_avg_sq`` (float64, megatron's local-spec names), put
+    together from megatron-core's own per-rank optimizer state. The same assembly of its own fp32
+    masters must give the global weights of the torch_dist save bit for bit, loaded by torch's
+    ``dcp.load`` (layer-stacked tensors, one row per layer)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    base = distopt_tp["dp_reshardable"].parent
+    ranks = [torch.load(base / f"{gen.DISTOPT_TP_ORACLE}.{r}", weights_only=True) for r in range(gen.DISTOPT_TP)]
+    out = []
+    for k, step in enumerate(sorted(p for p in distopt_tp["dp_reshardable"].iterdir() if p.name.startswith("iter_"))):
+        meta = FileSystemReader(str(step)).read_metadata().state_dict_metadata
+        saved = {key: torch.empty(tuple(v.size), dtype=v.properties.dtype) for key, v in meta.items()
+                 if not key.startswith("optimizer.") and hasattr(v, "size")}
+        dcp.load(saved, checkpoint_id=str(step))
+        moments = {}
+        for name in ranks[0][k]:
+            master = _tp_global([r[k][name]["param"] for r in ranks], name)
+            stacked = name.split(".")
+            key = name if stacked[1] != "layers" else ".".join(stacked[:2] + stacked[3:])
+            key = key.replace("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight") \
+                .replace("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight")
+            weights = saved[key][int(stacked[2])] if stacked[1] == "layers" else saved[key]
+            assert torch.equal(master, weights), (name, k)
+            moments[name] = _tp_global([r[k][name]["exp_avg_sq"] for r in ranks], name).double()
+        out.append(moments)
+    return out
+
+
+@pytest.mark.parametrize("flavour", ["dp_reshardable", "legacy"])
+def test_megatron_tp2_distributed_optimizer_adam_statistics(distopt_tp, gen, flavour):
+    """TP = 2: each rank's flat buffers hold its shards; the statistics are those of the global
+    parameters put together from megatron-core's own per-rank state (norms: one replica)."""
+    expected = _tp_oracle(distopt_tp, gen)
+    result = _flat_statistics_equal(distopt_tp[flavour], expected, gen)
+    assert not any(n.startswith("no Adam statistics") for n in result.notes), result.notes
+    attention = next(m for m in result.moment_modules if m.name == "decoder.layers.0.self_attention")
+    members = [_legacy_name(m.name) for m in result.moments
+               if module_of(m.name)[0] == "decoder.layers.0.self_attention"]
+    assert len(members) == (2 if flavour == "legacy" else 3)
+    for k, state in enumerate(expected):
+        v = torch.cat([state[n].flatten() for n in members])  # the replicated norm counted once
+        assert attention.exp_avg_sq_mean[k] == pytest.approx(float(v.mean()), rel=REL)
+
+
+def test_megatron_tp2_flat_state_sampled_rows(distopt_tp, gen):
+    """``--sample``: the sampled rows of a parameter split over TP ranks are read from each rank's shard
+    at the right place (first-axis, second-axis and SwiGLU splits)."""
+    expected = _tp_oracle(distopt_tp, gen)
+    plan, result = _result(distopt_tp["dp_reshardable"], sample=5)
+    moments = {m.name: m for m in result.moments}
+    for name in ("decoder.layers.1.mlp.linear_fc1.weight", "decoder.layers.1.mlp.linear_fc2.weight",
+                 "decoder.layers.0.self_attention.linear_proj.weight", "embedding.word_embeddings.weight"):
+        tensor = next(t for t in plan.tensors if t.name == name)
+        assert tensor.rows is not None and sum(hi - lo for lo, hi in tensor.rows) == 5
+        for k, state in enumerate(expected):
+            rows = torch.cat([state[name][lo:hi] for lo, hi in tensor.rows])
+            assert moments[name].exp_avg_sq_mean[k] == pytest.approx(float(rows.mean()), rel=REL), (name, k)
+
+
+def test_megatron_tp2_tampered_master_gives_no_statistics(distopt_tp, tmp_path):
+    """One element of TP rank 1's fp32 masters changed in iteration 2's ``distrib_optim.pt`` (written
+    back by ``torch.save``): that rank's buffer no longer equals the weights there, so iteration 2 gets
+    no statistics and the reason, never a wrong assignment; iteration 1 keeps its numbers."""
+    root = tmp_path / "run"
+    shutil.copytree(distopt_tp["legacy"], root)
+    path = root / "iter_0000002" / "mp_rank_01" / "distrib_optim.pt"
+    state = torch.load(path, weights_only=False)
+    (flat,) = state[0].values()
+    flat["param"][1000] += 1.0
+    torch.save(state, path)
+    _plan, result = _result(root)
+    assert result.optimizer_note is None and result.moments
+    assert all(m.exp_avg_sq_mean[1] is None and m.exp_avg_sq_mean[0] is not None for m in result.moments)
+    why = next(n for n in result.notes if n.startswith("no Adam statistics for iteration 2:"))
+    assert "no model tensor's weights equal the fp32 masters at element" in why and "mp_rank_01" in why, why
