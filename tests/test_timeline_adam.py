@@ -331,13 +331,14 @@ def test_megatron_flat_state_sampled_rows(distopt, gen):
         assert moment.exp_avg_sq_mean[k] == pytest.approx(float(rows.mean()), rel=REL)
 
 
-# --- Megatron's distributed optimizer saved by two TP ranks ------------------------------------------
+# --- Megatron's distributed optimizer saved by several model-parallel ranks (TP = 2, PP = 2) ------------
 
 
 @pytest.fixture(scope="module")
-def distopt_tp(tmp_path_factory, gen) -> dict[str, Path]:
+def distopt_mp(tmp_path_factory, gen) -> dict[str, dict[str, Path]]:
     pytest.importorskip("megatron.core")
-    return gen.write_timeline_distopt_tp(tmp_path_factory.mktemp("timeline_distopt_tp"))
+    out = tmp_path_factory.mktemp("timeline_distopt_mp")
+    return {label: gen.write_timeline_distopt_mp(out, label) for label in gen.DISTOPT_MP}
 
 
 _TP_SPLIT = {"self_attention.linear_qkv.weight": 0, "mlp.linear_fc1.weight": "glu",
@@ -345,13 +346,13 @@ _TP_SPLIT = {"self_attention.linear_qkv.weight": 0, "mlp.linear_fc1.weight": "gl
              "embedding.word_embeddings.weight": 0, "output_layer.weight": 0}
 """How megatron-core splits each parameter over TP ranks (column-parallel and vocab-parallel on the
 first axis, SwiGLU fc1 as ``[gate_r; up_r]`` of the global ``[gate; up]``, row-parallel on the second,
-norms replicated). Not trusted as such: ``_tp_oracle`` checks it against the weights megatron-core
+norms replicated). Not trusted as such: ``_mp_oracle`` checks it against the weights megatron-core
 saved (torch's own ``dcp.load``)."""
 
 
 def _tp_global(parts: list, name: str):
     split = next((axis for suffix, axis in _TP_SPLIT.items() if name.endswith(suffix)), None)
-    if split is None:
+    if split is None or len(parts) == 1:
         assert all(torch.equal(parts[0], p) for p in parts[1:]), name  # replicas hold the same state
         return parts[0]
     if split == "glu":
@@ -360,57 +361,66 @@ def _tp_global(parts: list, name: str):
     return torch.cat(parts, dim=split)
 
 
-def _tp_oracle(distopt_tp: dict[str, Path], gen) -> list[dict]:
+def _saved_weights(step: Path, name: str, saved: dict):
+    """A parameter (local-spec name) of a torch_dist save loaded by torch's ``dcp.load`` (``saved``:
+    its layer-stacked tensors, one row per layer)."""
+    parts = name.split(".")
+    key = name if parts[1] != "layers" else ".".join(parts[:2] + parts[3:])
+    key = key.replace("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight") \
+        .replace("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight")
+    return saved[key][int(parts[2])] if parts[1] == "layers" else saved[key]
+
+
+def _mp_oracle(roots: dict[str, Path], gen, label: str) -> list[dict]:
     """Per step: every parameter's global ``exp_avg_sq`` (float64, megatron's local-spec names), put
-    together from megatron-core's own per-rank optimizer state. The same assembly of its own fp32
-    masters must give the global weights of the torch_dist save bit for bit, loaded by torch's
-    ``dcp.load`` (layer-stacked tensors, one row per layer)."""
+    together from megatron-core's own per-rank optimizer state (the ranks that hold it). The same
+    assembly of its own fp32 masters must give the global weights of the torch_dist save bit for bit,
+    loaded by torch's ``dcp.load``."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
 
-    base = distopt_tp["dp_reshardable"].parent
-    ranks = [torch.load(base / f"{gen.DISTOPT_TP_ORACLE}.{r}", weights_only=True) for r in range(gen.DISTOPT_TP)]
+    tp, pp = gen.DISTOPT_MP[label]
+    base = roots["dp_reshardable"].parent
+    ranks = [torch.load(base / gen.distopt_mp_oracle(label, r), weights_only=True) for r in range(tp * pp)]
     out = []
-    for k, step in enumerate(sorted(p for p in distopt_tp["dp_reshardable"].iterdir() if p.name.startswith("iter_"))):
+    for k, step in enumerate(sorted(p for p in roots["dp_reshardable"].iterdir() if p.name.startswith("iter_"))):
         meta = FileSystemReader(str(step)).read_metadata().state_dict_metadata
         saved = {key: torch.empty(tuple(v.size), dtype=v.properties.dtype) for key, v in meta.items()
                  if not key.startswith("optimizer.") and hasattr(v, "size")}
         dcp.load(saved, checkpoint_id=str(step))
         moments = {}
-        for name in ranks[0][k]:
-            master = _tp_global([r[k][name]["param"] for r in ranks], name)
-            stacked = name.split(".")
-            key = name if stacked[1] != "layers" else ".".join(stacked[:2] + stacked[3:])
-            key = key.replace("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight") \
-                .replace("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight")
-            weights = saved[key][int(stacked[2])] if stacked[1] == "layers" else saved[key]
-            assert torch.equal(master, weights), (name, k)
-            moments[name] = _tp_global([r[k][name]["exp_avg_sq"] for r in ranks], name).double()
+        for name in sorted(set().union(*(r[k] for r in ranks))):
+            held = [r[k][name] for r in ranks if name in r[k]]
+            assert len(held) == tp, name  # each parameter on one pipeline stage, on every TP rank of it
+            assert torch.equal(_tp_global([h["param"] for h in held], name), _saved_weights(step, name, saved))
+            moments[name] = _tp_global([h["exp_avg_sq"] for h in held], name).double()
         out.append(moments)
     return out
 
 
+@pytest.mark.parametrize("label", ["tp2", "pp2"])
 @pytest.mark.parametrize("flavour", ["dp_reshardable", "legacy"])
-def test_megatron_tp2_distributed_optimizer_adam_statistics(distopt_tp, gen, flavour):
-    """TP = 2: each rank's flat buffers hold its shards; the statistics are those of the global
-    parameters put together from megatron-core's own per-rank state (norms: one replica)."""
-    expected = _tp_oracle(distopt_tp, gen)
-    result = _flat_statistics_equal(distopt_tp[flavour], expected, gen)
+def test_megatron_model_parallel_distributed_optimizer_adam_statistics(distopt_mp, gen, label, flavour):
+    """TP = 2 (each rank's flat buffers hold its shards) and PP = 2 (each holds its stage's layers): the
+    statistics are those of the global parameters put together from megatron-core's own per-rank
+    state (replicated norms: one replica)."""
+    expected = _mp_oracle(distopt_mp[label], gen, label)
+    result = _flat_statistics_equal(distopt_mp[label][flavour], expected, gen)
     assert not any(n.startswith("no Adam statistics") for n in result.notes), result.notes
-    attention = next(m for m in result.moment_modules if m.name == "decoder.layers.0.self_attention")
+    attention = next(m for m in result.moment_modules if m.name == "decoder.layers.1.self_attention")
     members = [_legacy_name(m.name) for m in result.moments
-               if module_of(m.name)[0] == "decoder.layers.0.self_attention"]
+               if module_of(m.name)[0] == "decoder.layers.1.self_attention"]
     assert len(members) == (2 if flavour == "legacy" else 3)
     for k, state in enumerate(expected):
         v = torch.cat([state[n].flatten() for n in members])  # the replicated norm counted once
         assert attention.exp_avg_sq_mean[k] == pytest.approx(float(v.mean()), rel=REL)
 
 
-def test_megatron_tp2_flat_state_sampled_rows(distopt_tp, gen):
+def test_megatron_tp2_flat_state_sampled_rows(distopt_mp, gen):
     """``--sample``: the sampled rows of a parameter split over TP ranks are read from each rank's shard
     at the right place (first-axis, second-axis and SwiGLU splits)."""
-    expected = _tp_oracle(distopt_tp, gen)
-    plan, result = _result(distopt_tp["dp_reshardable"], sample=5)
+    expected = _mp_oracle(distopt_mp["tp2"], gen, "tp2")
+    plan, result = _result(distopt_mp["tp2"]["dp_reshardable"], sample=5)
     moments = {m.name: m for m in result.moments}
     for name in ("decoder.layers.1.mlp.linear_fc1.weight", "decoder.layers.1.mlp.linear_fc2.weight",
                  "decoder.layers.0.self_attention.linear_proj.weight", "embedding.word_embeddings.weight"):
@@ -421,12 +431,12 @@ def test_megatron_tp2_flat_state_sampled_rows(distopt_tp, gen):
             assert moments[name].exp_avg_sq_mean[k] == pytest.approx(float(rows.mean()), rel=REL), (name, k)
 
 
-def test_megatron_tp2_tampered_master_gives_no_statistics(distopt_tp, tmp_path):
+def test_megatron_tp2_tampered_master_gives_no_statistics(distopt_mp, tmp_path):
     """One element of TP rank 1's fp32 masters changed in iteration 2's ``distrib_optim.pt`` (written
     back by ``torch.save``): that rank's buffer no longer equals the weights there, so iteration 2 gets
     no statistics and the reason, never a wrong assignment; iteration 1 keeps its numbers."""
     root = tmp_path / "run"
-    shutil.copytree(distopt_tp["legacy"], root)
+    shutil.copytree(distopt_mp["tp2"]["legacy"], root)
     path = root / "iter_0000002" / "mp_rank_01" / "distrib_optim.pt"
     state = torch.load(path, weights_only=False)
     (flat,) = state[0].values()
@@ -437,3 +447,25 @@ def test_megatron_tp2_tampered_master_gives_no_statistics(distopt_tp, tmp_path):
     assert all(m.exp_avg_sq_mean[1] is None and m.exp_avg_sq_mean[0] is not None for m in result.moments)
     why = next(n for n in result.notes if n.startswith("no Adam statistics for iteration 2:"))
     assert "no model tensor's weights equal the fp32 masters at element" in why and "mp_rank_01" in why, why
+
+
+def test_megatron_tp2_rank_file_of_another_rank_leaves_split_tensors_out(distopt_mp, gen, tmp_path):
+    """TP rank 1's ``distrib_optim.pt`` replaced by rank 0's in iteration 2: every position still equals
+    weights (rank 0's shards), but the split tensors then have part 0 twice and no part 1: they get no
+    statistics there, with the reason; the replicated norms are whole in both and keep theirs."""
+    root = tmp_path / "run"
+    shutil.copytree(distopt_mp["tp2"]["legacy"], root)
+    step = root / "iter_0000002"
+    shutil.copy(step / "mp_rank_00" / "distrib_optim.pt", step / "mp_rank_01" / "distrib_optim.pt")
+    expected = _mp_oracle(distopt_mp["tp2"], gen, "tp2")
+    _plan, result = _result(root)
+    split = {m.name for m in result.moments if m.exp_avg_sq_mean[1] is None}
+    assert split == {_legacy_name(n) for n in expected[1] if any(n.endswith(s) for s in _TP_SPLIT)}
+    for m in result.moments:
+        assert m.exp_avg_sq_mean[0] == pytest.approx(float(expected[0][m.name].mean()), rel=REL)
+        if m.name not in split:
+            assert m.exp_avg_sq_mean[1] == pytest.approx(float(expected[1][m.name].mean()), rel=REL)
+    (why,) = [n for n in result.notes if n.startswith("no Adam statistics for iteration 2:")]
+    assert f"iteration 2: for {len(split)} tensors whose model-parallel shards do not make them up: " in why
+    assert "decoder.layers.0.mlp.linear_fc2.weight: found as second-axis parts of 2, not each part once " \
+           "(part 0 2 times)" in why, why

@@ -91,6 +91,14 @@ class FlatNames:
     unassembled: dict[str, str] = field(default_factory=dict)
     """Model tensor name -> why its shards do not make up the tensor (no statistics for it)."""
 
+    def unassembled_note(self) -> str | None:
+        """One line for the tensors whose shards do not make them up, or None."""
+        if not self.unassembled:
+            return None
+        items = sorted(self.unassembled.items())
+        return (f"for {len(items)} tensor{'s' if len(items) > 1 else ''} whose model-parallel shards do not make "
+                f"{'them' if len(items) > 1 else 'it'} up: " + "; ".join(f"{n}: {why}" for n, why in items))
+
 
 def _group_key(group: str) -> tuple:
     """``dp_group_idx`` number, or ``mp_rank_<tp>[_<pp>]`` as (pp, tp): the model-parallel rank order."""
@@ -162,6 +170,8 @@ def master_is_weights(reader: CheckpointReader, master: str, weights: str, dtype
 
 
 WHOLE, ROWS, COLS, GLU = "whole", "rows", "cols", "glu"
+_KIND_WORDS = {WHOLE: "the whole tensor", ROWS: "first-axis parts", COLS: "second-axis parts",
+               GLU: "[gate; up] parts"}
 
 
 @dataclass(frozen=True)
@@ -309,22 +319,21 @@ class StitchedMoments:
 
     def __init__(self, reader: CheckpointReader) -> None:
         self.reader = reader
-        self.pieces: dict[str, tuple[Shard, list[tuple[str, int]]]] = {}
-        """Stitched name -> (shard kind, per part: (buffer ``exp_avg_sq``, first element))."""
+        self.pieces: dict[str, tuple[Shard, list[tuple[str, int]], int]] = {}
+        """Stitched name -> (shard kind, per part: (buffer ``exp_avg_sq``, first element), global numel)."""
 
-    def add(self, param: str, shard: Shard, parts: list[tuple[str, int]]) -> str:
+    def add(self, param: str, numel: int, shard: Shard, parts: list[tuple[str, int]]) -> str:
         name = f"{param} (exp_avg_sq of {len(parts)} model-parallel ranks)" if len(parts) > 1 else \
             f"{param} (exp_avg_sq)"
-        self.pieces[name] = (shard, parts)
+        self.pieces[name] = (shard, parts, numel)
         return name
 
     def read(self, name: str, region=None):
-        """Elements ``region`` (one flat slice) of the stitched tensor ``name``."""
+        """Elements ``region`` (one flat slice; None: all) of the stitched tensor ``name``."""
         import numpy as np
 
-        shard, parts = self.pieces[name]
-        (region,) = region
-        lo, hi = region.start, region.stop
+        shard, parts, numel = self.pieces[name]
+        lo, hi = (0, numel) if region is None else (region[0].start, region[0].stop)
         s, n = shard.segment, shard.parts
         wanted: dict[int, list[tuple[int, int, int]]] = {}  # part -> (local start, out start, length)
         for k in range(lo // s, -(-hi // s)):
@@ -355,13 +364,13 @@ def _assemble(found: list[tuple[Shard, str, str, int]], tp: int) -> tuple[Shard,
         shard, _group, moment, at = found[0]  # buffers come in model-parallel rank order
         return shard, [(moment, at)]
     if len(kinds) > 1:
-        return f"found as {' and as '.join(sorted(kinds))} shards in different ranks"
+        return f"found both as {' and as '.join(_KIND_WORDS[k] for k in sorted(kinds))} in different ranks"
     parts: dict[int, list[tuple[str, int]]] = {}
     for shard, _group, moment, at in found:
         parts.setdefault(shard.part, []).append((moment, at))
     if sorted(parts) != list(range(tp)) or any(len(v) > 1 for v in parts.values()):
-        held = ", ".join(f"{p}" + (f" ({len(v)} times)" if len(v) > 1 else "") for p, v in sorted(parts.items()))
-        return f"its {found[0][0].kind} parts of {tp} are not each found once (found: {held})"
+        held = ", ".join(f"part {p}" + (f" {len(v)} times" if len(v) > 1 else "") for p, v in sorted(parts.items()))
+        return f"found as {_KIND_WORDS[found[0][0].kind]} of {tp}, not each part once ({held})"
     return found[0][0], [parts[p][0] for p in range(tp)]
 
 
@@ -393,5 +402,5 @@ def name_flat_state(reader: CheckpointReader, model: dict[str, tuple[str, Any]],
         if isinstance(assembled, str):
             names.unassembled[name] = assembled
             continue
-        names.place[name] = (names.reader.add(name, *assembled), 0, numel)
+        names.place[name] = (names.reader.add(name, numel, *assembled), 0, numel)
     return names, ""

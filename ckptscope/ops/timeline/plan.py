@@ -406,8 +406,8 @@ def _plan_flat_optimizer(chosen: list[IterationInfo], entries: list[ModelEntries
             continue
         ambiguous.update(names.ambiguous)
         stitched[i] = names.reader
-        for param, why in names.unassembled.items():
-            reasons.setdefault(f"{param}: {why}", []).append(info.label)
+        if names.unassembled:
+            reasons.setdefault(names.unassembled_note(), []).append(info.label)
         for param, (buffer, start, _numel) in names.place.items():
             if param in wanted:
                 places.setdefault(param, [None] * len(chosen))[i] = (buffer, start)
