@@ -57,9 +57,11 @@ Roots:
 
 Roots without planted faults, for the Adam statistics of optimizer state saved without names:
 ``timeline_hf_adam`` (``write_timeline_hf_adam``: the Trainer's own optimizer, positional
-``optimizer.pt``) and ``timeline_distopt_{dp,full,legacy}`` (``write_timeline_distopt``: megatron-core's
+``optimizer.pt``), ``timeline_distopt_{dp,full,legacy}`` (``write_timeline_distopt``: megatron-core's
 distributed optimizer on two DP ranks, saved as torch_dist ``dp_reshardable`` / ``fully_reshardable``
-and as ``--ckpt-format torch`` with ``distrib_optim.pt``).
+and as ``--ckpt-format torch`` with ``distrib_optim.pt``) and ``timeline_distopt_{tp2,pp2}_{dp,legacy}``
+(``write_timeline_distopt_mp``: the same optimizer on two TP ranks, or two pipeline stages, each rank's
+buffers holding only its own parameters).
 """
 
 from __future__ import annotations

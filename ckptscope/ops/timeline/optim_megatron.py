@@ -42,7 +42,10 @@ be either whole in one or more ranks or all its T parts, of one kind, once each;
 leaves that tensor without statistics (named in the notes). Its ``exp_avg_sq`` is then read as the
 global tensor, shards put back in place (``StitchedMoments``), so means and ``--sample`` rows are of
 the global parameter; a replicated tensor is read from one replica (the lowest model-parallel rank),
-because its N elements are one parameter of N elements, not T of them.
+because its N elements are one parameter of N elements, not T of them (megatron-core gives every TP
+rank the same gradient for a replicated parameter, so the replicas' moments are the same; counting
+all T would weigh the norms T times in a module's mean). The naming reads each model tensor once per
+TP rank whose buffers hold a part of it.
 """
 
 from __future__ import annotations
