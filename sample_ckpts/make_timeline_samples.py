@@ -57,9 +57,11 @@ Roots:
 
 Roots without planted faults, for the Adam statistics of optimizer state saved without names:
 ``timeline_hf_adam`` (``write_timeline_hf_adam``: the Trainer's own optimizer, positional
-``optimizer.pt``) and ``timeline_distopt_{dp,full,legacy}`` (``write_timeline_distopt``: megatron-core's
+``optimizer.pt``), ``timeline_distopt_{dp,full,legacy}`` (``write_timeline_distopt``: megatron-core's
 distributed optimizer on two DP ranks, saved as torch_dist ``dp_reshardable`` / ``fully_reshardable``
-and as ``--ckpt-format torch`` with ``distrib_optim.pt``).
+and as ``--ckpt-format torch`` with ``distrib_optim.pt``) and ``timeline_distopt_{tp2,pp2}_{dp,legacy}``
+(``write_timeline_distopt_mp``: the same optimizer on two TP ranks, or two pipeline stages, each rank's
+buffers holding only its own parameters).
 """
 
 from __future__ import annotations
@@ -264,7 +266,7 @@ class _MegatronRun:
     ``make_training_state_samples`` (``_stub_cuda``, ``_cpu_as_cuda``) in the spawned rank only."""
 
     def __init__(self, rank: int, world_size: int, init_file: str, *, tp: int, distributed: bool,
-                 frozen_prefix: str | None = None, bucket_size: int | None = None) -> None:
+                 frozen_prefix: str | None = None, bucket_size: int | None = None, pp: int = 1) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import make_training_state_samples as ts
         from make_dist_samples import _init_gloo, _stub_cuda
@@ -283,14 +285,19 @@ class _MegatronRun:
         args.lr_warmup_iters, args.lr_decay_style, args.lr, args.min_lr = 0, "constant", LR, LR
         args.weight_decay = args.start_weight_decay = args.end_weight_decay = 0.01
         args.use_distributed_optimizer = distributed
+        args.pipeline_model_parallel_size, args.world_size = pp, tp * pp
         self.args = args
+        if pp > 1:
+            from megatron.core import parallel_state
+
+            parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
         pair._prepare_megatron(tp)
         torch.manual_seed(ts.SEED)
         random.seed(ts.SEED)
         np.random.seed(ts.SEED)
         torch.set_num_threads(1)
         self.hf_start = ts.random_tiny_llama(ts.SEED).state_dict()
-        self.pair, self.rank, self.tp = pair, rank, tp
+        self.pair, self.rank, self.tp, self.pp = pair, rank, tp, pp
         self.distributed, self.frozen_prefix, self.bucket_size = distributed, frozen_prefix, bucket_size
 
     def build(self) -> None:
@@ -300,8 +307,8 @@ class _MegatronRun:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-        model = self.pair.build_gpt_model(self.args)
-        self.pair.load_params(model, self.pair.hf_to_mcore(self.hf_start, self.args, tp_rank=self.rank % self.tp))
+        model = self.pair.build_gpt_model(self.args) if self.pp == 1 else self._stage_model()
+        self.pair.load_params(model, self._stage_params(model))
         model.train()
         for name, param in model.named_parameters():
             if self.frozen_prefix and name.startswith(self.frozen_prefix):
@@ -318,9 +325,53 @@ class _MegatronRun:
             self.optimizer, init_lr=LR, max_lr=LR, min_lr=LR, lr_warmup_steps=0, lr_decay_steps=100,
             lr_decay_style="constant", start_wd=0.01, end_wd=0.01, wd_incr_steps=100, wd_incr_style="constant")
 
+    def _stage_model(self):
+        """This pipeline stage's GPTModel (``build_gpt_model`` with the stage's layers, embedding on
+        the first stage, final norm and output layer on the last)."""
+        import dataclasses
+
+        from megatron.core import parallel_state
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        args = self.args
+        config = dataclasses.replace(self.pair.transformer_config(args), pipeline_model_parallel_size=self.pp,
+                                     pipeline_dtype=args.params_dtype)
+        return GPTModel(
+            config=config, vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
+            transformer_layer_spec=get_gpt_layer_local_spec(normalization=args.normalization,
+                                                            qk_layernorm=args.qk_layernorm),
+            share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+            position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
+            rotary_base=args.rotary_base, pre_process=parallel_state.is_pipeline_first_stage(),
+            post_process=parallel_state.is_pipeline_last_stage())
+
+    def global_names(self, model) -> dict[str, str]:
+        """Parameter name -> its name in the whole model (a later stage's layers are numbered from
+        megatron-core's ``get_transformer_layer_offset``)."""
+        from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+        offset = get_transformer_layer_offset(model.config) if self.pp > 1 else 0
+        out = {}
+        for name, _p in model.named_parameters():
+            parts = name.split(".")
+            if parts[:2] == ["decoder", "layers"]:
+                parts[2] = str(int(parts[2]) + offset)
+            out[name] = ".".join(parts)
+        return out
+
+    def _stage_params(self, model) -> dict:
+        """The tiny Llama's weights as this TP rank's and pipeline stage's parameters."""
+        whole = self.pair.hf_to_mcore(self.hf_start, self.args, tp_rank=self.rank % self.tp)
+        return {name: whole[full] for name, full in self.global_names(model).items()}
+
     def step(self, seed: int, lr_factor: float = 1.0) -> None:
-        """One optimizer step on a batch of random tokens from ``seed`` (the last id never occurs)."""
+        """One optimizer step on a batch of random tokens from ``seed`` (the last id never occurs); with
+        PP > 1 on gradients drawn from ``seed`` instead (``_step_given_gradients``)."""
         torch = self.torch
+        if self.pp > 1:
+            self._step_given_gradients(seed)
+            return
         positions = torch.arange(SEQ).unsqueeze(0).expand(BATCH, SEQ)
         causal = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), diagonal=1)[None, None]
         tokens = torch.randint(0, VOCAB - 1, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(seed))
@@ -333,6 +384,24 @@ class _MegatronRun:
         if lr_factor != 1.0:
             for group in self.optimizer.param_groups:
                 group["lr"] *= lr_factor
+        ok, _grad_norm, _ = self.optimizer.step()
+        assert ok, seed
+        self.scheduler.step(increment=BATCH)
+
+    def _step_given_gradients(self, seed: int) -> None:
+        """With PP > 1: one optimizer step on gradients drawn from ``seed`` (per parameter, by its name in
+        the whole model) written into megatron-core's grad buffers; the pipeline schedule's forward and
+        backward are left out (their p2p transfers need CUDA)."""
+        import zlib
+
+        torch = self.torch
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        names = self.global_names(self.model)
+        for name, param in self.model.named_parameters():
+            gen = torch.Generator().manual_seed(seed << 32 | zlib.crc32(names[name].encode()))
+            param.main_grad.copy_(torch.randn(param.shape, generator=gen) * 1e-2)
+        self.ddp.finish_grad_sync()
         ok, _grad_norm, _ = self.optimizer.step()
         assert ok, seed
         self.scheduler.step(increment=BATCH)
@@ -393,6 +462,27 @@ DISTOPT_ROOTS = {"dp_reshardable": "timeline_distopt_dp", "fully_reshardable": "
 """Save flavour -> root name of ``write_timeline_distopt``."""
 
 
+def _save_distopt_dist(run: _MegatronRun, common: dict, flavour: str, root: Path, step: int, rank: int) -> None:
+    """``root/iter_<step>`` as Megatron-LM's torch_dist ``save_checkpoint`` writes it (collective):
+    the model's and the distributed optimizer's sharded state dicts with ``distrib_optim_sharding_type
+    = flavour``, then the tracker."""
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+
+    metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True,
+                "distrib_optim_sharding_type": flavour}
+    model_sd = run.model.sharded_state_dict(metadata=metadata)
+    state = {**common, "model": model_sd, "optimizer": run.optimizer.sharded_state_dict(model_sd, metadata=metadata)}
+    target = root / f"iter_{step:07d}"
+    if rank == 0:
+        _fresh(target)
+    dist.barrier()
+    dist_checkpointing.save(state, str(target), content_metadata=metadata)
+    dist.barrier()
+    if rank == 0:
+        (root / run.ts.TRACKER).write_text(str(step))
+
+
 def _distopt_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
     """One of the DP ranks of the distributed-optimizer run (see ``write_timeline_distopt``)."""
     # TP = 1: the ranks are data-parallel; small buckets (grad reduce overlapped, as Megatron-LM does
@@ -400,7 +490,6 @@ def _distopt_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
     run = _MegatronRun(rank, world_size, init_file, tp=1, distributed=True, bucket_size=DISTOPT_BUCKET)
     torch = run.torch
     import torch.distributed as dist
-    from megatron.core import dist_checkpointing
 
     with run.ts._cpu_as_cuda():
         run.build()
@@ -416,20 +505,7 @@ def _distopt_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
             common = {"args": run.args, "checkpoint_version": 3.0, "iteration": step,
                       "opt_param_scheduler": run.scheduler.state_dict()}
             for flavour in ("dp_reshardable", "fully_reshardable"):
-                metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True,
-                            "distrib_optim_sharding_type": flavour}
-                model_sd = model.sharded_state_dict(metadata=metadata)
-                state = {**common, "model": model_sd,
-                         "optimizer": optimizer.sharded_state_dict(model_sd, metadata=metadata)}
-                root = Path(out) / DISTOPT_ROOTS[flavour]
-                target = root / f"iter_{step:07d}"
-                if rank == 0:
-                    _fresh(target)
-                dist.barrier()
-                dist_checkpointing.save(state, str(target), content_metadata=metadata)
-                dist.barrier()
-                if rank == 0:
-                    (root / run.ts.TRACKER).write_text(str(step))
+                _save_distopt_dist(run, common, flavour, Path(out) / DISTOPT_ROOTS[flavour], step, rank)
             # --ckpt-format torch: DP rank 0 torch.saves the model + the optimizer's non-parameter state,
             # and DistributedOptimizer.save_parameter_state (collective) writes distrib_optim.pt.
             root = Path(out) / DISTOPT_ROOTS["legacy"]
@@ -483,9 +559,120 @@ def write_timeline_distopt(out: Path) -> dict[str, Path]:
     return {flavour: Path(out) / name for flavour, name in DISTOPT_ROOTS.items()}
 
 
+DISTOPT_MP = {"tp2": (2, 1), "pp2": (1, 2)}
+"""Model-parallel runs of ``write_timeline_distopt_mp``: label -> (TP, PP), one gloo rank each (DP = 1)."""
+DISTOPT_MP_FLAVOURS = ("dp_reshardable", "legacy")
+
+
+def distopt_mp_root(label: str, flavour: str) -> str:
+    """Root name of a ``write_timeline_distopt_mp`` save flavour."""
+    return f"timeline_distopt_{label}_{'dp' if flavour == 'dp_reshardable' else flavour}"
+
+
+def distopt_mp_oracle(label: str, rank: int) -> str:
+    """File name of rank ``rank``'s oracle of ``write_timeline_distopt_mp``."""
+    return f"timeline_distopt_{label}_oracle.{rank}.pt"
+
+
+def _distopt_mp_rank(rank: int, world_size: int, out: str, init_file: str, label: str) -> None:
+    """One rank of a model-parallel distributed-optimizer run (see ``write_timeline_distopt_mp``)."""
+    tp, pp = DISTOPT_MP[label]
+    run = _MegatronRun(rank, world_size, init_file, tp=tp, pp=pp, distributed=True,
+                       bucket_size=DISTOPT_BUCKET if pp == 1 else None)
+    torch = run.torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    with run.ts._cpu_as_cuda():
+        run.build()
+        model, optimizer = run.model, run.optimizer
+        names = run.global_names(model)
+        oracle = []
+        inner = getattr(optimizer, "chained_optimizers", [optimizer])
+
+        def own_state(param):
+            (owner,) = [o for o in inner if param in o.model_param_group_index_map]
+            return owner._get_main_param_and_optimizer_states(param)
+
+        for step in range(1, DISTOPT_STEPS + 1):
+            run.step(100 * step)  # DP = 1: every rank sees the same batch
+            # megatron-core's own per-parameter state of this rank (DP = 1: each shard is the whole local
+            # parameter), in the local parameter's shape, by the parameter's name in the whole model
+            oracle.append({names[name]: {key: own_state(p)[key].detach().clone().reshape(p.shape)
+                                         for key in ("param", "exp_avg_sq")}
+                           for name, p in model.named_parameters()})
+            common = {"args": run.args, "checkpoint_version": 3.0, "iteration": step,
+                      "opt_param_scheduler": run.scheduler.state_dict()}
+            flat = Path(out) / distopt_mp_root(label, "dp_reshardable")
+            _save_distopt_dist(run, common, "dp_reshardable", flat, step, rank)
+            # --ckpt-format torch: every model-parallel rank at DP rank 0 writes its own dir
+            # (Megatron-LM's get_checkpoint_name: mp_rank_<tp>, with PP mp_rank_<tp>_<pp>)
+            root = Path(out) / distopt_mp_root(label, "legacy")
+            rank_dir = root / f"iter_{step:07d}" / (f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else ""))
+            rank_dir.mkdir(parents=True, exist_ok=True)
+            torch.save({**common, "model": model.state_dict_for_save_checkpoint(),
+                        "optimizer": optimizer.state_dict()}, rank_dir / "model_optim_rng.pt")
+            optimizer.save_parameter_state(str(rank_dir / "distrib_optim.pt"))
+            dist.barrier()
+            if rank == 0:
+                (root / run.ts.TRACKER).write_text(str(step))
+        torch.save(oracle, Path(out) / distopt_mp_oracle(label, rank))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _distopt_tp2_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    _distopt_mp_rank(rank, world_size, out, init_file, "tp2")
+
+
+def _distopt_pp2_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    _distopt_mp_rank(rank, world_size, out, init_file, "pp2")
+
+
+def write_timeline_distopt_mp(out: Path, label: str) -> dict[str, Path]:
+    """Megatron-LM save roots of a real megatron-core run with the distributed optimizer on several
+    model-parallel ranks (DP = 1, one gloo rank each), so that every rank's flat Adam buffers hold
+    only that rank's parameters:
+
+    * ``tp2`` (TP = 2): the run of ``write_timeline_distopt`` with each parameter cut over the two
+      ranks as megatron-core cuts it (column-parallel ``linear_qkv`` / ``linear_fc1`` and the
+      vocab-parallel embedding and output on their first axis, SwiGLU's ``linear_fc1`` as
+      ``[gate_r; up_r]``, row-parallel ``linear_proj`` / ``linear_fc2`` on their second, norms whole on
+      both ranks);
+    * ``pp2`` (PP = 2): one layer per stage, the embedding on the first, final norm and output layer on
+      the last. Its steps run on gradients drawn per parameter (``_MegatronRun._step_given_gradients``:
+      the pipeline schedule's p2p transfers need CUDA); the optimizer step and the saves are
+      megatron-core's own.
+
+    Saved after each of ``DISTOPT_STEPS`` steps:
+
+    * ``timeline_distopt_<label>_dp/iter_N``: torch_dist ``dp_reshardable``, one
+      ``optimizer.distributed.dp_group_idx_<model-parallel rank>...`` set of buckets per rank;
+    * ``timeline_distopt_<label>_legacy/iter_N/mp_rank_<tp>[_<pp>]/``: ``--ckpt-format torch``, each
+      rank's ``model_optim_rng.pt`` and ``distrib_optim.pt`` (``save_parameter_state``).
+
+    The tests' oracle, ``distopt_mp_oracle(label, rank)`` per rank: a list per step of megatron-core's
+    own per-parameter state on that rank (``DistributedOptimizer._get_main_param_and_optimizer_states``:
+    the fp32 master ``param`` and ``exp_avg_sq``, in the local parameter's shape, by local-spec
+    parameter name in the whole model).
+    """
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from make_dist_samples import _spawn
+
+    for flavour in DISTOPT_MP_FLAVOURS:
+        _fresh(Path(out) / distopt_mp_root(label, flavour))
+    tp, pp = DISTOPT_MP[label]
+    _spawn(_distopt_tp2_rank if label == "tp2" else _distopt_pp2_rank, Path(out), world_size=tp * pp)
+    return {flavour: Path(out) / distopt_mp_root(label, flavour) for flavour in DISTOPT_MP_FLAVOURS}
+
+
 WRITERS = {"timeline_dcp": write_timeline_dcp, "timeline_hf": write_timeline_hf,
            "timeline_hf_adam": write_timeline_hf_adam, "timeline_megatron": write_timeline_megatron,
-           "timeline_distopt": write_timeline_distopt}
+           "timeline_distopt": write_timeline_distopt,
+           **{f"timeline_distopt_{label}": (lambda out, label=label: write_timeline_distopt_mp(out, label))
+              for label in DISTOPT_MP}}
 
 
 def main(argv: list[str] | None = None) -> int:

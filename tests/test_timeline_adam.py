@@ -252,6 +252,23 @@ def _flat_moments(distopt: dict[str, Path], gen, flavour: str) -> list[dict]:
     return out, layout
 
 
+def _flat_statistics_equal(root: Path, expected: list[dict], gen):
+    """The timeline of a distributed-optimizer root gives, for every tensor and step, the mean
+    ``exp_avg_sq`` of ``expected`` (per step: megatron's parameter name -> its global state) and the
+    step size at that mean; returns the result."""
+    plan, result = _result(root)
+    assert result.kind == "megatron" and result.iterations == list(range(1, gen.DISTOPT_STEPS + 1))
+    assert result.optimizer_note is None and result.lr == [gen.LR] * gen.DISTOPT_STEPS and plan.eps == 1e-8
+    by_name = {_legacy_name(m.name): m for m in result.moments}
+    assert sorted(by_name) == sorted(expected[0])
+    for name, m in by_name.items():
+        for k, state in enumerate(expected):
+            mean = float(state[name].mean())
+            assert m.exp_avg_sq_mean[k] == pytest.approx(mean, rel=REL), (root.name, name, k)
+            assert m.step_size_mean[k] == pytest.approx(gen.LR / (math.sqrt(mean) + 1e-8), rel=REL)
+    return result
+
+
 def _legacy_name(name: str) -> str:
     """torch_dist (TE-style) norm names -> the local spec's parameter (and legacy ``state_dict``) names."""
     return (name.replace("self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight")
@@ -262,16 +279,7 @@ def _legacy_name(name: str) -> str:
 def test_megatron_distributed_optimizer_adam_statistics(distopt, gen, flavour):
     expected, layout = _flat_moments(distopt, gen, flavour)
     assert len(layout["buckets"]) > 1  # later buckets start after the earlier ones' end padding
-    plan, result = _result(distopt[flavour])
-    assert result.kind == "megatron" and result.iterations == list(range(1, gen.DISTOPT_STEPS + 1))
-    assert result.optimizer_note is None and result.lr == [gen.LR] * gen.DISTOPT_STEPS and plan.eps == 1e-8
-    by_name = {_legacy_name(m.name): m for m in result.moments}
-    assert sorted(by_name) == sorted(expected[0])
-    for name, m in by_name.items():
-        for k, state in enumerate(expected):
-            mean = float(state[name].mean())
-            assert m.exp_avg_sq_mean[k] == pytest.approx(mean, rel=REL), (flavour, name, k)
-            assert m.step_size_mean[k] == pytest.approx(gen.LR / (math.sqrt(mean) + 1e-8), rel=REL)
+    result = _flat_statistics_equal(distopt[flavour], expected, gen)
     mlp = next(m for m in result.moment_modules if m.name == "decoder.layers.1.mlp")
     members = [_legacy_name(m.name) for m in result.moments if module_of(m.name)[0] == "decoder.layers.1.mlp"]
     assert len(members) == (2 if flavour == "legacy" else 3)  # legacy names the MLP's norm pre_mlp_layernorm
@@ -321,3 +329,143 @@ def test_megatron_flat_state_sampled_rows(distopt, gen):
         full = state["output_layer.weight"].reshape(tensor.shape)
         rows = torch.cat([full[lo:hi] for lo, hi in tensor.rows])
         assert moment.exp_avg_sq_mean[k] == pytest.approx(float(rows.mean()), rel=REL)
+
+
+# --- Megatron's distributed optimizer saved by several model-parallel ranks (TP = 2, PP = 2) ------------
+
+
+@pytest.fixture(scope="module")
+def distopt_mp(tmp_path_factory, gen) -> dict[str, dict[str, Path]]:
+    pytest.importorskip("megatron.core")
+    out = tmp_path_factory.mktemp("timeline_distopt_mp")
+    return {label: gen.write_timeline_distopt_mp(out, label) for label in gen.DISTOPT_MP}
+
+
+_TP_SPLIT = {"self_attention.linear_qkv.weight": 0, "mlp.linear_fc1.weight": "glu",
+             "self_attention.linear_proj.weight": 1, "mlp.linear_fc2.weight": 1,
+             "embedding.word_embeddings.weight": 0, "output_layer.weight": 0}
+"""How megatron-core splits each parameter over TP ranks (column-parallel and vocab-parallel on the
+first axis, SwiGLU fc1 as ``[gate_r; up_r]`` of the global ``[gate; up]``, row-parallel on the second,
+norms replicated). Not trusted as such: ``_mp_oracle`` checks it against the weights megatron-core
+saved (torch's own ``dcp.load``)."""
+
+
+def _tp_global(parts: list, name: str):
+    split = next((axis for suffix, axis in _TP_SPLIT.items() if name.endswith(suffix)), None)
+    if split is None or len(parts) == 1:
+        assert all(torch.equal(parts[0], p) for p in parts[1:]), name  # replicas hold the same state
+        return parts[0]
+    if split == "glu":
+        halves = [p.chunk(2) for p in parts]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves])
+    return torch.cat(parts, dim=split)
+
+
+def _saved_weights(step: Path, name: str, saved: dict):
+    """A parameter (local-spec name) of a torch_dist save loaded by torch's ``dcp.load`` (``saved``:
+    its layer-stacked tensors, one row per layer)."""
+    parts = name.split(".")
+    key = name if parts[1] != "layers" else ".".join(parts[:2] + parts[3:])
+    key = key.replace("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight") \
+        .replace("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight")
+    return saved[key][int(parts[2])] if parts[1] == "layers" else saved[key]
+
+
+def _mp_oracle(roots: dict[str, Path], gen, label: str) -> list[dict]:
+    """Per step: every parameter's global ``exp_avg_sq`` (float64, megatron's local-spec names), put
+    together from megatron-core's own per-rank optimizer state (the ranks that hold it). The same
+    assembly of its own fp32 masters must give the global weights of the torch_dist save bit for bit,
+    loaded by torch's ``dcp.load``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    tp, pp = gen.DISTOPT_MP[label]
+    base = roots["dp_reshardable"].parent
+    ranks = [torch.load(base / gen.distopt_mp_oracle(label, r), weights_only=True) for r in range(tp * pp)]
+    out = []
+    for k, step in enumerate(sorted(p for p in roots["dp_reshardable"].iterdir() if p.name.startswith("iter_"))):
+        meta = FileSystemReader(str(step)).read_metadata().state_dict_metadata
+        saved = {key: torch.empty(tuple(v.size), dtype=v.properties.dtype) for key, v in meta.items()
+                 if not key.startswith("optimizer.") and hasattr(v, "size")}
+        dcp.load(saved, checkpoint_id=str(step))
+        moments = {}
+        for name in sorted(set().union(*(r[k] for r in ranks))):
+            held = [r[k][name] for r in ranks if name in r[k]]
+            assert len(held) == tp, name  # each parameter on one pipeline stage, on every TP rank of it
+            assert torch.equal(_tp_global([h["param"] for h in held], name), _saved_weights(step, name, saved))
+            moments[name] = _tp_global([h["exp_avg_sq"] for h in held], name).double()
+        out.append(moments)
+    return out
+
+
+@pytest.mark.parametrize("label", ["tp2", "pp2"])
+@pytest.mark.parametrize("flavour", ["dp_reshardable", "legacy"])
+def test_megatron_model_parallel_distributed_optimizer_adam_statistics(distopt_mp, gen, label, flavour):
+    """TP = 2 (each rank's flat buffers hold its shards) and PP = 2 (each holds its stage's layers): the
+    statistics are those of the global parameters put together from megatron-core's own per-rank
+    state (replicated norms: one replica)."""
+    expected = _mp_oracle(distopt_mp[label], gen, label)
+    result = _flat_statistics_equal(distopt_mp[label][flavour], expected, gen)
+    assert not any(n.startswith("no Adam statistics") for n in result.notes), result.notes
+    attention = next(m for m in result.moment_modules if m.name == "decoder.layers.1.self_attention")
+    members = [_legacy_name(m.name) for m in result.moments
+               if module_of(m.name)[0] == "decoder.layers.1.self_attention"]
+    assert len(members) == (2 if flavour == "legacy" else 3)
+    for k, state in enumerate(expected):
+        v = torch.cat([state[n].flatten() for n in members])  # the replicated norm counted once
+        assert attention.exp_avg_sq_mean[k] == pytest.approx(float(v.mean()), rel=REL)
+
+
+def test_megatron_tp2_flat_state_sampled_rows(distopt_mp, gen):
+    """``--sample``: the sampled rows of a parameter split over TP ranks are read from each rank's shard
+    at the right place (first-axis, second-axis and SwiGLU splits)."""
+    expected = _mp_oracle(distopt_mp["tp2"], gen, "tp2")
+    plan, result = _result(distopt_mp["tp2"]["dp_reshardable"], sample=5)
+    moments = {m.name: m for m in result.moments}
+    for name in ("decoder.layers.1.mlp.linear_fc1.weight", "decoder.layers.1.mlp.linear_fc2.weight",
+                 "decoder.layers.0.self_attention.linear_proj.weight", "embedding.word_embeddings.weight"):
+        tensor = next(t for t in plan.tensors if t.name == name)
+        assert tensor.rows is not None and sum(hi - lo for lo, hi in tensor.rows) == 5
+        for k, state in enumerate(expected):
+            rows = torch.cat([state[name][lo:hi] for lo, hi in tensor.rows])
+            assert moments[name].exp_avg_sq_mean[k] == pytest.approx(float(rows.mean()), rel=REL), (name, k)
+
+
+def test_megatron_tp2_tampered_master_gives_no_statistics(distopt_mp, tmp_path):
+    """One element of TP rank 1's fp32 masters changed in iteration 2's ``distrib_optim.pt`` (written
+    back by ``torch.save``): that rank's buffer no longer equals the weights there, so iteration 2 gets
+    no statistics and the reason, never a wrong assignment; iteration 1 keeps its numbers."""
+    root = tmp_path / "run"
+    shutil.copytree(distopt_mp["tp2"]["legacy"], root)
+    path = root / "iter_0000002" / "mp_rank_01" / "distrib_optim.pt"
+    state = torch.load(path, weights_only=False)
+    (flat,) = state[0].values()
+    flat["param"][1000] += 1.0
+    torch.save(state, path)
+    _plan, result = _result(root)
+    assert result.optimizer_note is None and result.moments
+    assert all(m.exp_avg_sq_mean[1] is None and m.exp_avg_sq_mean[0] is not None for m in result.moments)
+    why = next(n for n in result.notes if n.startswith("no Adam statistics for iteration 2:"))
+    assert "no model tensor's weights equal the fp32 masters at element" in why and "mp_rank_01" in why, why
+
+
+def test_megatron_tp2_rank_file_of_another_rank_leaves_split_tensors_out(distopt_mp, gen, tmp_path):
+    """TP rank 1's ``distrib_optim.pt`` replaced by rank 0's in iteration 2: every position still equals
+    weights (rank 0's shards), but the split tensors then have part 0 twice and no part 1: they get no
+    statistics there, with the reason; the replicated norms are whole in both and keep theirs."""
+    root = tmp_path / "run"
+    shutil.copytree(distopt_mp["tp2"]["legacy"], root)
+    step = root / "iter_0000002"
+    shutil.copy(step / "mp_rank_00" / "distrib_optim.pt", step / "mp_rank_01" / "distrib_optim.pt")
+    expected = _mp_oracle(distopt_mp["tp2"], gen, "tp2")
+    _plan, result = _result(root)
+    split = {m.name for m in result.moments if m.exp_avg_sq_mean[1] is None}
+    assert split == {_legacy_name(n) for n in expected[1] if any(n.endswith(s) for s in _TP_SPLIT)}
+    for m in result.moments:
+        assert m.exp_avg_sq_mean[0] == pytest.approx(float(expected[0][m.name].mean()), rel=REL)
+        if m.name not in split:
+            assert m.exp_avg_sq_mean[1] == pytest.approx(float(expected[1][m.name].mean()), rel=REL)
+    (why,) = [n for n in result.notes if n.startswith("no Adam statistics for iteration 2:")]
+    assert f"iteration 2: for {len(split)} tensors whose model-parallel shards do not make them up: " in why
+    assert "decoder.layers.0.mlp.linear_fc2.weight: found as second-axis parts of 2, not each part once " \
+           "(part 0 2 times)" in why, why

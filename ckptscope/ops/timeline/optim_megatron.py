@@ -25,8 +25,27 @@ no model tensor fits stops the naming of that save with the reason; model tensor
 weights that fit the same position are not told apart and get no statistics (named in the notes).
 That check reads the weights and the masters once more per save.
 
-Saved by more than one model-parallel rank (``dp_group_idx`` > 0, several ``mp_rank_*`` dirs), a
-buffer holds TP/PP-local shards that are not whole model tensors: refused with the reason.
+Saved by more than one model-parallel rank (TP and/or PP > 1), the save holds one set of buffers per
+model-parallel rank: torch_dist names it ``dp_group_idx_<g>`` (megatron-core 0.16.1's
+``get_megatron_optimizer`` passes ``data_parallel_group_idx = model_parallel_rank``, the rank in the
+tp-pp group), ``--ckpt-format torch`` keeps one ``mp_rank_<tp>[_<pp>]/distrib_optim.pt`` per rank.
+Each rank's buffer holds that rank's local parameters: PP ranks hold different layers, and with
+TP = T (``args.tensor_model_parallel_size``) a parameter is whole on every TP rank (norms) or one
+of T parts: first axis (column-parallel ``linear_qkv``, ``linear_fc1``, vocab-parallel embedding and
+output), second axis (row-parallel ``linear_proj``, ``linear_fc2``), or, for a gated MLP's fc1 whose
+global tensor is ``[gate_all; up_all]``, the rank's ``[gate_r; up_r]``. Which one is not taken
+from names: every such local shard of every model tensor is a candidate at each parameter start,
+compared bit for bit like a whole tensor, and no assumption on which rank holds which part is made.
+Where a whole tensor and its own first part both fit, the whole one is taken (the part is its
+prefix); a shorter fit of another tensor stops the naming of the save. Afterwards each tensor must
+be either whole in one or more ranks or all its T parts, of one kind, once each; anything else
+leaves that tensor without statistics (named in the notes). Its ``exp_avg_sq`` is then read as the
+global tensor, shards put back in place (``StitchedMoments``), so means and ``--sample`` rows are of
+the global parameter; a replicated tensor is read from one replica (the lowest model-parallel rank),
+because its N elements are one parameter of N elements, not T of them (megatron-core gives every TP
+rank the same gradient for a replicated parameter, so the replicas' moments are the same; counting
+all T would weigh the norms T times in a module's mean). The naming reads each model tensor once per
+TP rank whose buffers hold a part of it.
 """
 
 from __future__ import annotations
@@ -58,6 +77,8 @@ class FlatBuffer:
     """The parameters' dtype (``float32``, ``bfloat16``)."""
     coalesced: bool
     """Buckets concatenated at their unpadded ends (``distrib_optim.pt``)."""
+    group: str = "0"
+    """The model-parallel rank that saved it (``dp_group_idx_<g>``, ``mp_rank_<tp>[_<pp>]``)."""
 
 
 @dataclass
@@ -65,8 +86,38 @@ class FlatNames:
     """Where each parameter's ``exp_avg_sq`` is in one save's flat buffers."""
 
     place: dict[str, tuple[str, int, int]] = field(default_factory=dict)
-    """Model tensor name -> (buffer ``exp_avg_sq`` name, first element, element count)."""
+    """Model tensor name -> (name of its ``exp_avg_sq`` to read, first element, element count): a
+    buffer's ``exp_avg_sq`` in the save's reader, or, with ``reader`` set, a name of ``reader``."""
     ambiguous: list[str] = field(default_factory=list)
+    reader: StitchedMoments | None = None
+    """Saved by several model-parallel ranks: where the parameters' global ``exp_avg_sq`` is read."""
+    unassembled: dict[str, str] = field(default_factory=dict)
+    """Model tensor name -> why its shards do not make up the tensor (no statistics for it)."""
+
+    def unassembled_note(self) -> str | None:
+        """One line for the tensors whose shards do not make them up, or None."""
+        if not self.unassembled:
+            return None
+        items = sorted(self.unassembled.items())
+        return (f"for {len(items)} tensor{'s' if len(items) > 1 else ''} whose model-parallel shards do not make "
+                f"{'them' if len(items) > 1 else 'it'} up: " + "; ".join(f"{n}: {why}" for n, why in items))
+
+
+def _group_key(group: str) -> tuple:
+    """``dp_group_idx`` number, or ``mp_rank_<tp>[_<pp>]`` as (pp, tp): the model-parallel rank order."""
+    if group.isdigit():
+        return (int(group),)
+    numbers = [int(x) for x in re.findall(r"\d+", group)]
+    return tuple(reversed(numbers)) if numbers else (group,)
+
+
+def _tp_size(reader: CheckpointReader) -> int | None:
+    """``args.tensor_model_parallel_size`` as the save recorded it (Megatron-LM saves ``args``)."""
+    for obj in reader.index().objects:
+        if obj.name == "args" and isinstance(obj.value, dict):
+            value = obj.value.get("tensor_model_parallel_size")
+            return int(value) if isinstance(value, int) and value > 0 else None
+    return None
 
 
 def flat_buffers(reader: CheckpointReader) -> tuple[list[FlatBuffer], str | None]:
@@ -87,10 +138,11 @@ def flat_buffers(reader: CheckpointReader) -> tuple[list[FlatBuffer], str | None
             return [], "distrib_optim.pt keeps its buckets uncoalesced (before megatron-core 0.7): not read"
         if m.group("dtype") not in PARAM_DTYPES:
             return [], f"{name}: parameters of dtype {m.group('dtype')} are not compared with their masters"
-        found.append(FlatBuffer(name, master, int(meta.shape[0]), m.group("dtype"), legacy))
-    if len(groups) > 1:
-        return [], (f"saved by {len(groups)} model-parallel ranks: their flat buffers hold TP/PP shards, "
-                    "not whole parameters")
+        found.append(FlatBuffer(name, master, int(meta.shape[0]), m.group("dtype"), legacy, m.group("group")))
+    if len(groups) > 1 and _tp_size(reader) is None:
+        return [], (f"saved by {len(groups)} model-parallel ranks, and the save's args do not say the "
+                    "tensor-parallel size their shards are cut by")
+    found.sort(key=lambda b: _group_key(b.group))  # stable: each rank's buffers keep their order
     return found, None
 
 
@@ -120,23 +172,84 @@ def master_is_weights(reader: CheckpointReader, master: str, weights: str, dtype
     return target.size == 0 or (_bits(reader.read(master).astype(_dtype(dtype))) == target).all()
 
 
+WHOLE, ROWS, COLS, GLU = "whole", "rows", "cols", "glu"
+_KIND_WORDS = {WHOLE: "the whole tensor", ROWS: "first-axis parts", COLS: "second-axis parts",
+               GLU: "[gate; up] parts"}
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Which part of a model tensor a rank holds: the whole tensor, or part ``part`` of ``parts`` along
+    the first axis (``rows``), the second (``cols``), or a gated fc1's ``[gate_part; up_part]`` (``glu``).
+
+    In the global tensor's C order every kind is a run of equal segments of ``segment`` elements;
+    segment k belongs to part ``k % parts`` and sits at ``(k // parts) * segment`` in that part's flat
+    local tensor (rows: one segment per part; cols: one per part and row; glu: two per part)."""
+
+    kind: str
+    part: int
+    parts: int
+    segment: int
+
+    def local(self, bits, shape: tuple[int, ...]):
+        """This rank's local tensor, flat, cut out of the global tensor's flat ``bits``."""
+        if self.kind == WHOLE:
+            return bits
+        if self.kind == ROWS:
+            return bits.reshape(self.parts, -1)[self.part]
+        if self.kind == GLU:
+            return bits.reshape(2, self.parts, -1)[:, self.part].ravel()
+        return bits.reshape(shape[0], self.parts, -1)[:, self.part].ravel()
+
+
+def _shards(shape: tuple[int, ...], numel: int, tp: int) -> list[Shard]:
+    """Every local shard a TP rank can hold of a tensor of ``shape`` (see the module docstring)."""
+    out = [Shard(WHOLE, 0, 1, numel)]
+    if tp == 1 or not shape or numel == 0:
+        return out
+    if shape[0] % tp == 0:
+        out += [Shard(ROWS, r, tp, numel // tp) for r in range(tp)]
+    if shape[0] % (2 * tp) == 0:
+        out += [Shard(GLU, r, tp, numel // (2 * tp)) for r in range(tp)]
+    if len(shape) > 1 and shape[1] % tp == 0:
+        out += [Shard(COLS, r, tp, numel // shape[0] // tp) for r in range(tp)]
+    return out
+
+
+@dataclass(frozen=True)
+class _Fit:
+    name: str
+    shard: Shard
+    numel: int
+
+
 class _Walker:
-    def __init__(self, reader: CheckpointReader, model: dict[str, tuple[str, Any]]) -> None:
+    def __init__(self, reader: CheckpointReader, model: dict[str, tuple[str, Any]], tp: int = 1) -> None:
         self.reader = reader
         self.model = model
         """Model tensor name -> (stored name, meta)."""
-        self.first: dict[tuple[str, int], list[str]] = {}
+        self.tp = tp
+        self.first: dict[tuple[str, int], list[_Fit]] = {}
         self._bits_cache: dict[str, Any] = {}
+        self.ambiguous: set[str] = set()
+        """Tensors that fit a position together with another candidate of the same length."""
+        self.found: dict[str, list[tuple[Shard, str, str, int]]] = {}
+        """Model tensor -> every (shard, buffer group, buffer ``exp_avg_sq``, first element) it fits."""
 
     def _first_bits(self, dtype: str) -> None:
+        """Each candidate's first element, read by itself: the cheap test before a whole compare."""
         if any(k[0] == dtype for k in self.first):
             return
         for name, (stored, meta) in self.model.items():
             if meta.dtype != dtype or meta.numel == 0:
                 continue
-            corner = tuple(slice(0, 1) for _ in meta.shape)
-            value = self.reader.read(stored, corner) if meta.shape else self.reader.read(stored)
-            self.first.setdefault((dtype, int(_bits(value)[0])), []).append(name)
+            shape = tuple(meta.shape)
+            for shard in _shards(shape, meta.numel, self.tp):
+                at = shard.part * shard.segment  # local element 0 is global segment ``part``
+                corner = tuple(slice(i, i + 1) for i in _unravel(at, shape))
+                value = self.reader.read(stored, corner) if shape else self.reader.read(stored)
+                numel = meta.numel // shard.parts
+                self.first.setdefault((dtype, int(_bits(value)[0])), []).append(_Fit(name, shard, numel))
 
     def _weights(self, name: str):
         if name not in self._bits_cache:
@@ -144,22 +257,32 @@ class _Walker:
             self._bits_cache = {name: _bits(self.reader.read(stored))}  # one tensor at a time
         return self._bits_cache[name]
 
-    def fits(self, buffer: FlatBuffer, at: int) -> list[str]:
-        """Model tensors whose weights equal the masters from element ``at`` on."""
+    def fits(self, buffer: FlatBuffer, at: int) -> list[_Fit]:
+        """Candidate shards whose weights equal the masters from element ``at`` on."""
         target = _dtype(buffer.dtype)
         head = self.reader.read(buffer.master, (slice(at, at + 1),)).astype(target)
         out = []
-        for name in self.first.get((buffer.dtype, int(_bits(head)[0])), []):
-            n = self.model[name][1].numel
+        for fit in self.first.get((buffer.dtype, int(_bits(head)[0])), []):
+            n = fit.numel
             if at + n > buffer.length:
                 continue
             master = self.reader.read(buffer.master, (slice(at, at + n),)).astype(target)
-            weights = self._weights(name)
+            weights = fit.shard.local(self._weights(fit.name), tuple(self.model[fit.name][1].shape))
             if weights.size == n and (_bits(master) == weights).all():
-                out.append(name)
+                out.append(fit)
         return out
 
-    def walk(self, buffer: FlatBuffer, names: FlatNames) -> None:
+    def _choose(self, buffer: FlatBuffer, at: int, fits: list[_Fit]) -> list[_Fit]:
+        """The longest fits; a shorter one may only be a part of a tensor that fits whole there."""
+        longest = max(f.numel for f in fits)
+        chosen = [f for f in fits if f.numel == longest]
+        others = sorted({f.name for f in fits if f.numel < longest} - {f.name for f in chosen})
+        if others:
+            raise CkptError(f"{chosen[0].name} and {others[0]} (a TP shard) both equal the fp32 masters at element "
+                            f"{at} of {buffer.master}, with different lengths: not told apart")
+        return chosen
+
+    def walk(self, buffer: FlatBuffer) -> None:
         self._first_bits(buffer.dtype)
         pos = bucket = 0
         while pos < buffer.length:
@@ -176,12 +299,82 @@ class _Walker:
             at, fits = hit
             if at != aligned:
                 bucket = at  # a coalesced bucket starts right where the previous one ended
-            numel = self.model[fits[0]][1].numel
+            fits = self._choose(buffer, at, fits)
+            for fit in fits:
+                self.found.setdefault(fit.name, []).append((fit.shard, buffer.group, buffer.moment, at))
             if len(fits) > 1:
-                names.ambiguous += fits
-            else:
-                names.place[fits[0]] = (buffer.moment, at, numel)
-            pos = at + numel
+                self.ambiguous.update(f.name for f in fits)
+            pos = at + fits[0].numel
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        out.append(i)
+    return tuple(reversed(out))
+
+
+class StitchedMoments:
+    """The ``exp_avg_sq`` of parameters saved as TP shards in several ranks' flat buffers, read as
+    each global tensor (flat, C order): the engine reads it like a save's flat buffer. It reads
+    through the save's own reader, which the timeline closes; ``close`` here closes nothing."""
+
+    def __init__(self, reader: CheckpointReader) -> None:
+        self.reader = reader
+        self.pieces: dict[str, tuple[Shard, list[tuple[str, int]], int]] = {}
+        """Stitched name -> (shard kind, per part: (buffer ``exp_avg_sq``, first element), global numel)."""
+
+    def add(self, param: str, numel: int, shard: Shard, parts: list[tuple[str, int]]) -> str:
+        name = f"{param} (exp_avg_sq of {len(parts)} model-parallel ranks)" if len(parts) > 1 else \
+            f"{param} (exp_avg_sq)"
+        self.pieces[name] = (shard, parts, numel)
+        return name
+
+    def read(self, name: str, region=None):
+        """Elements ``region`` (one flat slice; None: all) of the stitched tensor ``name``."""
+        import numpy as np
+
+        shard, parts, numel = self.pieces[name]
+        lo, hi = (0, numel) if region is None else (region[0].start, region[0].stop)
+        s, n = shard.segment, shard.parts
+        wanted: dict[int, list[tuple[int, int, int]]] = {}  # part -> (local start, out start, length)
+        for k in range(lo // s, -(-hi // s)):
+            a, b = max(lo, k * s), min(hi, (k + 1) * s)
+            wanted.setdefault(k % n, []).append(((k // n) * s + a - k * s, a - lo, b - a))
+        out = None
+        for part, runs in wanted.items():
+            moment, start = parts[part]
+            first = runs[0][0]
+            values = self.reader.read(moment, (slice(start + first, start + runs[-1][0] + runs[-1][2]),))
+            if out is None:
+                out = np.empty(hi - lo, values.dtype)
+            for local, at, length in runs:
+                out[at:at + length] = values[local - first:local - first + length]
+        return out if out is not None else np.empty(0, np.float32)
+
+    def release_pages(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _assemble(found: list[tuple[Shard, str, str, int]], tp: int) -> tuple[Shard, list[tuple[str, int]]] | str:
+    """One tensor's shards as (kind, per part (buffer, first element)), or why they do not make it up."""
+    kinds = {shard.kind for shard, *_ in found}
+    if kinds == {WHOLE}:
+        shard, _group, moment, at = found[0]  # buffers come in model-parallel rank order
+        return shard, [(moment, at)]
+    if len(kinds) > 1:
+        return f"found both as {' and as '.join(_KIND_WORDS[k] for k in sorted(kinds))} in different ranks"
+    parts: dict[int, list[tuple[str, int]]] = {}
+    for shard, _group, moment, at in found:
+        parts.setdefault(shard.part, []).append((moment, at))
+    if sorted(parts) != list(range(tp)) or any(len(v) > 1 for v in parts.values()):
+        held = ", ".join(f"part {p}" + (f" {len(v)} times" if len(v) > 1 else "") for p, v in sorted(parts.items()))
+        return f"found as {_KIND_WORDS[found[0][0].kind]} of {tp}, not each part once ({held})"
+    return found[0][0], [parts[p][0] for p in range(tp)]
 
 
 def name_flat_state(reader: CheckpointReader, model: dict[str, tuple[str, Any]],
@@ -189,13 +382,28 @@ def name_flat_state(reader: CheckpointReader, model: dict[str, tuple[str, Any]],
     """Place every parameter of ``buffers`` (see the module docstring). ``model``: every model tensor
     of the save, name -> (stored name, meta). None and the reason when a position fits no tensor."""
     names = FlatNames()
-    walker = _Walker(reader, {n: v for n, v in model.items() if v[1].dtype_info.is_float})
+    several = len({b.group for b in buffers}) > 1
+    tp = (_tp_size(reader) or 1) if several else 1
+    walker = _Walker(reader, {n: v for n, v in model.items() if v[1].dtype_info.is_float}, tp)
     try:
         for buffer in buffers:
-            walker.walk(buffer, names)
+            walker.walk(buffer)
     except CkptError as exc:
         return None, str(exc.args[0])
-    for name in set(names.ambiguous):
-        names.place.pop(name, None)
-    names.ambiguous = sorted(set(names.ambiguous))
+    names.ambiguous = sorted(walker.ambiguous)
+    if several:
+        names.reader = StitchedMoments(reader)
+    for name, found in walker.found.items():
+        if name in walker.ambiguous:
+            continue
+        numel = model[name][1].numel
+        if not several:
+            _shard, _group, moment, at = found[-1]
+            names.place[name] = (moment, at, numel)
+            continue
+        assembled = _assemble(found, tp)
+        if isinstance(assembled, str):
+            names.unassembled[name] = assembled
+            continue
+        names.place[name] = (names.reader.add(name, numel, *assembled), 0, numel)
     return names, ""

@@ -395,6 +395,7 @@ def _plan_flat_optimizer(chosen: list[IterationInfo], entries: list[ModelEntries
     places: dict[str, list[tuple[str, int] | None]] = {}
     reasons: dict[str, list[str]] = {}
     ambiguous: set[str] = set()
+    stitched: list[CheckpointReader | None] = [None] * len(chosen)  # TP shards read as global tensors
     for i, (info, entry, reader, (buffers, why)) in enumerate(zip(chosen, entries, readers, found)):
         names = None
         if why is None and buffers:
@@ -404,6 +405,9 @@ def _plan_flat_optimizer(chosen: list[IterationInfo], entries: list[ModelEntries
             reasons.setdefault(why or "no distributed-optimizer buffers", []).append(info.label)
             continue
         ambiguous.update(names.ambiguous)
+        stitched[i] = names.reader
+        if names.unassembled:
+            reasons.setdefault(names.unassembled_note(), []).append(info.label)
         for param, (buffer, start, _numel) in names.place.items():
             if param in wanted:
                 places.setdefault(param, [None] * len(chosen))[i] = (buffer, start)
@@ -424,7 +428,7 @@ def _plan_flat_optimizer(chosen: list[IterationInfo], entries: list[ModelEntries
         rows = tuple((lo * row, hi * row) for lo, hi in t.rows) if t.rows else None
         out.append(OptimizerTensor(param, tuple(w[0] if w else None for w in where), (t.numel,), t.module, t.layer,
                                    rows, tuple(w[1] if w else None for w in where)))
-    return _SideOptimizer(out, [], None, None, notes)
+    return _SideOptimizer(out, stitched, None, None, notes)
 
 
 def _optimizer_tensors(by_param: dict[str, list[str | None]],
