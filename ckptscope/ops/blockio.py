@@ -16,6 +16,7 @@ from math import prod
 from ckptscope.core.errors import CkptError
 from ckptscope.formats.filecopy import read_exact_fd
 from ckptscope.mappings.links import Box, box_shape
+from ckptscope.ops.blockmath import buffer_address
 
 BYTE_CHUNK = 1 << 20
 """Bytes per read on the byte path: large enough that syscalls are few, small enough to stay in cache."""
@@ -54,13 +55,15 @@ class ByteReader:
                     raise CkptError(f"cannot read: {exc.strerror}", path) from None
             return fd
 
-    def buffers(self) -> tuple[bytearray, bytearray]:
-        """Two ``BYTE_CHUNK`` buffers per thread. ``bytearray == bytearray`` is a ``memcmp``; at this
-        size both stay in the core's cache between the read and the compare, so a compare costs
-        little more than the copy out of the page cache that ``cat`` pays too."""
+    def buffers(self) -> tuple[tuple[bytearray, bytearray], tuple[int, int]]:
+        """Two ``BYTE_CHUNK`` buffers per thread and their addresses, for ``blockmath.memcmp`` (which
+        releases the GIL, where ``bytearray == bytearray`` holds it: two threads comparing would take
+        turns). At this size both stay in the core's cache between the read and the compare, so a
+        compare costs little more than the copy out of the page cache that ``cat`` pays too."""
         bufs = getattr(self._local, "bufs", None)
         if bufs is None:
-            bufs = self._local.bufs = (bytearray(BYTE_CHUNK), bytearray(BYTE_CHUNK))
+            pair = (bytearray(BYTE_CHUNK), bytearray(BYTE_CHUNK))
+            bufs = self._local.bufs = (pair, (buffer_address(pair[0]), buffer_address(pair[1])))
         return bufs
 
     def read_into(self, path: str, offset: int, view: memoryview) -> None:
