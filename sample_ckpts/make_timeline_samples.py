@@ -34,6 +34,10 @@ Roots:
   Plus one more fault: a bad resume. ``step-RESUME_STEP`` is written by a "resumed" job that loaded
   ``step-RESUME_FROM`` (``dcp.load``) and saved straight away, so its weights equal step
   ``RESUME_FROM``'s, not step ``STEPS``'s.
+* ``timeline_fsdp2/checkpoint/step-N/`` (N = 1 .. ``STEPS``): the same training on two gloo ranks with
+  FSDP2 (``fully_shard`` per decoder layer and at the root, as torchtitan shards), every rank saving
+  with ``dcp.save``: each tensor, weights and Adam state alike, is two row chunks in two ``.distcp``
+  files. No resume fault.
 * ``timeline_hf/checkpoint-N/`` (N = 1 .. ``STEPS``): a transformers ``Trainer`` ``output_dir`` with
   ``save_steps=1``: ``model.safetensors``, ``optimizer.pt`` (indexed by parameter position),
   ``scheduler.pt``, ``trainer_state.json`` ... written by ``Trainer._save_checkpoint`` itself. The
@@ -181,6 +185,70 @@ def write_timeline_dcp(out: Path) -> Path:
         torch.set_num_threads(threads)
     plan = _plan(root, list(range(1, STEPS + 1)) + [RESUME_STEP], resume_step=RESUME_STEP, resume_from=RESUME_FROM)
     (Path(out) / "timeline_dcp_plan.json").write_text(json.dumps(plan, indent=1))
+    return root
+
+
+def _fsdp2_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    """One of the two ranks of ``write_timeline_fsdp2``: the ``timeline_dcp`` run, sharded by FSDP2."""
+    from make_dist_samples import _init_gloo
+
+    _init_gloo(rank, world_size, init_file)
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (world_size,))
+    model = _model()  # the same seed on every rank: the same initial weights
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)  # every parameter Shard(0) over the 2 ranks (torchtitan's FSDP)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=LR, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor)
+    options = StateDictOptions(flatten_optimizer_state_dict=True)
+    folder = Path(out) / "timeline_fsdp2" / "checkpoint"
+    for step in range(1, STEPS + 1):
+        tokens = _batch(step)  # the same batch on both ranks: the averaged gradient is one batch's
+        loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+        if step == NAN_STEP:
+            embed = dict(model.named_parameters())[NAN_TENSOR]  # a DTensor: plant in the shard holding the row
+            local, rows = embed.to_local(), embed.to_local().shape[0]
+            first = rank * -(-VOCAB // world_size)
+            if first <= NAN_AT[0] < first + rows:
+                with torch.no_grad():
+                    local[NAN_AT[0] - first, NAN_AT[1]] = float("nan")
+        state = {**get_model_state_dict(model),
+                 "optimizer": get_optimizer_state_dict(model, optimizer, options=options),
+                 "lr_scheduler": scheduler.state_dict()}
+        dcp.save(state, checkpoint_id=str(folder / f"step-{step}"))
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def write_timeline_fsdp2(out: Path) -> Path:
+    """``timeline_fsdp2/checkpoint/step-N/``: the ``timeline_dcp`` training (same model, data, faults;
+    no resume) on two gloo ranks with FSDP2 (``fully_shard`` per decoder layer and at the root, as
+    torchtitan shards), saved by ``dcp.save`` from both ranks after every step, as torchtitan's
+    ``CheckpointManager`` does: every tensor, weights and Adam state alike, is two row chunks in two
+    ``.distcp`` files (the embedding's NaN row in rank 1's)."""
+    from make_dist_samples import _spawn
+
+    root = Path(out) / "timeline_fsdp2"
+    _fresh(root / "checkpoint")
+    _spawn(_fsdp2_rank, Path(out), world_size=2)
+    (Path(out) / "timeline_fsdp2_plan.json").write_text(json.dumps(_plan(root, list(range(1, STEPS + 1))), indent=1))
     return root
 
 
@@ -668,7 +736,7 @@ def write_timeline_distopt_mp(out: Path, label: str) -> dict[str, Path]:
     return {flavour: Path(out) / distopt_mp_root(label, flavour) for flavour in DISTOPT_MP_FLAVOURS}
 
 
-WRITERS = {"timeline_dcp": write_timeline_dcp, "timeline_hf": write_timeline_hf,
+WRITERS = {"timeline_dcp": write_timeline_dcp, "timeline_fsdp2": write_timeline_fsdp2, "timeline_hf": write_timeline_hf,
            "timeline_hf_adam": write_timeline_hf_adam, "timeline_megatron": write_timeline_megatron,
            "timeline_distopt": write_timeline_distopt,
            **{f"timeline_distopt_{label}": (lambda out, label=label: write_timeline_distopt_mp(out, label))

@@ -43,7 +43,7 @@ def gen():
 @pytest.fixture(scope="session")
 def roots(tmp_path_factory, gen) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("timeline")
-    return {name: gen.WRITERS[name](out) for name in ("timeline_dcp", "timeline_hf")}
+    return {name: gen.WRITERS[name](out) for name in ("timeline_dcp", "timeline_hf", "timeline_fsdp2")}
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +69,11 @@ def dcp_run(roots):
 @pytest.fixture(scope="session")
 def hf_run(roots):
     return _result(roots["timeline_hf"])
+
+
+@pytest.fixture(scope="session")
+def fsdp2_run(roots):
+    return _result(roots["timeline_fsdp2"])
 
 
 # --- independent loading ------------------------------------------------------------------------
@@ -167,6 +172,19 @@ def test_hf_trainer_flags_exactly_where_planted(gen, hf_run):
     assert {(f.since, f.until) for f in result.flags if f.kind == "frozen"} == {(1, gen.STEPS)}
 
 
+def test_fsdp2_flags_exactly_where_planted(gen, roots, fsdp2_run):
+    """torchtitan's layout for real: FSDP2 on two ranks, so every tensor of every save is two row
+    chunks in two ``.distcp`` files (checked with torch's own metadata reader)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    plan, result = fsdp2_run
+    assert result.kind == "torchtitan" and result.iterations == list(range(1, gen.STEPS + 1))
+    step = _steps(roots["timeline_fsdp2"], "dcp")[0][1]
+    chunks = FileSystemReader(str(step)).read_metadata().state_dict_metadata[gen.NAN_TENSOR].chunks
+    assert sorted(tuple(c.offsets) for c in chunks) == [(0, 0), (gen.VOCAB // 2, 0)]
+    assert _flag_set(result) == _planted(gen, [t.name for t in plan.tensors], resume=False)
+
+
 def test_megatron_flags_and_numbers(gen, megatron_root):
     """megatron-core on gloo: layers are stored stacked (``decoder.layers.<x>`` with a leading layer
     axis); the timeline follows each layer's slice, and torch's DCP loader, sliced the same way, must
@@ -210,12 +228,12 @@ def test_without_the_faulty_steps_nothing_is_flagged(roots):
 # --- numbers equal torch on torch-loaded tensors ------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["dcp", "hf"])
-def test_numbers_equal_torch(kind, roots, dcp_run, hf_run):
-    plan, result = dcp_run if kind == "dcp" else hf_run
-    root = roots["timeline_dcp" if kind == "dcp" else "timeline_hf"]
-    load = _dcp_tensors if kind == "dcp" else _hf_tensors
-    states = [load(path) for _step, path in _steps(root, kind)]
+@pytest.mark.parametrize("kind", ["dcp", "fsdp2", "hf"])
+def test_numbers_equal_torch(kind, roots, dcp_run, hf_run, fsdp2_run):
+    plan, result = {"dcp": dcp_run, "fsdp2": fsdp2_run, "hf": hf_run}[kind]
+    root = roots[f"timeline_{kind}"]
+    load = _hf_tensors if kind == "hf" else _dcp_tensors
+    states = [load(path) for _step, path in _steps(root, "hf" if kind == "hf" else "dcp")]
     names = [t.name for t in plan.tensors]
     for series in result.tensors:
         _assert_series(series, _expected_series(states, [series.name]))
@@ -228,14 +246,17 @@ def test_numbers_equal_torch(kind, roots, dcp_run, hf_run):
     _assert_series(result.model, _expected_series(states, names))
 
 
-def test_dcp_adam_statistics_equal_torch(gen, roots, dcp_run):
-    plan, result = dcp_run
+@pytest.mark.parametrize("kind", ["dcp", "fsdp2"])
+def test_dcp_adam_statistics_equal_torch(gen, roots, dcp_run, fsdp2_run, kind):
+    plan, result = dcp_run if kind == "dcp" else fsdp2_run
     # the LR each save recorded for its next step: the spike is scheduled after step SPIKE_STEP - 1
-    expected_lr = [gen.LR * (gen.SPIKE_FACTOR if s == gen.SPIKE_STEP - 1 else 1.0) for s in result.iterations[:-1]]
-    expected_lr.append(gen.LR)  # the resumed save carries step RESUME_FROM's scheduler
+    steps = result.iterations[:-1] if kind == "dcp" else result.iterations
+    expected_lr = [gen.LR * (gen.SPIKE_FACTOR if s == gen.SPIKE_STEP - 1 else 1.0) for s in steps]
+    if kind == "dcp":
+        expected_lr.append(gen.LR)  # the resumed save carries step RESUME_FROM's scheduler
     assert result.lr == pytest.approx(expected_lr, rel=1e-12)
     assert plan.eps == 1e-8
-    states = [_dcp_tensors(path) for _step, path in _steps(roots["timeline_dcp"], "dcp")]
+    states = [_dcp_tensors(path) for _step, path in _steps(roots[f"timeline_{kind}"], "dcp")]
     trained = [t.name for t in plan.tensors if not t.name.startswith(gen.FROZEN_PREFIX)]
     assert sorted(m.name for m in result.moments) == sorted(trained)
     for m in result.moments:
