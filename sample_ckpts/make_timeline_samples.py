@@ -37,7 +37,8 @@ Roots:
 * ``timeline_fsdp2/checkpoint/step-N/`` (N = 1 .. ``STEPS``): the same training on two gloo ranks with
   FSDP2 (``fully_shard`` per decoder layer and at the root, as torchtitan shards), every rank saving
   with ``dcp.save``: each tensor, weights and Adam state alike, is two row chunks in two ``.distcp``
-  files. No resume fault.
+  files. No resume fault. The same run is also saved as verl saves it, ``timeline_verl/global_step_N/
+  actor/model_world_size_2_rank_R.pt`` ... (``write_timeline_verl``).
 * ``timeline_hf/checkpoint-N/`` (N = 1 .. ``STEPS``): a transformers ``Trainer`` ``output_dir`` with
   ``save_steps=1``: ``model.safetensors``, ``optimizer.pt`` (indexed by parameter position),
   ``scheduler.pt``, ``trainer_state.json`` ... written by ``Trainer._save_checkpoint`` itself. The
@@ -191,6 +192,7 @@ def write_timeline_dcp(out: Path) -> Path:
 def _fsdp2_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
     """One of the two ranks of ``write_timeline_fsdp2``: the ``timeline_dcp`` run, sharded by FSDP2."""
     from make_dist_samples import _init_gloo
+    from make_verl_samples import _save_like_verl
 
     _init_gloo(rank, world_size, init_file)
     import torch
@@ -210,8 +212,9 @@ def _fsdp2_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)  # every parameter Shard(0) over the 2 ranks (torchtitan's FSDP)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=LR, weight_decay=0.01)
+    # Every parameter, frozen ones included (they get no state), as verl builds its optimizer:
+    # build_optimizer(actor_module_fsdp.parameters(), ...) (verl/workers/fsdp_workers.py)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor)
     options = StateDictOptions(flatten_optimizer_state_dict=True)
     folder = Path(out) / "timeline_fsdp2" / "checkpoint"
@@ -233,7 +236,12 @@ def _fsdp2_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
                  "optimizer": get_optimizer_state_dict(model, optimizer, options=options),
                  "lr_scheduler": scheduler.state_dict()}
         dcp.save(state, checkpoint_id=str(folder / f"step-{step}"))
-        dist.barrier()
+        # The same state as verl's FSDPCheckpointManager saves it (DTensor values, torch.save per rank)
+        _save_like_verl(Path(out) / "timeline_verl" / f"global_step_{step}" / "actor", rank, world_size, model,
+                        optimizer, scheduler, 2, model.state_dict(), optimizer.state_dict(), vocab_size=VOCAB)
+    if rank == 0:  # verl's trainer writes the tracker after every rank has saved
+        (Path(out) / "timeline_verl" / "latest_checkpointed_iteration.txt").write_text(str(STEPS))
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -247,8 +255,19 @@ def write_timeline_fsdp2(out: Path) -> Path:
 
     root = Path(out) / "timeline_fsdp2"
     _fresh(root / "checkpoint")
+    _fresh(Path(out) / "timeline_verl")
     _spawn(_fsdp2_rank, Path(out), world_size=2)
     (Path(out) / "timeline_fsdp2_plan.json").write_text(json.dumps(_plan(root, list(range(1, STEPS + 1))), indent=1))
+    return root
+
+
+def write_timeline_verl(out: Path) -> Path:
+    """``timeline_verl/global_step_N/actor/``: the run of ``write_timeline_fsdp2``, saved after every
+    step also as verl's ``FSDPCheckpointManager`` saves (make_verl_samples ``_save_like_verl``:
+    ``torch.save`` of each rank's ``state_dict()``, DTensor shards, per rank), with verl's tracker."""
+    root = Path(out) / "timeline_verl"
+    if not (root / "latest_checkpointed_iteration.txt").is_file():
+        write_timeline_fsdp2(out)
     return root
 
 
@@ -736,7 +755,8 @@ def write_timeline_distopt_mp(out: Path, label: str) -> dict[str, Path]:
     return {flavour: Path(out) / distopt_mp_root(label, flavour) for flavour in DISTOPT_MP_FLAVOURS}
 
 
-WRITERS = {"timeline_dcp": write_timeline_dcp, "timeline_fsdp2": write_timeline_fsdp2, "timeline_hf": write_timeline_hf,
+WRITERS = {"timeline_dcp": write_timeline_dcp, "timeline_fsdp2": write_timeline_fsdp2,
+           "timeline_verl": write_timeline_verl, "timeline_hf": write_timeline_hf,
            "timeline_hf_adam": write_timeline_hf_adam, "timeline_megatron": write_timeline_megatron,
            "timeline_distopt": write_timeline_distopt,
            **{f"timeline_distopt_{label}": (lambda out, label=label: write_timeline_distopt_mp(out, label))

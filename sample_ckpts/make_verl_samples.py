@@ -78,7 +78,7 @@ def _rng_state() -> dict:
 
 
 def _save_like_verl(actor: Path, rank: int, world: int, model, optimizer, scheduler, fsdp_version: int,
-                    model_state: dict, optim_state: dict) -> None:
+                    model_state: dict, optim_state: dict, vocab_size: int = VERL_LLAMA["vocab_size"]) -> None:
     """``FSDPCheckpointManager.save_checkpoint``: three files per rank, config + HF dir on rank 0."""
     import torch
     import torch.distributed as dist
@@ -96,7 +96,7 @@ def _save_like_verl(actor: Path, rank: int, world: int, model, optimizer, schedu
         hf = actor / "huggingface"
         model.config.save_pretrained(hf)
         model.generation_config.save_pretrained(hf)
-        _tokenizer().save_pretrained(hf)
+        _tokenizer(vocab_size).save_pretrained(hf)
     dist.barrier()
 
 

@@ -43,7 +43,7 @@ def gen():
 @pytest.fixture(scope="session")
 def roots(tmp_path_factory, gen) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("timeline")
-    return {name: gen.WRITERS[name](out) for name in ("timeline_dcp", "timeline_hf", "timeline_fsdp2")}
+    return {name: gen.WRITERS[name](out) for name in ("timeline_dcp", "timeline_hf", "timeline_fsdp2", "timeline_verl")}
 
 
 @pytest.fixture(scope="session")
@@ -93,6 +93,18 @@ def _dcp_tensors(step_dir: Path) -> dict:
     return state
 
 
+def _verl_rank_files(actor: Path, kind: str) -> list:
+    files = sorted(actor.glob(f"{kind}_world_size_*_rank_*.pt"), key=lambda f: int(f.stem.rsplit("_", 1)[1]))
+    return [torch.load(f, weights_only=False) for f in files]  # our own fixture: torch's full unpickler
+
+
+def _verl_tensors(actor: Path) -> dict:
+    """A verl FSDP actor dir's model, by ``torch.load`` of every rank file: the DTensor shards put
+    back together along dim 0 in rank order (FSDP2's ``Shard(0)``)."""
+    parts = [sd for sd in _verl_rank_files(actor, "model")]
+    return {name: torch.cat([sd[name].to_local() for sd in parts]) for name in parts[0]}
+
+
 def _hf_tensors(step_dir: Path) -> dict:
     from safetensors.torch import load_file
 
@@ -102,6 +114,9 @@ def _hf_tensors(step_dir: Path) -> dict:
 def _steps(root: Path, kind: str) -> list[tuple[int, Path]]:
     if kind == "megatron":
         return sorted((int(p.name[5:]), p) for p in root.iterdir() if p.name.startswith("iter_"))
+    if kind == "verl":
+        return sorted((int(p.name.rsplit("_", 1)[1]), p / "actor") for p in root.iterdir()
+                      if p.name.startswith("global_step_"))
     if kind == "dcp":
         dirs = [(int(p.name.split("-")[1]), p) for p in (root / "checkpoint").iterdir()]
     else:
@@ -183,6 +198,55 @@ def test_fsdp2_flags_exactly_where_planted(gen, roots, fsdp2_run):
     chunks = FileSystemReader(str(step)).read_metadata().state_dict_metadata[gen.NAN_TENSOR].chunks
     assert sorted(tuple(c.offsets) for c in chunks) == [(0, 0), (gen.VOCAB // 2, 0)]
     assert _flag_set(result) == _planted(gen, [t.name for t in plan.tensors], resume=False)
+
+
+def test_verl_flags_numbers_and_adam_statistics(gen, roots):
+    """verl's FSDP layout (``torch.save`` of DTensor shards per rank, positional optimizer state), the
+    FSDP2 run saved as verl's checkpoint manager saves: flags where planted, and every number equal
+    to torch's on the rank files loaded by ``torch.load``; the Adam state's positions are the model
+    state dict's order (verl's one param group of every parameter)."""
+    plan, result = _result(roots["timeline_verl"])
+    assert result.kind == "verl" and result.iterations == list(range(1, gen.STEPS + 1))
+    names = [t.name for t in plan.tensors]
+    assert _flag_set(result) == _planted(gen, names, resume=False)
+    actors = [path for _step, path in _steps(roots["timeline_verl"], "verl")]
+    states = [_verl_tensors(actor) for actor in actors]
+    for series in result.tensors:
+        _assert_series(series, _expected_series(states, [series.name]))
+    for module in result.modules:
+        _assert_series(module, _expected_series(states, [n for n in names if module_of(n)[0] == module.name]))
+
+    assert any("named by position (verl" in note for note in result.notes)
+    trained = [n for n in names if not n.startswith(gen.FROZEN_PREFIX)]
+    assert sorted(m.name for m in result.moments) == sorted(trained)
+    expected_lr = [gen.LR * (gen.SPIKE_FACTOR if s == gen.SPIKE_STEP - 1 else 1.0) for s in result.iterations]
+    assert result.lr == pytest.approx(expected_lr, rel=1e-12)
+    for k, actor in enumerate(actors):
+        order = list(_verl_rank_files(actor, "model")[0])
+        optim = _verl_rank_files(actor, "optim")
+        for m in result.moments:
+            pos = order.index(m.name)
+            v = torch.cat([o["state"][pos]["exp_avg_sq"].to_local() for o in optim]).double()
+            assert m.exp_avg_sq_mean[k] == pytest.approx(float(v.mean()), rel=REL)
+            assert m.step_size_mean[k] == pytest.approx(result.lr[k] / (math.sqrt(float(v.mean())) + 1e-8), rel=REL)
+
+
+def test_verl_optimizer_that_is_not_one_group_in_model_order_gives_no_statistics(gen, roots, tmp_path):
+    """Positions are named only under verl's own construction: the same state split into two param
+    groups (as a decay / no-decay optimizer would save it) gets no statistics for that iteration."""
+    root = tmp_path / "verl"
+    shutil.copytree(roots["timeline_verl"], root)
+    actor = root / "global_step_2" / "actor"
+    for f in sorted(actor.glob("optim_world_size_*_rank_*.pt")):
+        state = torch.load(f, weights_only=False)
+        params = state["param_groups"][0]["params"]
+        state["param_groups"] = [dict(state["param_groups"][0], params=params[:5]),
+                                 dict(state["param_groups"][0], params=params[5:])]
+        torch.save(state, f)
+    _plan, result = _result(root)
+    assert {m.exp_avg_sq_mean[1] for m in result.moments} == {None}
+    assert all(m.exp_avg_sq_mean[0] is not None for m in result.moments)
+    assert any("2 param groups, where verl builds one" in note for note in result.notes)
 
 
 def test_megatron_flags_and_numbers(gen, megatron_root):

@@ -250,11 +250,11 @@ class VerlFsdpReader(CheckpointReader):
         self._add_side_files(index, layout)
         return index
 
-    def _read_rank_files(self, index: CheckpointIndex, layout: FsdpLayout) -> dict[str, _Assembly]:
+    def _read_rank_files(self, index: CheckpointIndex, layout: FsdpLayout, kind: str = "model") -> dict[str, _Assembly]:
         assembled: dict[str, _Assembly] = {}
         world = layout.world_size or 0
         object_names = {o.name for o in index.objects}
-        for rank, file in sorted(layout.files.get("model", {}).items()):
+        for rank, file in sorted(layout.files.get(kind, {}).items()):
             path = self.path / file
             parsed = read_torch_zip(path, extra_globals=EXTRA_GLOBALS)
             index.files.append(FileInfo(file, path.stat().st_size, "data"))
@@ -288,7 +288,7 @@ class VerlFsdpReader(CheckpointReader):
         return assembled
 
     def _finish(self, index: CheckpointIndex, assembled: dict[str, _Assembly], missing_ranks: set[int],
-                world: int) -> None:
+                world: int, kind: str = "model") -> None:
         """Turn the per-rank pieces into tensors; record holes left by missing rank files."""
         incomplete = 0
         for name, entry in assembled.items():
@@ -302,7 +302,7 @@ class VerlFsdpReader(CheckpointReader):
                 stored = {(c.offsets, c.shape) for c in entry.chunks}
                 for offsets, shape, owner in first.expected:
                     if owner in missing_ranks and math.prod(shape) and (offsets, shape) not in stored:
-                        holes.append((offsets, shape, f"model_world_size_{world}_rank_{owner}.pt"))
+                        holes.append((offsets, shape, f"{kind}_world_size_{world}_rank_{owner}.pt"))
             if holes:
                 incomplete += 1
                 self._holes[name] = holes
@@ -342,6 +342,26 @@ class VerlFsdpReader(CheckpointReader):
         if (self.path / HF_SUBDIR).is_dir():
             add_hf_subdir(index, self.path / HF_SUBDIR, HF_SUBDIR)
 
+
+
+class VerlOptimReader(VerlFsdpReader):
+    """The optimizer rank files of a verl FSDP actor dir (``optim_world_size_W_rank_R.pt``, each a
+    ``torch.save`` of that rank's ``optimizer.state_dict()``) read like its model files: every
+    ``state.<k>.<moment>`` one tensor assembled from the ranks' DTensor shards, ``param_groups`` an
+    object. Not in the registry (a verl dir opens as its model): ``timeline`` opens it for Adam
+    statistics (``ops.timeline.optim_verl``)."""
+
+    format_name = "verl_optim"
+
+    def _build_index(self) -> CheckpointIndex:
+        layout = fsdp_layout(self.path)
+        if layout is None or layout.world_size is None or not layout.files.get("optim"):
+            raise CkptError("no optim_world_size_*_rank_*.pt files", self.path)
+        world = layout.world_size
+        index = CheckpointIndex(path=str(self.path), format=self.format_name)
+        assembled = self._read_rank_files(index, layout, kind="optim")
+        self._finish(index, assembled, {r for r in range(world) if r not in layout.files["optim"]}, world, "optim")
+        return index
 
 
 @register_reader

@@ -53,7 +53,7 @@ class NamedState:
     """Which optimizer construction the positions matched (for the notes)."""
 
 
-def _param_groups(reader: CheckpointReader) -> list[dict[str, Any]] | None:
+def param_groups(reader: CheckpointReader) -> list[dict[str, Any]] | None:
     for obj in reader.index().objects:
         if obj.name == "param_groups" and isinstance(obj.value, list):
             groups = obj.value
@@ -153,7 +153,7 @@ def hf_trainer_state(directory: str | Path, saved: dict[str, tuple[int, ...]]) -
         return None, f"{OPTIMIZER_FILE} unreadable: {exc.args[0]}"
     keep = False
     try:
-        groups = _param_groups(reader)
+        groups = param_groups(reader)
         if groups is None:
             return None, f"{OPTIMIZER_FILE} has no param_groups with parameter positions"
         moments = {}

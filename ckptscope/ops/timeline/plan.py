@@ -278,11 +278,16 @@ def _scheduler_file_lr(directory: Path) -> float | None:
 
 def _saved_lr(reader: CheckpointReader, directory: Path) -> float | None:
     """The LR the save recorded for its next step: the scheduler's ``_last_lr`` (first group), in the
-    checkpoint or in a ``scheduler.pt`` beside it, else the optimizer's param-group LR when every
-    group agrees."""
+    checkpoint (flattened, or in a scheduler state dict object) or in a ``scheduler.pt`` beside it,
+    else the optimizer's param-group LR when every group agrees."""
     values = _scalars(reader, _LAST_LR)
     if values:
         return values[0]
+    for obj in reader.index().objects:  # a scheduler state dict kept whole (verl's extra_state.lr_scheduler)
+        last = obj.value.get("_last_lr") if isinstance(obj.value, dict) else None
+        if obj.name.rsplit(".", 1)[-1] in ("lr_scheduler", "scheduler") and isinstance(last, list) and last \
+                and isinstance(last[0], (int, float)) and not isinstance(last[0], bool):
+            return float(last[0])
     found = _scheduler_file_lr(directory)
     if found is not None:
         return found
@@ -440,25 +445,34 @@ def _optimizer_tensors(by_param: dict[str, list[str | None]],
     return out
 
 
-def _plan_side_optimizer(chosen: list[IterationInfo], entries: list[ModelEntries],
-                         tensors: list[TimelineTensor]) -> _SideOptimizer | None:
-    """HF Trainer ``optimizer.pt`` (Adam state by parameter position, ``optim_hf``), per iteration;
-    None when no iteration has one. An iteration whose positions cannot be named is left out, and
-    the notes say why."""
+def _plan_side_optimizer(chosen: list[IterationInfo], entries: list[ModelEntries], tensors: list[TimelineTensor],
+                         readers: list[CheckpointReader]) -> _SideOptimizer | None:
+    """Adam state numbered by parameter position in files of its own, per iteration: HF Trainer's
+    ``optimizer.pt`` (``optim_hf``) or verl FSDP's ``optim_world_size_*_rank_*.pt`` (``optim_verl``);
+    None when no iteration has either. An iteration whose positions cannot be named is left out,
+    and the notes say why."""
     from ckptscope.ops.timeline.optim_hf import OPTIMIZER_FILE, hf_trainer_state
+    from ckptscope.ops.timeline.optim_verl import OPTIMIZER_FILES, has_verl_optimizer, verl_fsdp_state
 
-    if not any((Path(info.path) / OPTIMIZER_FILE).is_file() for info in chosen):
+    hf = [(Path(info.path) / OPTIMIZER_FILE).is_file() for info in chosen]
+    verl = [not h and has_verl_optimizer(info.path) for info, h in zip(chosen, hf)]
+    if not any(hf) and not any(verl):
         return None
+    label = OPTIMIZER_FILE if any(hf) else OPTIMIZER_FILES
     wanted = {t.name: t for t in tensors}
     by_param: dict[str, list[str | None]] = {}
-    readers: list[CheckpointReader | None] = []
+    opened: list[CheckpointReader | None] = []
     reasons: dict[str, list[str]] = {}
     eps_values, groupings = set(), set()
     try:
-        for i, (info, entry) in enumerate(zip(chosen, entries)):
-            saved = {n: tuple(m.shape) for n, m in entry.tensors.items()}
-            state, why = hf_trainer_state(info.path, saved)
-            readers.append(state.reader if state else None)
+        for i, (info, entry, reader) in enumerate(zip(chosen, entries, readers)):
+            if verl[i]:
+                model_name = {stored: name for name, stored in entry.stored.items()}
+                order = [(model_name.get(n, n), tuple(m.shape)) for n, m in reader.index().tensors.items()]
+                state, why = verl_fsdp_state(info.path, order)
+            else:
+                state, why = hf_trainer_state(info.path, {n: tuple(m.shape) for n, m in entry.tensors.items()})
+            opened.append(state.reader if state else None)
             if state is None:
                 reasons.setdefault(why, []).append(info.label)
                 continue
@@ -469,22 +483,21 @@ def _plan_side_optimizer(chosen: list[IterationInfo], entries: list[ModelEntries
                 if param in wanted:
                     by_param.setdefault(param, [None] * len(chosen))[i] = key
     except BaseException:
-        for reader in readers:
+        for reader in opened:
             if reader is not None:
                 reader.close()
         raise
     notes = _unnamed_notes(reasons)
     if not by_param:
-        for reader in readers:
+        for reader in opened:
             if reader is not None:
                 reader.close()
         first = next(iter(reasons), "no exp_avg_sq of a followed tensor")
-        return _SideOptimizer([], [], None, f"HF Trainer {OPTIMIZER_FILE}: {first}: no per-layer Adam statistics",
-                              notes[1:])
-    notes.append(f"Adam state of {OPTIMIZER_FILE} named by position ({', '.join(sorted(groupings))}), every "
+        return _SideOptimizer([], [], None, f"{label}: {first}: no per-layer Adam statistics", notes[1:])
+    notes.append(f"Adam state of {label} named by position ({', '.join(sorted(groupings))}), every "
                  "exp_avg_sq checked against its parameter's shape")
     eps = eps_values.pop() if len(eps_values) == 1 else None
-    return _SideOptimizer(_optimizer_tensors(by_param, wanted), readers, eps, None, notes)
+    return _SideOptimizer(_optimizer_tensors(by_param, wanted), opened, eps, None, notes)
 
 
 def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None, int | None] | None = None,
@@ -543,7 +556,7 @@ def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None,
         opt, opt_note, opt_notes = (_plan_optimizer(entries, tensors, readers, [i.label for i in chosen])
                                     if optimizer else ([], "optimizer statistics not asked for", []))
         notes += opt_notes
-        side = _plan_side_optimizer(chosen, entries, tensors) if optimizer and not opt else None
+        side = _plan_side_optimizer(chosen, entries, tensors, readers) if optimizer and not opt else None
         if optimizer and not opt and side is None:
             side = _plan_flat_optimizer(chosen, entries, tensors, readers)
         eps_values = [v for r in readers for v in _group_scalars(r, "eps")]
