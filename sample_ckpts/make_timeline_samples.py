@@ -123,6 +123,16 @@ def _lr_factor(step_done: int) -> float:
     return SPIKE_FACTOR if step_done + 1 == SPIKE_STEP else 1.0
 
 
+def _train_step(model, optimizer, scheduler, step: int) -> None:
+    """One optimizer step on ``_batch(step)``, then the scheduler's step (the LR of the next one)."""
+    tokens = _batch(step)
+    loss = model(input_ids=tokens, labels=tokens).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    scheduler.step()
+
+
 def _plant_nan(model) -> None:
     import torch
 
@@ -163,12 +173,7 @@ def write_timeline_dcp(out: Path) -> Path:
                     "lr_scheduler": scheduler.state_dict()}
 
         for step in range(1, STEPS + 1):
-            tokens = _batch(step)
-            loss = model(input_ids=tokens, labels=tokens).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            scheduler.step()
+            _train_step(model, optimizer, scheduler, step)
             if step == NAN_STEP:
                 _plant_nan(model)
             dcp.save(state(), checkpoint_id=str(folder / f"step-{step}"))
@@ -219,12 +224,7 @@ def _fsdp2_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
     options = StateDictOptions(flatten_optimizer_state_dict=True)
     folder = Path(out) / "timeline_fsdp2" / "checkpoint"
     for step in range(1, STEPS + 1):
-        tokens = _batch(step)  # the same batch on both ranks: the averaged gradient is one batch's
-        loss = model(input_ids=tokens, labels=tokens).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        scheduler.step()
+        _train_step(model, optimizer, scheduler, step)  # the same batch on both ranks: one batch's gradient
         if step == NAN_STEP:
             embed = dict(model.named_parameters())[NAN_TENSOR]  # a DTensor: plant in the shard holding the row
             local, rows = embed.to_local(), embed.to_local().shape[0]
