@@ -77,16 +77,9 @@ def sum_squares(values: "np.ndarray") -> float:
 
     flat = values.reshape(-1)
     wide = _scratch("f8")
-    narrow = _scratch("f4") if _narrow_float(flat) else None
     total = 0.0
     for lo in range(0, flat.size, PIECE):
-        piece = flat[lo:lo + PIECE]
-        out = wide[:piece.size]
-        if narrow is not None:
-            np.copyto(narrow[:piece.size], piece, casting="unsafe")
-            np.copyto(out, narrow[:piece.size])
-        else:
-            np.copyto(out, piece, casting="unsafe")
+        out = widen(flat[lo:lo + PIECE], wide)
         total += float(np.dot(out, out))
     return total
 

@@ -107,7 +107,7 @@ def compare_block(a: np.ndarray, b: np.ndarray, origin: tuple[int, ...], *, atol
         if same_bytes(flat_a, flat_b):  # most blocks of a differing tensor: one memcmp, no mask
             where = np.zeros(0, dtype=np.intp)
         elif is_float(flat_a):
-            dense = _piecewise(acc, flat_a, flat_b, kind, a.shape, origin, atol, rtol)
+            dense = _piecewise(flat_a, flat_b, kind, a.shape, origin, atol, rtol)
             if dense is not None:
                 return dense
             where = np.flatnonzero(np.not_equal(flat_a.view(kind), flat_b.view(kind)))
@@ -132,7 +132,7 @@ def compare_block(a: np.ndarray, b: np.ndarray, origin: tuple[int, ...], *, atol
     return acc
 
 
-def _piecewise(acc: Accumulator, flat_a: np.ndarray, flat_b: np.ndarray, kind, shape: tuple[int, ...],
+def _piecewise(flat_a: np.ndarray, flat_b: np.ndarray, kind, shape: tuple[int, ...],
                origin: tuple[int, ...], atol: float, rtol: float) -> Accumulator | None:
     """The metrics of a block that differs, in ``PIECE``-sized pieces through per-thread float64
     buffers that stay in the core's cache: no block-sized temporaries, which on a tensor that
@@ -145,7 +145,7 @@ def _piecewise(acc: Accumulator, flat_a: np.ndarray, flat_b: np.ndarray, kind, s
 
     x_buf, y_buf, ne_buf = _piece_buffers()
     bits_a, bits_b = flat_a.view(kind), flat_b.view(kind)
-    out = Accumulator(numel=acc.numel)
+    out = Accumulator(numel=int(flat_a.size))
     tolerant = atol > 0 or rtol > 0
     for lo in range(0, flat_a.size, PIECE):
         pa, pb = flat_a[lo:lo + PIECE], flat_b[lo:lo + PIECE]

@@ -24,8 +24,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptscope.formats.filecopy import read_exact, read_exact_fd
-from ckptscope.ops.blockmath import PIECE, buffer_address, memcmp, same_bytes, single_threaded_blas, sum_squares
+from ckptscope.formats.filecopy import read_exact_fd
+from ckptscope.ops.blockmath import (
+    PIECE,
+    buffer_address,
+    memcmp,
+    same_bytes,
+    single_threaded_blas,
+    sum_squares,
+    widen,
+)
 from ckptscope.ops.blockio import RELEASE_EVERY, ByteReader
 from ckptscope.ops.blockio import split_box as split_rows
 from ckptscope.ops.timeline.flags import (
@@ -229,10 +237,11 @@ def _thread_bytes(length: int) -> tuple[list[memoryview], list[int]]:
     return bufs
 
 
-def _read_stored(reader, name: str, box, slot: int):
-    """The block as stored, for a tensor that is not one run of bytes per iteration: where the
-    block itself is (``byte_span``) it is read into this thread's buffer ``slot``; otherwise a view
-    of the mapped file, or a copy (``read_mapped``)."""
+def _read_stored(reader, files: ByteReader, name: str, box, slot: int):
+    """The block as stored, for a tensor that is not one run of bytes per iteration (a sharded
+    save's chunks): where the block itself is (``byte_span``) it is read into this thread's buffer
+    ``slot`` through the run's open ``files``; otherwise a view of the mapped file, or a copy
+    (``read_mapped``)."""
     import numpy as np
 
     region = _slices(box)
@@ -242,7 +251,7 @@ def _read_stored(reader, name: str, box, slot: int):
     path, offset, length = span
     views, _ = _thread_bytes(length)
     view = views[slot][:length]
-    read_exact(path, offset, view)
+    files.read_into(str(path), offset, view)
     dtype = reader.meta(name).dtype_info.numpy()
     shape = tuple(hi - lo for lo, hi in box)
     return np.frombuffer(view, dtype=dtype).reshape(shape)
@@ -283,18 +292,16 @@ def _step_sums(cur, prev) -> tuple[float, float, float]:
     """``sum(cur^2)``, ``sum((cur - prev)^2)`` and ``max |cur - prev|`` in float64 over two flat
     arrays (``prev`` finite), one ``PIECE`` at a time through per-thread float64 buffers that stay
     in the core's cache. ``sum(cur^2)`` is summed exactly as ``sum_squares`` sums it (the same
-    pieces, widened the same way, in the same order), so the same bytes give the same norm on
+    pieces, widened by the same ``widen``, in the same order), so the same bytes give the same norm on
     either path (fingerprints compare them); where it is not finite the other two are not used."""
     import numpy as np
 
-    a, b, narrow = _piece_buffers()
+    a, b = _piece_buffers()
     sq, dsq, dmax = 0.0, 0.0, 0.0
     for lo in range(0, cur.size, PIECE):
-        n = min(PIECE, cur.size - lo)
-        x, y = a[:n], b[:n]
-        _load(cur[lo:lo + n], x, narrow[:n])
+        x = widen(cur[lo:lo + PIECE], a)
         sq += float(np.dot(x, x))
-        _load(prev[lo:lo + n], y, narrow[:n])
+        y = widen(prev[lo:lo + PIECE], b)
         np.subtract(x, y, out=x)
         dsq += float(np.dot(x, x))
         np.abs(x, out=x)
@@ -307,7 +314,7 @@ def _piece_buffers():
 
     bufs = getattr(_LOCAL, "pieces", None)
     if bufs is None:
-        bufs = _LOCAL.pieces = (np.empty(PIECE, np.float64), np.empty(PIECE, np.float64), np.empty(PIECE, np.float32))
+        bufs = _LOCAL.pieces = (np.empty(PIECE, np.float64), np.empty(PIECE, np.float64))
     return bufs
 
 
@@ -356,7 +363,7 @@ def _tensor_block(plan: TimelinePlan, reading: _Reading, t: int, box) -> Sums:
                 frozen = False
                 raw = np.frombuffer(view, dtype=run.dtype).reshape(shape)
         else:
-            raw = _read_stored(reader, tensor.stored[i], box, slot)
+            raw = _read_stored(reader, reading.files, tensor.stored[i], box, slot)
             addr = 0
             nbytes += raw.nbytes
             frozen = prev_raw is not None and raw.dtype == prev_raw.dtype and same_bytes(raw, prev_raw)

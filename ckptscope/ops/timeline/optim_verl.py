@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 
 from ckptscope.core.errors import CkptError
-from ckptscope.formats.verl.reader import RANK_FILE, VerlOptimReader
+from ckptscope.formats.verl.reader import VerlOptimReader, fsdp_layout
 from ckptscope.ops.timeline.optim_hf import NamedState, param_groups
 
 OPTIMIZER_FILES = "optim_world_size_*_rank_*.pt"
@@ -30,10 +30,8 @@ GROUPING = "verl: one param group of every parameter in model order"
 
 
 def has_verl_optimizer(directory: str | Path) -> bool:
-    try:
-        return any((m := RANK_FILE.match(p.name)) and m.group(1) == "optim" for p in Path(directory).iterdir())
-    except OSError:
-        return False
+    layout = fsdp_layout(Path(directory))
+    return bool(layout is not None and layout.files.get("optim"))
 
 
 def verl_fsdp_state(directory: str | Path, order: list[tuple[str, tuple[int, ...]]]) -> tuple[NamedState | None, str]:
