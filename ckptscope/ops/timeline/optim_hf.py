@@ -54,6 +54,8 @@ class NamedState:
 
 
 def param_groups(reader: CheckpointReader) -> list[dict[str, Any]] | None:
+    """A saved ``optimizer.state_dict()``'s ``param_groups`` (each with its ``params`` positions),
+    or None; shared with ``optim_verl``, whose rank files hold the same structure."""
     for obj in reader.index().objects:
         if obj.name == "param_groups" and isinstance(obj.value, list):
             groups = obj.value
