@@ -28,8 +28,8 @@ because it keeps every tensor it wrote alive until its file is closed.
 The torch_dist writer does not import torch at all (``import torch`` alone takes longer than
 converting a small model): containers come from ``torch_save.zip_container``, ``.metadata`` from
 ``dcp.metadata_write``, ``common.pt`` from ``pickles.repickle.repickle``; tests load the results with
-torch and megatron-core. A tensor offered as file byte runs (``OutTensor.runs``) is copied file to
-file by the kernel, its CRC computed on a second thread from the same cached pages. The legacy
+torch and megatron-core. A tensor offered as file byte runs (``OutTensor.runs``) is copied straight
+into the data file's pages (``formats.filefill``), its CRC taken from each piece as it lands. The legacy
 per-rank writer still uses torch.
 
 Same input, same bytes: nothing written depends on the clock, a random draw or thread timing. The
@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 from ckptscope.core.dtypes import DType, dtype_by_name
 from ckptscope.core.errors import CkptError
 from ckptscope.formats.dcp.metadata_write import BytesItem, ChunkItem, content_save_id, metadata_bytes
-from ckptscope.formats.filecopy import copy_range
+from ckptscope.formats.filefill import OutputFile
 from ckptscope.formats.megatron.legacy_writer import legacy_rank_dir, write_torch_legacy
 from ckptscope.formats.megatron.model_layout import (
     DIST_EXPERTS,
@@ -185,17 +185,21 @@ def _extra_keys(subs: set[str], experts: int, layers: int | None) -> list[str]:
 
 class _DataFile:
     """One ``.distcp`` file being appended to: each item a self-contained ``torch.save`` container
-    (written by ``torch_save.zip_container``, no torch), or raw bytes."""
+    (written by ``torch_save.zip_container``, no torch), or raw bytes. Its size is planned
+    (``DistLayout.file_sizes``), so it is an ``OutputFile``: copied data lands straight in the
+    file's pages with its CRC-32 taken on the way, one pass over the source."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, planned: int) -> None:
         self.name = path.name
-        self.handle = open(path, "wb")  # noqa: SIM115 -- closed by the writer's finally
+        self.file = OutputFile(path, planned)
         self.size = 0
+        """Bytes appended so far (where the next one goes)."""
 
     def write(self, data: Any) -> int:
-        n = self.handle.write(data)
-        self.size += n
-        return n
+        view = memoryview(data).cast("B")
+        self.file.write(self.size, view)
+        self.size += view.nbytes
+        return view.nbytes
 
     def append(self, payload: bytes) -> tuple[int, int]:
         """Append raw bytes (a ShardedObject's item); returns (offset, length)."""
@@ -214,26 +218,31 @@ class _DataFile:
         return start, self.size - start, crc
 
     def append_runs(self, runs: list[tuple[Path, int, int]], shape: tuple[int, ...], dtype: DType) -> tuple[int, int, int]:
-        """Append a tensor whose bytes are ``runs`` of source files, copied file to file by the
-        kernel with the CRC-32 taken from the source pages just copied (hot): the container needs
-        it only in the data descriptor that follows the data."""
+        """Append a tensor whose bytes are ``runs`` of source files, copied into the file with the
+        CRC-32 taken from each piece as it lands: the container needs it only in the data
+        descriptor that follows the data."""
         start = self.size
         size = sum(length for _, _, length in runs)
         crc = [0]
 
         def copy() -> None:
-            value = 0
+            value, position = 0, self.size
             for path, offset, length in runs:
-                value = copy_range(path, self.handle, offset, length, value)
-            crc[0] = value & 0xFFFFFFFF
+                value = self.file.copy(path, offset, position, length, value)
+                position += length
+            crc[0] = (value or 0) & 0xFFFFFFFF
             self.size += size
 
         data = Copied(size, copy, lambda: crc[0], runs_head(runs))
         write_torch_save(self.write, tensor_pickle(dtype, shape), [("0", data, None)])
         return start, self.size - start, crc[0]
 
+    def check_full(self) -> None:
+        if self.size != self.file.size:
+            raise CkptError(f"internal error: {self.name}: planned {self.file.size:,} bytes, wrote {self.size:,}")
+
     def close(self) -> None:
-        self.handle.close()
+        self.file.close()
 
 
 class _Metadata:
@@ -373,18 +382,20 @@ def write_dist_files(iter_dir: Path, layout: DistLayout, files: set[int] | None 
     Each tensor is produced once, when its first chunk here is due; ``progress(nbytes)`` follows it.
 
     When every tensor is copied file to file (``runs``), the data files are written side by side,
-    one thread each (a tensor whose items lie in two files is copied by both): the kernel's copies
-    then use every core, where ``cp`` uses one. Tensors that must be produced in memory keep the one-at-a-time order (and
-    with it the memory bound). ``on_failure(name)`` hears which tensor's write failed."""
+    one thread each (a tensor whose items lie in two files is copied by both): the copies then
+    use every core, where ``cp`` uses one. Tensors that must be produced in memory keep the
+    one-at-a-time order (and with it the memory bound). ``on_failure(name)`` hears which tensor's write failed."""
     wanted = set(range(len(layout.file_names))) if files is None else set(files)
     iter_dir.mkdir(parents=True, exist_ok=True)
-    handles = {k: _DataFile(iter_dir / layout.file_names[k]) for k in sorted(wanted)}
+    handles: dict[int, _DataFile] = {}
     crcs: dict[int, int] = {}
     by_entry: dict[int, list[int]] = {}
     for i, item in enumerate(layout.items):
         if item.file in wanted and item.entry is not None:
             by_entry.setdefault(item.entry, []).append(i)
     try:
+        for k in sorted(wanted):
+            handles[k] = _DataFile(iter_dir / layout.file_names[k], layout.file_sizes[k])
         lanes = _file_lanes(layout, by_entry) or [[(e, indices, True) for e, indices in by_entry.items()]]
         for item in layout.items:
             if item.file in wanted and item.entry is None:
@@ -411,6 +422,8 @@ def write_dist_files(iter_dir: Path, layout: DistLayout, files: set[int] | None 
             with ThreadPoolExecutor(len(lanes), thread_name_prefix="ckptscope-write") as pool:
                 for future in [pool.submit(write_lane, lane) for lane in lanes]:
                     future.result()
+        for data_file in handles.values():
+            data_file.check_full()
     finally:
         for data_file in handles.values():
             data_file.close()
@@ -419,7 +432,7 @@ def write_dist_files(iter_dir: Path, layout: DistLayout, files: set[int] | None 
 
 def _file_lanes(layout: DistLayout, by_entry: dict[int, list[int]]) -> list[list[tuple[int, list[int], bool]]] | None:
     """Per data file, in write order, ``(entry, its items in that file, reports progress)``, when
-    every entry is a kernel copy (its items are slices of source byte runs, so files can be
+    every entry is a copy of source bytes (its items are slices of source byte runs, so files can be
     written concurrently and no array is held); None otherwise. An entry split over files (fc1's
     two halves) reports its progress once, from the file of its first item."""
     lanes: dict[int, list[tuple[int, list[int], bool]]] = {}

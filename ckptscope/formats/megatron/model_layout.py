@@ -44,8 +44,8 @@ class OutTensor:
     produce: Callable[[], np.ndarray]
     runs: Callable[[], list[tuple[Path, int, int]] | None] | None = None
     """Optional: the tensor's bytes (C order, ``dtype``) as file byte runs to concatenate, or None
-    when they are not stored that way. The torch_dist writer then copies them file to file in the
-    kernel (``copy_file_range``) instead of calling ``produce``."""
+    when they are not stored that way. The torch_dist writer then copies them file to file
+    (``formats.filefill``) instead of calling ``produce``."""
 
 
 LAYERS = "decoder.layers."

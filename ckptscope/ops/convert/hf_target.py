@@ -1,8 +1,8 @@
 """The HF target of ``convert`` / ``merge``: safetensors shards (+ index), ``config.json`` and the
 tokenizer files copied from the source.
 
-Tensors that are contiguous byte runs of the source are copied file to file by the kernel; the rest
-come assembled from the ``Prefetcher`` in shard order.
+Tensors that are contiguous byte runs of the source are copied file to file; the rest come
+assembled from the ``Prefetcher`` in shard order.
 """
 
 from __future__ import annotations
@@ -12,17 +12,21 @@ import os
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 
 from ckptscope.core.errors import CkptError
 from ckptscope.formats.filecopy import copy_range
+from ckptscope.formats.filefill import OutputFile
 from ckptscope.formats.safetensors.writer import new_file_header
 from ckptscope.ops.convert.plan import ConvertPlan
 from ckptscope.ops.convert.streaming import Prefetcher, Progress, clear_failure, file_runs, note_failure, note_tensor
 
 MAX_COPY_THREADS = 4
-"""Shards copied at once when every tensor is a kernel copy: beyond a few, the page cache, not the
-cores, is what they wait for."""
+"""Threads copying at once when every tensor is a copy of source bytes: beyond a few, the page
+cache, not the cores, is what they wait for."""
+COPY_JOB = 64 << 20
+"""Bytes per copy job: a large tensor is cut so the threads stay busy to the end."""
 
 
 def write_hf(plan: ConvertPlan, out: Path, progress: Progress | None = None) -> None:
@@ -41,9 +45,10 @@ def write_hf_shards(plan: ConvertPlan, out: Path, files: set[str] | None = None,
     """Write the safetensors shards ``files`` (all by default): each file's bytes depend on the plan
     alone, so processes can share them (``ops.parallel``).
 
-    When every tensor is a kernel copy of source bytes, shards are written side by side on a few
-    threads (the copies then use every core, where ``cp`` uses one); otherwise one at a time, in
-    the order the ``Prefetcher`` assembles tensors (which keeps the memory bound)."""
+    When every tensor is a copy of source bytes, a few threads fill the shards together, one shard
+    included (``_copy_shards``: the copies then use every core, where ``cp`` uses one); otherwise
+    shards are written one at a time, in the order the ``Prefetcher`` assembles tensors (which
+    keeps the memory bound)."""
     clear_failure()
     by_name = {t.name: t for t in plan.tensors}
     shards = [(f, names) for f, names in plan.shards if files is None or f in files]
@@ -83,18 +88,73 @@ def write_hf_shards(plan: ConvertPlan, out: Path, files: set[str] | None = None,
         del array
         advance(t.name, t.nbytes)
 
-    lanes = min(len(shards), os.cpu_count() or 1, MAX_COPY_THREADS)
-    if not order and lanes > 1:
-        # Whole shards per thread, largest first: writers to one file would queue on its inode
-        # lock (measured: 4x the system time), writers to different files copy side by side.
-        biggest_first = sorted(shards, key=lambda s: -sum(by_name[n].nbytes for n in s[1]))
-        with ThreadPoolExecutor(lanes, thread_name_prefix="ckptscope-write") as pool:
-            for future in [pool.submit(write_shard, f, names, None) for f, names in biggest_first]:
-                future.result()
+    threads = min(os.cpu_count() or 1, MAX_COPY_THREADS)
+    if not order and threads > 1:
+        _copy_shards(out, shards, [by_name[n] for _, names in shards for n in names], runs, advance, threads)
         return
     with Prefetcher(plan, order) as tensors_in_order:
         for filename, names in shards:
             write_shard(filename, names, tensors_in_order)
+
+
+def _copy_shards(out: Path, shards: list[tuple[str, list[str]]], tensors: list, runs: dict,
+                 advance: Callable[[str, int], None], threads: int) -> None:
+    """Every tensor a copy of source byte runs: each shard is an ``OutputFile`` of its planned size,
+    filled by ``threads`` threads taking jobs of at most ``COPY_JOB`` bytes in file order. One
+    shard (the usual HF layout of a model under 5 GB) is then written by every thread at once,
+    where ``write`` would hold them to one at a time on the file's lock."""
+    by_name = {t.name: t for t in tensors}
+    files: list[OutputFile] = []
+    jobs: list[tuple[OutputFile, str, Path, int, int, int]] = []
+    left: dict[str, int] = {}
+    try:
+        for filename, names in shards:
+            header = new_file_header([(by_name[n].name, by_name[n].dtype, by_name[n].shape, by_name[n].nbytes)
+                                      for n in names])
+            target = OutputFile(out / filename, len(header) + sum(by_name[n].nbytes for n in names))
+            files.append(target)
+            target.write(0, header)
+            position = len(header)
+            for name in names:
+                left[name] = 0
+                for path, offset, length in runs[name]:
+                    for start in range(0, length, COPY_JOB):
+                        n = min(COPY_JOB, length - start)
+                        jobs.append((target, name, path, offset + start, position + start, n))
+                        left[name] += 1
+                    position += length
+                if not runs[name]:
+                    advance(name, by_name[name].nbytes)
+            if position != target.size:
+                raise CkptError(f"internal error: {filename}: planned {target.size:,} bytes, copies fill {position:,}")
+        lock = threading.Lock()
+        queue = iter(jobs)
+
+        def work() -> None:
+            while True:
+                with lock:
+                    job = next(queue, None)
+                if job is None:
+                    return
+                target, name, path, offset, position, length = job
+                note_tensor(name)
+                try:
+                    target.copy(path, offset, position, length)
+                except BaseException:
+                    note_failure(name)
+                    raise
+                with lock:
+                    left[name] -= 1
+                    done = left[name] == 0
+                if done:
+                    advance(name, by_name[name].nbytes)
+
+        with ThreadPoolExecutor(threads, thread_name_prefix="ckptscope-write") as pool:
+            for future in [pool.submit(work) for _ in range(threads)]:
+                future.result()
+    finally:
+        for target in files:
+            target.close()
 
 
 def finish_hf(plan: ConvertPlan, out: Path) -> None:

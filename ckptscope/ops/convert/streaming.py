@@ -1,5 +1,5 @@
 """The streaming machinery every convert target shares: produce a destination tensor from its
-recipe, read the next one ahead while this one is written, and find tensors the kernel can copy.
+recipe, read the next one ahead while this one is written, and find tensors that are plain copies of source bytes.
 
 Each destination tensor is assembled from its recipe's source regions (block copies only), cast if
 ``--dtype`` asked for it, written, and dropped before the next one: peak memory is about one
@@ -132,7 +132,7 @@ def file_runs(plan: ConvertPlan, tensor: OutputTensor) -> list[tuple[Path, int, 
     """The destination tensor as source file byte runs to concatenate, when it is one: no cast,
     no zero fill, and pieces that tile it along its first axis in order, each a contiguous run
     of its source (a renamed tensor, one layer of a stacked one, q/k/v or gate/up rows of a fused
-    one). Such tensors are copied file to file by the kernel, as ``cp`` does; None otherwise."""
+    one). Such tensors are copied file to file (``formats.filefill``), never decoded; None otherwise."""
     from ckptscope.mappings.links import source_slices
 
     recipe = tensor.recipe
