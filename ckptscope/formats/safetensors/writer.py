@@ -1,9 +1,9 @@
 """Writing safetensors files: the header of a new file (convert), and a file rewritten with new
 tensor names, the data bytes copied verbatim (rename).
 
-Renaming never decodes a tensor. When nothing is dropped, the data buffer is copied in one
-kernel-side range copy and only the header differs; dropping tensors copies the kept byte ranges
-back to back (adjacent ranges are merged into one copy).
+Renaming never decodes a tensor. When nothing is dropped, the data buffer is copied as one range
+and only the header differs; dropping tensors copies the kept byte ranges back to back (adjacent
+ranges are merged into one copy).
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from pathlib import Path
 
 from ckptscope.core.dtypes import dtype_by_name
 from ckptscope.core.errors import CkptError
+from ckptscope.formats.filefill import OutputFile
 from ckptscope.formats.safetensors.reader import SafetensorsHeader
-
-CopyRange = Callable[[Path, object, int, int], None]
 
 
 def new_file_header(tensors: Sequence[tuple[str, str, tuple[int, ...], int]],
@@ -67,14 +66,17 @@ def renamed_header(header: SafetensorsHeader, new_names: Mapping[str, str]) -> t
 
 
 def write_renamed(src: Path, header: SafetensorsHeader, new_names: Mapping[str, str], dst: Path,
-                  copy_range: CopyRange, on_bytes: Callable[[int], None] | None = None) -> int:
-    """Write ``dst``; returns the number of data bytes copied."""
+                  on_bytes: Callable[[int], None] | None = None) -> int:
+    """Write ``dst``; returns the number of data bytes copied. Its size is known from the header,
+    so it is an ``OutputFile``: blocks reserved first, then filled by positional writes."""
     prefix, ranges = renamed_header(header, new_names)
     copied = 0
-    with open(dst, "wb", buffering=0) as out:
-        out.write(prefix)
+    with OutputFile(dst, len(prefix) + sum(length for _, length in ranges)) as out:
+        out.write(0, prefix)
+        position = len(prefix)
         for start, length in ranges:
-            copy_range(src, out, start, length)
+            out.copy(src, start, position, length)
+            position += length
             copied += length
             if on_bytes:
                 on_bytes(length)

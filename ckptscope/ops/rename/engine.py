@@ -83,7 +83,7 @@ def plan_rename(src: str | Path, dst: str | Path, *, subs: Sequence[tuple[str, s
 def execute_rename(plan: RenamePlan, progress: Progress | None = None, *, workers: int | None = None) -> None:
     """Write the destination atomically. The source is only ever read.
 
-    Files are written in parallel (the range copies release the GIL and run in the kernel), which
+    Files are written in parallel (the range copies release the GIL while they read and write), which
     is how a rename of a sharded checkpoint keeps up with ``cp``.
     """
     check_destination(plan.src, plan.dst, overwrite=plan.overwrite)

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex
-from ckptscope.formats.filecopy import copy_range
 from ckptscope.formats.safetensors.reader import parse_safetensors_header
 from ckptscope.formats.safetensors.writer import write_renamed
 from ckptscope.ops.rename.files import FileAction, RenamePlan
@@ -47,7 +46,7 @@ class SafetensorsRenameWriter:
                    advance: Callable[[int], None]) -> dict[str, str]:
         header = parse_safetensors_header(src, action.path)
         new_names = plan.new_names()
-        write_renamed(src, header, new_names, out, copy_range, advance)
+        write_renamed(src, header, new_names, out, advance)
         return {new_names[old]: action.path for old in header.tensors if old in new_names}
 
     def regenerate(self, plan: RenamePlan, action: FileAction, src: Path, out: Path,
