@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -104,3 +105,42 @@ def test_no_space_is_said_before_anything_is_written(tmp_path):
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert proc.returncode == 2, proc.stderr
     assert "not enough space" in proc.stdout
+
+
+def _limited(limit: int):
+    """A child that may write files of at most ``limit`` bytes, as on a nearly full disk."""
+    def set_limit() -> None:
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return set_limit
+
+
+@pytest.mark.parametrize("to", ["mcore", "hf"])
+def test_convert_onto_a_full_disk_is_one_line_and_leaves_nothing(samples, tmp_path, to):
+    """Both targets reserve their files before writing: exit 2, one line naming the space, and
+    neither a partial output nor the temp dir left behind; the source is untouched."""
+    src = samples["hf_llama_sharded"]
+    before = {p.name: p.read_bytes() for p in src.iterdir()}
+    dst = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    proc = subprocess.run([sys.executable, "-m", "ckptscope", "convert", str(src), str(dst), "--to", to],
+                          capture_output=True, text=True, env=env, timeout=120, preexec_fn=_limited(4096))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not enough space" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == before
+
+
+def test_convert_refuses_up_front_what_the_disk_cannot_hold(tmp_path):
+    """``check_space`` reads the real free space of the destination's filesystem."""
+    from ckptscope.ops.atomic import check_space
+
+    free = shutil.disk_usage(tmp_path).free
+    check_space(tmp_path, free // 2)
+    with pytest.raises(CkptError, match="not enough space: the output needs about"):
+        check_space(tmp_path, free + (1 << 40))

@@ -6,10 +6,12 @@ nothing a user types should ever end in a traceback (set ``CKPTSCOPE_DEBUG=1`` t
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 import click
 
@@ -235,6 +237,12 @@ def _main(argv: Sequence[str] | None) -> None:
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)
+    except OSError as exc:
+        # The disk, not ckptscope: a write that ran out of space (or past a size limit) is the
+        # user's to fix, in one line; writes go to a temp location, so nothing half-written stays.
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or os.environ.get("CKPTSCOPE_DEBUG"):
+            _internal_error(exc)
+        _fail(f"not enough space to write{' ' + str(exc.filename) if exc.filename else ''}: {exc.strerror}")
     except ImportError as exc:
         # torch is optional: listing, checking, browsing, diffing and converting to safetensors or
         # torch_dist never need it; rewriting torch.save files, --trust-pickle and CUDA do.
@@ -244,6 +252,10 @@ def _main(argv: Sequence[str] | None) -> None:
         _fail(f"this needs {OPTIONAL_PACKAGES[missing]}, which is not installed: "
               f"pip install 'ckptscope[{missing}]' (README: Install)")
     except Exception as exc:  # a bug in ckptscope: still one line, but say it is ours
-        if os.environ.get("CKPTSCOPE_DEBUG"):
-            raise
-        _fail(f"internal error: {type(exc).__name__}: {exc} (set CKPTSCOPE_DEBUG=1 for a traceback)")
+        _internal_error(exc)
+
+
+def _internal_error(exc: Exception) -> NoReturn:
+    if os.environ.get("CKPTSCOPE_DEBUG"):
+        raise exc
+    _fail(f"internal error: {type(exc).__name__}: {exc} (set CKPTSCOPE_DEBUG=1 for a traceback)")

@@ -47,6 +47,23 @@ def atomic_output(dst: Path, *, directory: bool, overwrite: bool = False) -> Ite
     shutil.rmtree(tmp_root, ignore_errors=True)
 
 
+def check_space(parent: Path, nbytes: int) -> None:
+    """Refuse up front when the filesystem of ``parent`` has less than ``nbytes`` free: a writer
+    that runs out of space half way has cost the user the time of the half (and some writers,
+    such as torch's own zip writer, report it only as an obscure error)."""
+    try:
+        free = shutil.disk_usage(parent).free
+    except OSError:
+        return  # cannot tell: the writers still fail cleanly on the first write that does not fit
+    if free < nbytes:
+        raise CkptError(f"not enough space: the output needs about {_size(nbytes)}, "
+                        f"{_size(free)} is free there", parent)
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
 def link_or_copy(src: Path, dst: Path) -> str:
     """Hard-link when the filesystem allows it (data files that do not change), else copy."""
     try:

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ckptscope.core.errors import CkptError
-from ckptscope.formats.filecopy import copy_range
 from ckptscope.formats.filefill import OutputFile
 from ckptscope.formats.safetensors.writer import new_file_header
 from ckptscope.ops.convert.plan import ConvertPlan
@@ -61,30 +60,34 @@ def write_hf_shards(plan: ConvertPlan, out: Path, files: set[str] | None = None,
             with lock:
                 progress(name, nbytes)
 
-    def write_shard(filename: str, names: list[str], prefetched: Prefetcher | None) -> None:
+    def write_shard(filename: str, names: list[str], prefetched: Prefetcher) -> None:
         tensors = [by_name[n] for n in names]
-        with open(out / filename, "wb") as handle:
-            handle.write(new_file_header([(t.name, t.dtype, t.shape, t.nbytes) for t in tensors]))
+        header = new_file_header([(t.name, t.dtype, t.shape, t.nbytes) for t in tensors])
+        with OutputFile(out / filename, len(header) + sum(t.nbytes for t in tensors)) as target:
+            target.write(0, header)
+            position = len(header)
             for t in tensors:
                 try:
-                    write_tensor(handle, t, prefetched)
+                    write_tensor(target, position, t, prefetched)
                 except BaseException:
                     note_failure(t.name)
                     raise
+                position += t.nbytes
 
-    def write_tensor(handle, t, prefetched: Prefetcher | None) -> None:
+    def write_tensor(target: OutputFile, position: int, t, prefetched: Prefetcher) -> None:
         note_tensor(t.name)
         spans = runs[t.name]
         if spans is not None:
             for path, offset, length in spans:
-                copy_range(path, handle, offset, length)
+                target.copy(path, offset, position, length)
+                position += length
             advance(t.name, t.nbytes)
             return
-        assert prefetched is not None
         array = prefetched.get(t)
         if array.shape != t.shape:
             raise CkptError(f"{t.name}: assembled shape {array.shape} is not the planned {t.shape}")
-        handle.write(memoryview(array.reshape(-1).view("uint8")) if array.size else b"")
+        if array.size:
+            target.write(position, memoryview(array.reshape(-1).view("uint8")))
         del array
         advance(t.name, t.nbytes)
 
