@@ -1,6 +1,8 @@
 """Copy byte ranges file to file, in the kernel (``copy_file_range``), as ``cp`` does.
 
-Shared by the writers (formats) and the ops that copy unchanged data (rename, convert, merge).
+For outputs appended in order whose size is not planned up front: the torch-format rename and
+writer, and the LoRA merge. Outputs of a planned size (convert, merge, the safetensors rename) go
+through ``filefill`` instead, which reserves them and lets several threads write one file.
 The kernel moves the bytes without a round trip through user memory. Where source and
 destination offsets differ within a page it copies each page in two pieces, about a third slower
 on a fresh machine; copying through a user buffer instead looked faster in isolation but was up to
