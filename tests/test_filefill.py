@@ -144,3 +144,23 @@ def test_convert_refuses_up_front_what_the_disk_cannot_hold(tmp_path):
     check_space(tmp_path, free // 2)
     with pytest.raises(CkptError, match="not enough space: the output needs about"):
         check_space(tmp_path, free + (1 << 40))
+
+
+def test_a_copy_that_fails_half_way_is_one_line_and_leaves_nothing(samples, tmp_path):
+    """The threads filling the shards: one thread's error ends the command with its one line,
+    and neither the output nor its temp dir is left behind."""
+    from safetensors import safe_open
+
+    src = samples["hf_llama_sharded"]
+    names = []
+    for shard in sorted(src.glob("*.safetensors")):
+        with safe_open(str(shard), "np") as handle:
+            names += list(handle.keys())
+    victim = names[len(names) // 2]
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env["CKPTSCOPE_FAIL_ON_TENSOR"] = victim
+    proc = subprocess.run([sys.executable, "-m", "ckptscope", "convert", str(src), str(tmp_path / "out"),
+                           "--to", "hf"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == ["ckptscope: error: failure injected by CKPTSCOPE_FAIL_ON_TENSOR"]
+    assert list(tmp_path.iterdir()) == []

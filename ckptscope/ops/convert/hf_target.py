@@ -11,8 +11,8 @@ import json
 import os
 import shutil
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ckptscope.core.errors import CkptError
@@ -132,18 +132,20 @@ def _copy_shards(out: Path, shards: list[tuple[str, list[str]]], tensors: list, 
                 raise CkptError(f"internal error: {filename}: planned {target.size:,} bytes, copies fill {position:,}")
         lock = threading.Lock()
         queue = iter(jobs)
+        failed = threading.Event()  # one thread's error stops the others at their next job
 
         def work() -> None:
-            while True:
+            while not failed.is_set():
                 with lock:
                     job = next(queue, None)
                 if job is None:
                     return
                 target, name, path, offset, position, length = job
-                note_tensor(name)
                 try:
+                    note_tensor(name)
                     target.copy(path, offset, position, length)
                 except BaseException:
+                    failed.set()
                     note_failure(name)
                     raise
                 with lock:
