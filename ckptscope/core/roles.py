@@ -146,6 +146,12 @@ class Split:
         ``roles_by_name``)."""
         return self.roles_by_name().get(stored_name, UNKNOWN)
 
+    @property
+    def all_model(self) -> bool:
+        """Every entry is a model weight (no training state, nothing unknown): the common case,
+        where a caller needs no per-name look-up at all (a 1M-entry dict misses the caches)."""
+        return not self.training and not self.unknown and not self.collisions
+
     def roles_by_name(self) -> dict[str, str]:
         out = dict.fromkeys(self.stored.values(), MODEL)
         for kind, names in self.training.items():

@@ -13,6 +13,7 @@ from typing import Any
 from ckptscope.core.dtypes import dtype_by_name
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.names import select
+from ckptscope.core.roles import MODEL, UNKNOWN
 from ckptscope.formats import open_checkpoint
 from ckptscope.ops.model import ModelEntries, model_entries
 from ckptscope.ops.tree import TreeNode, build_tree
@@ -98,7 +99,9 @@ def report_json_chunks(report: InspectReport, extra: dict[str, Any], *, batch: i
     doc.pop("tensors")
     yield f'{head[:-1]}, "tensors": ['
     parts: list[str] = []
-    for text in _tensor_texts(report.index, report.entries.split.roles_by_name()):
+    split = report.entries.split
+    every_model = split.all_model and len(split.stored) == len(report.index)
+    for text in _tensor_texts(report.index, None if every_model else split.roles_by_name()):
         parts.append(text)
         if len(parts) == batch:
             yield ", ".join(parts)
@@ -145,7 +148,7 @@ def _tensor_docs(index: CheckpointIndex, roles: dict[str, str]) -> list[dict[str
     return out
 
 
-def _tensor_texts(index: CheckpointIndex, roles: dict[str, str]) -> Iterator[str]:
+def _tensor_texts(index: CheckpointIndex, roles: dict[str, str] | None) -> Iterator[str]:
     """Each entry of ``_tensor_docs`` as ``json.dumps`` writes it (see ``report_json_chunks``). Runs once
     per tensor, so a plain tensor's bytes come from its dtype's bits, and the texts of dtypes, shapes,
     offsets and files are memoised by value (a shape is a tuple of ints; the others are str), with the
@@ -168,7 +171,7 @@ def _tensor_texts(index: CheckpointIndex, roles: dict[str, str]) -> Iterator[str
         shape = tuples.get(t.shape)
         if shape is None:
             shape = tuples[t.shape] = dumps(list(t.shape))
-        role = roles.get(t.name, "unknown")
+        role = roles.get(t.name, UNKNOWN) if roles is not None else MODEL
         role_text = strings.get(role) or strings.setdefault(role, escape(role))
         chunks = t.chunks
         if not t.attrs and len(chunks) == 1:  # the common case, in one f-string
