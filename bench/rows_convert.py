@@ -1,7 +1,8 @@
 """Rows 4-6: convert HF <-> torch_dist and merge FSDP2 shards, against copying the same bytes.
 
-``cp`` is the physical limit of a tool that rewrites a checkpoint: it reads and writes every byte
-once and transforms nothing. Both sides read a warm source and write through the page cache into
+``cp`` is the yardstick of a tool that rewrites a checkpoint: it reads and writes every byte once
+and transforms nothing (on one thread, with ``copy_file_range``; ckptscope's writers reserve their
+files and fill them from two threads, which is how they can beat it). Both sides read a warm source and write through the page cache into
 a fresh dir; the previous output is removed and ``sync`` run before each run (abab.Side.out).
 Rows 4 and 5 are repeated with one competing CPU-bound process, since a converter that leans on
 the CPU (or on threads) degrades where ``cp`` does not.
