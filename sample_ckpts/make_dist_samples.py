@@ -40,7 +40,18 @@ def _spawn(fn, out: Path, world_size: int = 2) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
-        mp.spawn(_run_then_exit, args=(fn, world_size, str(out), init_file), nprocs=world_size, join=True)
+        # The ranks, and the workers they start, keep their temp files under ``tmp`` and so go
+        # with it: megatron-core's async-save worker is terminated (``_end_children``) and never
+        # removes its own multiprocessing /tmp/pymp-* directory.
+        saved = os.environ.get("TMPDIR")
+        os.environ["TMPDIR"] = tmp
+        try:
+            mp.spawn(_run_then_exit, args=(fn, world_size, str(out), init_file), nprocs=world_size, join=True)
+        finally:
+            if saved is None:
+                os.environ.pop("TMPDIR", None)
+            else:
+                os.environ["TMPDIR"] = saved
 
 
 def _run_then_exit(rank: int, fn, world_size: int, out: str, init_file: str) -> None:
