@@ -6,8 +6,8 @@ file holds its inode lock. Reserving the whole file first with ``fallocate`` and
 with positional writes through a cache-sized buffer took 0.35 s on one thread and 0.21-0.24 s on
 two, into the same file: writes into reserved blocks skip the per-page delayed-allocation
 bookkeeping that held the lock longest. A converted model is often one shard, so this is what
-lets two cores share it. (A shared mapping of the file was tried too: 0.34-0.62 s, most of it
-zeroing pages at faults.)
+lets two cores share it. (A shared mapping of the file was tried too: 0.34-0.62 s, much of it
+page faults and zeroing the new pages.)
 
 The reservation also makes a full disk one clear error before anything is written. A CRC-32,
 where the format needs one, is taken from each piece while it is in the buffer (in cache), not
