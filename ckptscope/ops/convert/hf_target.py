@@ -62,10 +62,8 @@ def write_hf_shards(plan: ConvertPlan, out: Path, files: set[str] | None = None,
 
     def write_shard(filename: str, names: list[str], prefetched: Prefetcher) -> None:
         tensors = [by_name[n] for n in names]
-        header = new_file_header([(t.name, t.dtype, t.shape, t.nbytes) for t in tensors])
-        with OutputFile(out / filename, len(header) + sum(t.nbytes for t in tensors)) as target:
-            target.write(0, header)
-            position = len(header)
+        target, position = _open_shard(out / filename, tensors)
+        with target:
             for t in tensors:
                 try:
                     write_tensor(target, position, t, prefetched)
@@ -93,31 +91,39 @@ def write_hf_shards(plan: ConvertPlan, out: Path, files: set[str] | None = None,
 
     threads = min(os.cpu_count() or 1, MAX_COPY_THREADS)
     if not order and threads > 1:
-        _copy_shards(out, shards, [by_name[n] for _, names in shards for n in names], runs, advance, threads)
+        _copy_shards(out, shards, by_name, runs, advance, threads)
         return
     with Prefetcher(plan, order) as tensors_in_order:
         for filename, names in shards:
             write_shard(filename, names, tensors_in_order)
 
 
-def _copy_shards(out: Path, shards: list[tuple[str, list[str]]], tensors: list, runs: dict,
+def _open_shard(path: Path, tensors: list) -> tuple[OutputFile, int]:
+    """The shard file of ``tensors`` (in this order) at its planned size, its header written;
+    returns it and where the first tensor's bytes go."""
+    header = new_file_header([(t.name, t.dtype, t.shape, t.nbytes) for t in tensors])
+    target = OutputFile(path, len(header) + sum(t.nbytes for t in tensors))
+    try:
+        target.write(0, header)
+    except BaseException:
+        target.close()
+        raise
+    return target, len(header)
+
+
+def _copy_shards(out: Path, shards: list[tuple[str, list[str]]], by_name: dict, runs: dict,
                  advance: Callable[[str, int], None], threads: int) -> None:
     """Every tensor a copy of source byte runs: each shard is an ``OutputFile`` of its planned size,
     filled by ``threads`` threads taking jobs of at most ``COPY_JOB`` bytes in file order. One
     shard (the usual HF layout of a model under 5 GB) is then written by every thread at once,
     where ``write`` would hold them to one at a time on the file's lock."""
-    by_name = {t.name: t for t in tensors}
     files: list[OutputFile] = []
     jobs: list[tuple[OutputFile, str, Path, int, int, int]] = []
     left: dict[str, int] = {}
     try:
         for filename, names in shards:
-            header = new_file_header([(by_name[n].name, by_name[n].dtype, by_name[n].shape, by_name[n].nbytes)
-                                      for n in names])
-            target = OutputFile(out / filename, len(header) + sum(by_name[n].nbytes for n in names))
+            target, position = _open_shard(out / filename, [by_name[n] for n in names])
             files.append(target)
-            target.write(0, header)
-            position = len(header)
             for name in names:
                 left[name] = 0
                 for path, offset, length in runs[name]:
