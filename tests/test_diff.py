@@ -133,6 +133,27 @@ def test_small_blocks_and_threads_give_the_same_report(pair):
     assert [r.to_json() for r in whole.results] == [r.to_json() for r in tiny.results]
 
 
+def test_a_pair_that_differs_early_is_not_read_twice(tmp_path):
+    """Once a block of a byte-compared pair differs, the rest of its byte comparison is skipped: the
+    value path reads the pair whole anyway. The metrics are those of a full comparison."""
+    base = torch.randn(64, 256, generator=torch.Generator().manual_seed(3))
+    other = base.clone()
+    other[0, 0] += 1.0
+    other[40, 7] -= 0.5
+    save_file({"w": base}, str(tmp_path / "a.safetensors"))
+    save_file({"w": other}, str(tmp_path / "b.safetensors"))
+    plan = plan_diff(tmp_path / "a.safetensors", tmp_path / "b.safetensors")
+    report = diff_checkpoints(plan, DiffOptions(workers=1, block_bytes=1024))
+    (result,) = report.results
+    expected = _expected(base, other)
+    assert result.status == "different" and result.metrics["num_diff"] == expected["num_diff"] == 2
+    assert result.metrics["max_abs_diff"] == pytest.approx(expected["max_abs_diff"])
+    assert result.max_diff_at == (0, 0)
+    nbytes = base.numel() * 4
+    # The value pass reads both sides once (2 * nbytes); the byte pass stopped after the units in flight.
+    assert report.bytes_read <= 2 * nbytes + 4 * 1024
+
+
 def test_nan_handling(tmp_path):
     x = torch.tensor([1.0, float("nan"), 3.0, 4.0])
     y = torch.tensor([1.0, float("nan"), 3.5, float("nan")])

@@ -379,6 +379,14 @@ class DiffEngine:
         state: dict[int, dict] = {}
         window = 2 * self.workers
         inflight: dict[Future, tuple[int, str]] = {}
+        pending_retry: list[int] = []
+
+        def bytes_done(i: int) -> None:
+            if state[i]["equal"]:
+                emit(i, self._finish(pairs[i], None, True))
+            else:  # bytes differ: decode for metrics
+                state[i] = {"mode": "values", "left": 0, "acc": Accumulator()}
+                pending_retry.append(i)
 
         def units_for(i: int) -> Iterator[tuple]:
             pair = pairs[i]
@@ -403,14 +411,21 @@ class DiffEngine:
                 if not units:
                     emit(i, self._finish(pair, Accumulator(), False))
                     continue
-                for unit in units:
+                st = state[i]
+                for k, unit in enumerate(units):
+                    if st["mode"] == "bytes" and not st["equal"]:
+                        # A block already differs: the value path reads the whole pair again, so
+                        # the rest of its byte comparison would be read for nothing.
+                        st["left"] -= len(units) - k
+                        if st["left"] == 0:
+                            bytes_done(i)
+                        break
                     yield i, unit
 
         try:
             with ThreadPoolExecutor(self.workers, thread_name_prefix="ckptscope-diff") as pool:
                 source = queue()
                 exhausted = False
-                pending_retry: list[int] = []
                 while True:
                     while not exhausted and len(inflight) < window:
                         try:
@@ -439,11 +454,7 @@ class DiffEngine:
                         if mode == "bytes":
                             st["equal"] = st["equal"] and bool(value)
                             if st["left"] == 0:
-                                if st["equal"]:
-                                    emit(i, self._finish(pairs[i], None, True))
-                                else:  # bytes differ: decode for metrics
-                                    state[i] = {"mode": "values", "left": 0, "acc": Accumulator()}
-                                    pending_retry.append(i)
+                                bytes_done(i)
                         else:
                             st["acc"].merge(value)
                             if st["left"] == 0:
