@@ -73,7 +73,21 @@ def test_dtype_cast_is_explicit(tmp_path, cli):
     got, want = _load_dir(out), _load_dir(HF)
     for name in want:
         assert got[name].dtype == torch.bfloat16 and torch.equal(got[name], want[name].to(torch.bfloat16)), name
-    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    config = json.loads((out / "config.json").read_text())
+    assert config["torch_dtype"] == config["dtype"] == "bfloat16"
+
+
+def test_a_cast_is_what_transformers_loads(tmp_path, cli):
+    """HF's own config (transformers 5 writes ``"dtype": "float32"``) cast to bf16: transformers
+    must load the bf16 weights as bf16, not as the float32 the copied config said."""
+    from transformers import AutoModelForCausalLM
+
+    assert json.loads((HF / "config.json").read_text())["dtype"] == "float32"
+    out = tmp_path / "hf"
+    assert cli("convert", str(HF), str(out), "--to", "hf", "--dtype", "bfloat16").code == 0
+    model, info = AutoModelForCausalLM.from_pretrained(out, dtype="auto", output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
 
 
 def test_dry_run_lists_sources_and_writes_nothing(tmp_path, cli):

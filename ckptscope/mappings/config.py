@@ -341,7 +341,7 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
     if arch in ("llama", "mistral"):
         out["attention_bias"] = bool(cfg.qkv_bias)
     if cfg.dtype:
-        out["torch_dtype"] = cfg.dtype
+        set_config_dtype(out, cfg.dtype)
     if cfg.is_moe:
         if arch in LOCAL_EXPERTS_KEY:
             out["num_local_experts"] = cfg.num_experts
@@ -521,3 +521,15 @@ def _ranges(values: list[int]) -> str:
         else:
             out.append(str(value))
     return ", ".join(out)
+
+
+def set_config_dtype(config: dict[str, Any], dtype: str) -> None:
+    """Record the weights' dtype in an HF ``config.json`` under both of its names.
+
+    transformers 5 reads ``dtype`` (4.56 renamed ``torch_dtype``) and older releases read
+    ``torch_dtype``; a config copied from a v5 save already has ``dtype``, and setting only
+    ``torch_dtype`` beside it left ``from_pretrained`` loading bf16 weights as the copied float32.
+    """
+    config["dtype"] = dtype
+    config["torch_dtype"] = dtype
+

@@ -18,6 +18,7 @@ from pathlib import Path
 from ckptscope.core.errors import CkptError
 from ckptscope.formats.filefill import OutputFile
 from ckptscope.formats.safetensors.writer import new_file_header
+from ckptscope.mappings.config import set_config_dtype
 from ckptscope.ops.convert.plan import ConvertPlan
 from ckptscope.ops.convert.streaming import Prefetcher, Progress, clear_failure, file_runs, note_failure, note_tensor
 
@@ -177,7 +178,7 @@ def finish_hf(plan: ConvertPlan, out: Path) -> None:
     config = dict(plan.hf_config or {})
     dtypes = {t.dtype for t in plan.tensors if t.dtype.startswith(("float", "bfloat"))}
     if len(dtypes) == 1:
-        config["torch_dtype"] = dtypes.pop()
+        set_config_dtype(config, dtypes.pop())
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     for source, name in plan.copies:
         if not (out / name).exists():
