@@ -93,6 +93,42 @@ def test_naming_families(names, family):
 # --- every export path, smuggled entries ------------------------------------------------------------
 
 
+def test_torchtitan_model_under_a_model_key_is_torchtitan_not_hf(tmp_path):
+    """An older torchtitan (and any ``dcp.save({"model": ...})`` of its model) stores
+    ``model.layers.0.attention.wq.weight``: transformers' pattern admits most of those names as they
+    stand, but only under ``model.`` does every one follow a family. Inspect must count the whole
+    model in torchtitan names, and convert must refuse it (no HF mapping), not export
+    ``model.layers.0.attention.wq.weight`` as if it were an HF name. Written by ``dcp.save`` from the
+    state dict of torchtitan's llama3 module tree (re-typed in make_training_state_samples.py)."""
+    import importlib
+    import sys
+
+    import torch.distributed.checkpoint as dcp
+
+    samples = Path(__file__).resolve().parents[1] / "sample_ckpts"
+    if str(samples) not in sys.path:
+        sys.path.insert(0, str(samples))
+    gen = importlib.import_module("make_training_state_samples")
+    model = gen._titan_modules()["Transformer"](gen.TITAN_ARGS)
+    state = model.state_dict()
+    step = tmp_path / "checkpoint" / "step-10"
+    moments = {f"state.{n}.exp_avg": torch.zeros_like(t) for n, t in state.items()}
+    dcp.save({"model": state, "optimizer": moments}, checkpoint_id=str(step), no_dist=True)
+
+    result = run_cli("inspect", "--json", str(step))
+    assert result.code == 0, result.err
+    roles = json.loads(result.out)["metadata"]["roles"]
+    assert (roles["prefix"], roles["naming"], roles["unknown"]) == ("model.", "torchtitan", [])
+    assert roles["model"]["params"] == sum(t.numel() for t in state.values())
+    assert roles["training_state"]["optimizer"]["tensors"] == len(state)
+
+    out = tmp_path / "hf"
+    for args in ((), ("--skip-unknown",)):
+        refused = run_cli("convert", str(step), str(out), "--to", "hf", *args)
+        assert refused.code == 2 and "torchtitan names" in refused.err, refused.err
+        assert len(refused.err.strip().splitlines()) == 1 and not out.exists()
+
+
 @pytest.fixture
 def smuggled_hf(samples, tmp_path) -> tuple[Path, dict[str, torch.Tensor]]:
     """The HF sample with an optimizer moment and an EMA copy added to its safetensors file."""

@@ -83,13 +83,18 @@ def naming_family(names: Iterable[str]) -> str:
     """``"mcore"`` (Megatron-Core GPTModel names), ``"hf"`` (transformers names), ``"gguf"``
     (llama.cpp's), ``"torchtitan"`` (torchtitan's Llama-style names) or ``"other"``: whichever most
     names follow (a name counts for the first family in ``_FAMILIES`` that it follows)."""
+    return _family_count(names)[0]
+
+
+def _family_count(names: Iterable[str]) -> tuple[str, int]:
+    """``naming_family`` and how many of the names follow it (0 for ``other``)."""
     counts = dict.fromkeys(("mcore", "hf", "gguf", "torchtitan"), 0)
     match = _ANY_FAMILY.match
     for found in map(match, names):
         if found is not None:
             counts[found.lastgroup] += 1
     best, count = max(counts.items(), key=lambda kv: kv[1])
-    return best if count else "other"
+    return (best, count) if count else ("other", 0)
 
 
 def in_family(name: str, family: str) -> bool:
@@ -231,15 +236,24 @@ def _model_prefix(names: list[str]) -> tuple[str, str]:
     """The wrapper prefix under which most names form a known naming family, and that family.
 
     Tries the names as they are first, then under each peelable wrapper component, depth first,
-    and keeps the first prefix whose names are recognised; with none, the common run of peelable
+    and keeps the prefix under which the most names are recognised (the shallowest on a tie; the
+    search stops at a prefix that explains every name); with none, the common run of peelable
     wrappers that holds every name (``module.``), else no prefix.
+
+    Most names is the rule, not the first family found: torchtitan's model saved under DCP's
+    ``{"model": ...}`` reads ``model.layers.0.attention.wq.weight``, which transformers' pattern
+    also admits as it stands, but only under ``model.`` does every name, ``model.tok_embeddings``
+    and ``model.output`` included, follow one family.
     """
     prefix = ""
     current = names
+    best: tuple[int, str, str] | None = None  # (names recognised, prefix, family)
     for _ in range(4):  # module.model.model. is as deep as real wrappers go
-        family = naming_family(current)
-        if family != "other":
-            return prefix, family
+        family, count = _family_count(current)
+        if family != "other" and (best is None or count > best[0]):
+            best = (count, prefix, family)
+            if count == len(names):
+                break
         heads: dict[str, list[str]] = {}
         for name in current:
             head, dot, rest = name.partition(".")
@@ -249,6 +263,8 @@ def _model_prefix(names: list[str]) -> tuple[str, str]:
             break
         head, rest = max(heads.items(), key=lambda kv: len(kv[1]))
         prefix, current = prefix + head + ".", rest
+    if best is not None:
+        return best[1], best[2]
     # Nothing recognised: peel only wrappers that hold every name.
     prefix = ""
     current = names
