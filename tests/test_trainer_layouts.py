@@ -385,3 +385,70 @@ def test_optimizer_state_never_reaches_the_export(case, command, smuggled, tmp_p
         assert_bitwise(out, reference)
     else:
         assert one_line_error(result), f"exit {result.code}, stderr: {result.err!r}"
+
+
+# --- diff --training-state: the trainers' own optimizer / scheduler / rng files ------------------------
+
+
+def _mixed_checkpoint(trainer_run: Path, tmp_path: Path) -> Path:
+    """checkpoint-2's model with checkpoint-4's optimizer.pt, scheduler.pt and rng_state.pth: the same
+    model, different training state (a resume that picked up the wrong files)."""
+    mixed = tmp_path / "mixed"
+    shutil.copytree(trainer_run / "checkpoint-2", mixed)
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        shutil.copy2(trainer_run / "checkpoint-4" / name, mixed / name)
+    return mixed
+
+
+def test_diff_training_state_compares_the_trainers_optimizer_file(trainer_run, tmp_path):
+    import torch
+
+    mixed = _mixed_checkpoint(trainer_run, tmp_path)
+    ckpt2 = trainer_run / "checkpoint-2"
+    models_only = run_cli("diff", str(ckpt2), str(mixed), "--json")
+    assert models_only.code == 0, models_only.err
+    notes = json.loads(models_only.out)["notes"]
+    assert any("optimizer.pt" in n and "--training-state" in n for n in notes), notes
+
+    result = run_cli("diff", str(ckpt2), str(mixed), "--training-state", "--json")
+    assert result.code == 1, result.err
+    by = {t["name"]: t for t in json.loads(result.out)["tensors"]}
+    old = torch.load(ckpt2 / "optimizer.pt", weights_only=True)["state"]
+    new = torch.load(mixed / "optimizer.pt", weights_only=True)["state"]
+    assert old.keys() == new.keys()
+    for index, state in old.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            entry = by[f"optimizer.pt/state.{index}.{key}"]
+            differing = int((state[key] != new[index][key]).sum())
+            assert entry["num_diff"] == differing > 0, (index, key)
+            assert entry["status"] == "different"
+    assert by["scheduler.pt/<root>"]["status"] == "different"  # last_epoch 2 against 4
+    assert all(by[n]["status"] == "equal" for n in by if "/" not in n)  # the model is the same
+
+    same = run_cli("diff", str(ckpt2), str(ckpt2), "--training-state", "--json")
+    assert same.code == 0, same.err
+    names = [t["name"] for t in json.loads(same.out)["tensors"]]
+    assert any(n.startswith("optimizer.pt/state.") for n in names) and "rng_state.pth/cpu" in names
+
+
+def test_diff_training_state_reports_a_missing_optimizer_file(trainer_run, tmp_path):
+    lacking = tmp_path / "lacking"
+    shutil.copytree(trainer_run / "checkpoint-2", lacking)
+    (lacking / "optimizer.pt").unlink()
+    result = run_cli("diff", str(trainer_run / "checkpoint-2"), str(lacking), "--training-state", "--json")
+    assert result.code == 1, result.err
+    by = {t["name"]: t for t in json.loads(result.out)["tensors"]}
+    assert by["optimizer.pt"]["status"] == "only_a"
+
+
+def test_diff_training_state_of_accelerate_fsdp_reads_its_optimizer_dir(accelerate_run, tmp_path):
+    same = run_cli("diff", str(accelerate_run), str(accelerate_run), "--training-state", "--json")
+    assert same.code == 0, same.err
+    names = [t["name"] for t in json.loads(same.out)["tensors"]]
+    assert any(n.startswith("optimizer_0/optimizer.state.") and n.endswith(".exp_avg") for n in names), names
+    lacking = tmp_path / "lacking"
+    shutil.copytree(accelerate_run, lacking)
+    shutil.rmtree(lacking / "optimizer_0")
+    result = run_cli("diff", str(accelerate_run), str(lacking), "--training-state", "--json")
+    assert result.code == 1, result.err
+    assert {t["name"]: t["status"] for t in json.loads(result.out)["tensors"]}["optimizer_0"] == "only_a"

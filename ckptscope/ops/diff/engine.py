@@ -16,12 +16,15 @@ Two paths per pair:
 from __future__ import annotations
 
 import contextlib
+import filecmp
+import json
 import math
 import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ckptscope.core.errors import CkptError
@@ -32,6 +35,7 @@ from ckptscope.ops.blockmath import import_in_background, memcmp, single_threade
 from ckptscope.ops.diff.metrics import Accumulator, compare_block
 from ckptscope.ops.diff.plan import DiffPair, DiffPlan, DiffSide
 from ckptscope.ops.diff.quant import quant_error, quant_note, quantised_type
+from ckptscope.ops.diff.sidefiles import SideFile
 
 BLOCK_BYTES = 16 * 1024 * 1024
 """Upper bound of one block per side (raw bytes); float64 copies make the working set ~4x this."""
@@ -364,7 +368,44 @@ class DiffEngine:
         after each pair.
         """
         results = self.compare(on_result, cancelled, on_progress)
-        return self.report(results, self.bytes_read, cancelled=cancelled())
+        report = self.report(results, self.bytes_read, cancelled=cancelled())
+        for side_file in self.plan.side_files:
+            if cancelled():
+                break
+            self._compare_side_file(side_file, report, on_result, cancelled)
+        return report
+
+    def _compare_side_file(self, side_file: SideFile, report: DiffReport,
+                           on_result: Callable[[PairResult], None] | None, cancelled: Callable[[], bool]) -> None:
+        """One training-state file of ``diff --training-state`` (``sidefiles``): its tensors by stored
+        name under ``<file>/``, or the file as one entry when one side lacks it or it is compared as
+        bytes. Results go to the end of ``report``."""
+        label = side_file.name
+        found: list[PairResult] = []
+        if side_file.plan is not None:
+            sub = DiffEngine(side_file.plan, self.options).run(cancelled=cancelled)
+            for result in sub.results:
+                result.name = f"{label}/{result.name}"
+                if result.renamed_to is not None:
+                    result.renamed_to = f"{label}/{result.renamed_to}"
+            found = sub.results + _object_results(label, side_file.plan)
+            report.notes += [f"{label}: {note}" for note in sub.notes]
+            report.bytes_read += sub.bytes_read
+        elif side_file.a is None or side_file.b is None:
+            found = [PairResult(label, str(side_file.a) if side_file.a else None,
+                                str(side_file.b) if side_file.b else None, "only_b" if side_file.a is None else "only_a")]
+        else:
+            same = _same_file_bytes(side_file.a, side_file.b)
+            report.bytes_read += _tree_size(side_file.a) + _tree_size(side_file.b)
+            found = [PairResult(label, str(side_file.a), str(side_file.b), "equal" if same else "different")]
+            report.notes.append(f"{label}: compared byte for byte ({'equal' if same else 'the bytes differ'}), "
+                                f"not tensor by tensor: {side_file.unreadable}")
+        for result in found:
+            if result.status in ("only_a", "only_b", "different") and not result.metrics:
+                result.metrics = dict.fromkeys(("max_abs_diff", "mean_abs_diff", "rel_l2", "cosine", "num_diff"))
+            report.results.append(result)
+            if on_result:
+                on_result(result)
 
     def compare(self, on_result: Callable[[PairResult], None] | None = None,
                 cancelled: Callable[[], bool] = lambda: False,
@@ -586,6 +627,42 @@ def _itemsize(dtype: str) -> int:
     from ckptscope.core.dtypes import dtype_by_name
 
     return max(1, dtype_by_name(dtype).bits // 8)
+
+
+def _object_results(label: str, plan: DiffPlan) -> list[PairResult]:
+    """The non-tensor entries of a training-state file pair (a scheduler's ``last_epoch``, the
+    python / numpy rng states), as the safe unpickler rendered them: one result per entry that
+    differs or that one side lacks (equal ones are not listed)."""
+    def rendered(side: DiffSide) -> dict[str, str]:
+        return {o.name: json.dumps(o.value, sort_keys=True, default=repr) for o in side.reader.index().objects}
+
+    objects_a, objects_b = rendered(plan.a), rendered(plan.b)
+    out = []
+    for name in list(objects_a) + [n for n in objects_b if n not in objects_a]:
+        in_a, in_b = objects_a.get(name), objects_b.get(name)
+        if in_a == in_b:
+            continue
+        status = "only_b" if in_a is None else "only_a" if in_b is None else "different"
+        out.append(PairResult(f"{label}/{name}", name if in_a is not None else None,
+                              name if in_b is not None else None, status))
+    return out
+
+
+def _files_of(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+
+
+def _tree_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in _files_of(path))
+
+
+def _same_file_bytes(a: Path, b: Path) -> bool:
+    """Whether two files (or two directories, file by file under the same relative names) hold
+    the same bytes."""
+    files_a, files_b = _files_of(a), _files_of(b)
+    if a.is_dir() != b.is_dir() or [p.relative_to(a) for p in files_a] != [p.relative_to(b) for p in files_b]:
+        return False
+    return all(filecmp.cmp(x, y, shallow=False) for x, y in zip(files_a, files_b))
 
 
 def diff_checkpoints(plan: DiffPlan, options: DiffOptions | None = None,

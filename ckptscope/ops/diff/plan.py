@@ -32,8 +32,9 @@ from ckptscope.mappings.resolve import (
     to_hf,
 )
 from ckptscope.mappings.schemas import is_ignored
+from ckptscope.ops.diff.sidefiles import SideFile, pair_training_files
 from ckptscope.ops.model import model_entries
-from ckptscope.ops.roots import resolve_root
+from ckptscope.ops.roots import resolve_root, save_state_model
 
 @dataclass
 class DiffSide:
@@ -102,6 +103,9 @@ class DiffPlan:
     notes: list[str] = field(default_factory=list)
     padding: list[dict] = field(default_factory=list)
     """Vocab pad rows left out of the comparison: side, tensor, rows."""
+    side_files: list[SideFile] = field(default_factory=list)
+    """With ``training_state``: the trainers' own optimizer / scheduler / rng files (``sidefiles``),
+    each compared after the pairs above."""
 
     @property
     def compared(self) -> list[DiffPair]:
@@ -269,6 +273,16 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
         raise CkptError(f"no tensor of either side matches --include {' '.join(include) or '(all)'}"
                         f"{' --exclude ' + ' '.join(exclude) if exclude else ''}")
     pairs = [DiffPair(n, side_a.recipes.get(n), side_b.recipes.get(n)) for n in names]
+    side_files = pair_training_files(_searched(path_a), index_a, _searched(path_b), index_b)
+    if training_state:
+        for side_file in side_files:
+            _plan_side_file(side_file, trust_pickle, include, exclude)
+    else:
+        for label, present in (("A", [f.name for f in side_files if f.a]), ("B", [f.name for f in side_files if f.b])):
+            if present:
+                notes.append(f"{label}: training-state {'file' if len(present) == 1 else 'files'} "
+                             f"{', '.join(present)} not compared (--training-state adds them)")
+        side_files = []
     padding = []
     for label, side in (("a", side_a), ("b", side_b)):
         for name in names:
@@ -276,7 +290,30 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
             for source, box in (recipe.padding if recipe else ()):
                 padding.append({"side": label, "name": name, "source": source,
                                 "rows": [box[0][0], box[0][1]], "box": box})
-    return DiffPlan(side_a, side_b, pairs, used, notes, padding)
+    return DiffPlan(side_a, side_b, pairs, used, notes, padding, side_files)
+
+
+def _searched(path: str | Path) -> str | Path:
+    """The directory whose training-state files count: the one the user named (an accelerate
+    ``save_state`` dir, whose model is a subdirectory), else the iteration it stands for."""
+    return path if save_state_model(path) else resolve_root(path)
+
+
+def _plan_side_file(side_file: SideFile, trust_pickle: bool, include: tuple[str, ...],
+                    exclude: tuple[str, ...]) -> None:
+    """Plan one training-state file pair by stored name; a pair that does not open as checkpoints
+    is left to a byte comparison, with the reason kept for the report."""
+    if side_file.a is None or side_file.b is None:
+        return
+    try:
+        side_file.plan = plan_diff(side_file.a, side_file.b, mapping="none", trust_pickle=trust_pickle,
+                                   training_state=True)
+    except CkptError as exc:
+        side_file.unreadable = str(exc)
+        return
+    if include or exclude:
+        keep = set(select([f"{side_file.name}/{p.name}" for p in side_file.plan.pairs], include, exclude))
+        side_file.plan.pairs = [p for p in side_file.plan.pairs if f"{side_file.name}/{p.name}" in keep]
 
 
 def _gguf_recipes(label: str, index: CheckpointIndex, tensors: dict, notes: list[str]) -> dict[str, Recipe]:

@@ -34,6 +34,9 @@ def diff_parallel(plan: DiffPlan, options: DiffOptions, group: Group) -> tuple[D
 
 
 def _diff(plan: DiffPlan, options: DiffOptions, group: Group) -> tuple[DiffReport | None, bool]:
+    if plan.side_files:
+        raise CkptError(f"--training-state with the trainer's own files ({', '.join(f.name for f in plan.side_files)}) "
+                        f"runs in one process: drop --workers / torchrun")
     engine = DiffEngine(plan, options)
     sizes = {i: pair_bytes(pair) for i, pair in enumerate(plan.pairs)}
     mine = set(assign(sizes, group.world)[group.rank])
