@@ -405,3 +405,34 @@ def test_iterations_say_when_each_save_was_written(tmp_path, samples, cli):
             os.utime(path, (when, when))
     doc = json.loads(cli("inspect", str(root), "--json").out)
     assert {i["iteration"]: i["saved"] for i in doc["iterations"]} == {10: 1_700_000_000, 20: 1_700_000_600}
+
+
+@pytest.mark.parametrize("tracker", ["30", "40"])  # 30 crashed mid-save, 40 was never written
+def test_export_says_when_the_tracker_iteration_is_not_what_it_reads(megatron_root, tmp_path, cli, tracker):
+    """Megatron resumes from the tracker's iteration; when that save is incomplete or missing, the
+    export falls back to the newest complete one (documented), and says so on stderr."""
+    (megatron_root / TRACKER).write_text(tracker)
+    out = tmp_path / "hf"
+    result = cli("convert", str(megatron_root), str(out), "--to", "hf")
+    assert result.code == 0, result.err
+    warning = [line for line in result.err.splitlines() if "warning" in line]
+    assert len(warning) == 1 and f"names iteration {tracker}" in warning[0] and "using iteration 20" in warning[0]
+    (megatron_root / TRACKER).write_text("20")
+    quiet = cli("convert", str(megatron_root), str(tmp_path / "hf2"), "--to", "hf")
+    assert quiet.code == 0 and "warning" not in quiet.err
+
+
+def test_deepspeed_root_without_a_valid_latest_is_a_problem(tmp_path, cli):
+    """DeepSpeed's load_checkpoint resumes from the tag in ``latest`` only: without it (or with a tag
+    that is not there) nothing is resumed, so ``check`` reports it and no save is labelled latest."""
+    root = tmp_path / "ds"
+    shutil.copytree(SAMPLES / "deepspeed_zero" / "zero2", root)
+    assert cli("check", str(root)).code == 0
+    (root / "latest").write_text("global_step99")
+    bad = cli("check", str(root))
+    assert bad.code == 1 and "'latest' names 'global_step99'" in bad.out, bad.out
+    (root / "latest").unlink()
+    missing = cli("check", str(root))
+    assert missing.code == 1 and "no 'latest' file" in missing.out, missing.out
+    listed = json.loads(cli("inspect", str(root), "--json").out)["iterations"]
+    assert not any(i["latest"] for i in listed)

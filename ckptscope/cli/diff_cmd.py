@@ -13,7 +13,7 @@ import sys
 import click
 
 from ckptscope.cli.parallel import group, relaunch_if_asked, workers_option
-from ckptscope.cli.roots_view import iteration_option
+from ckptscope.cli.roots_view import iteration_option, warn_if_not_tracked
 from ckptscope.core.errors import CkptError
 from ckptscope.core.units import plural
 
@@ -241,7 +241,10 @@ def resolve_sides(a: str, b: str, iteration: int | str | None, iteration_b: int 
     def side(path: str, found, wanted) -> str:
         if not found:  # no root (or a tracker alone): the path itself, as diff always did
             return path if wanted is None or found is None else pick_iteration(path, found, wanted).path
-        return pick_iteration(path, found, wanted).path
+        chosen = pick_iteration(path, found, wanted)
+        if wanted is None:
+            warn_if_not_tracked(path, found, chosen)
+        return chosen.path
 
     return side(a, found_a, iteration), side(b, found_b, wanted_b)
 

@@ -78,14 +78,29 @@ def resolve(path: str, iteration: Iteration | None = None) -> Resolved:
             return Resolved(model, layout="accelerate save_state dir (FSDP sharded model in pytorch_model_fsdp_0/)")
         return Resolved(path)
     chosen = pick_iteration(path, found, iteration)
+    if iteration is None:
+        warn_if_not_tracked(path, found, chosen)
     return Resolved(chosen.path, path, found, chosen, describe_root(path, found))
 
 
 def resolve_path(path: str, iteration: Iteration | None = None) -> str:
     """The directory a command that takes one checkpoint reads: the root's iteration, or ``path``."""
-    from ckptscope.ops.roots import resolve_root
+    from ckptscope.ops.roots import discover_iterations, pick_iteration, resolve_root
 
+    found = discover_iterations(path) if iteration is None else None
+    if found:
+        warn_if_not_tracked(path, found, pick_iteration(path, found))
     return resolve_root(path, iteration)
+
+
+def warn_if_not_tracked(path: str, found: list[IterationInfo], chosen: IterationInfo) -> None:
+    """One stderr line when a root's default iteration is not the one its trainer's tracker names
+    (missing or incomplete there): an export of the fallback is then not the run's latest state."""
+    from ckptscope.ops.roots import tracker_gap
+
+    gap = tracker_gap(path, found, chosen)
+    if gap is not None:
+        click.echo(f"ckptscope: warning: {path}: {gap}", err=True)
 
 
 def iterations_json(resolved: Resolved) -> list[dict[str, Any]]:

@@ -50,6 +50,7 @@ from ckptscope.ops.roots import (
     find_iteration,
     pick_iteration,
     resolve_root,
+    tracker_gap,
     resume_target,
     root_kind,
 )
@@ -506,6 +507,10 @@ def _resolve_root(path: Path, iteration: Iteration | None = None
         target, problems = _tracked_target(path, found)
     else:
         target, problems = _untracked_target(found)
+        if target is not None and root_kind(found) == "deepspeed":
+            gap = tracker_gap(path, found, target)
+            if gap is not None:  # DeepSpeed resumes from the tag in 'latest' only
+                problems.append(Problem("tracker", "latest", (), gap))
     if target is None:
         return None, problems, None, layout
     return Path(target.path), problems, target.iteration, layout

@@ -262,7 +262,8 @@ def discover_iterations(path: str | Path) -> list[IterationInfo] | None:
 
         tag = read_latest(root)  # DeepSpeed's own tracker
         newest = next((i for i in found if i.kind == "deepspeed" and Path(i.path).name == tag), None)
-        newest = newest or next((i for i in found if i.complete and i.kind not in TRACKED_KINDS), None)
+        if root_kind(found) != "deepspeed":  # DeepSpeed resumes from its own 'latest' only
+            newest = newest or next((i for i in found if i.complete and i.kind not in TRACKED_KINDS), None)
         if newest is not None:
             found = [replace(i, latest=True) if i is newest else i for i in found]
     return found
@@ -328,6 +329,37 @@ def save_state_model(path: str | Path) -> str | None:
     candidate = Path(path) / ACCELERATE_FSDP_MODEL
     if candidate.is_dir() and not (Path(path) / "model.safetensors").exists():
         return str(candidate)
+    return None
+
+
+def tracker_gap(path: str | Path, found: list[IterationInfo], chosen: IterationInfo) -> str | None:
+    """Why the default pick ``chosen`` is not what the trainer's own tracker names, or None.
+
+    Megatron and verl resume from the iteration in ``latest_checkpointed_iteration.txt`` and DeepSpeed
+    from the tag in ``latest``; when that save is missing or incomplete, opening the root falls back to
+    the newest complete one, which is then not the run's latest state: commands say so on stderr."""
+    root = Path(path)
+    kind = root_kind(found)
+    if kind in TRACKED_KINDS:
+        if not (root / TRACKER).is_file():
+            return f"no {TRACKER} (the trainer resumes from what it names); using iteration {chosen.label}"
+        named = read_tracker(root)
+        if named is not None and str(named) == chosen.label:
+            return None
+        info = find_iteration(found, named) if named is not None else None
+        state = "which is incomplete" if info is not None else "which is not here"
+        return (f"{TRACKER} names iteration {named}, {state}; using iteration {chosen.label}, the newest "
+                f"complete one (--iteration picks another)")
+    if kind == "deepspeed":
+        try:
+            tag = (root / "latest").read_text(encoding="utf-8", errors="replace").strip()
+        except OSError:
+            return (f"no 'latest' file, so DeepSpeed's load_checkpoint would resume from nothing; using "
+                    f"{Path(chosen.path).name}, the newest complete save")
+        if tag == Path(chosen.path).name:
+            return None
+        return (f"'latest' names {tag[:40]!r}, which is not a complete save here; using {Path(chosen.path).name}, "
+                f"the newest complete one (--iteration picks another)")
     return None
 
 
