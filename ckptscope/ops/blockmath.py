@@ -95,28 +95,6 @@ def single_threaded_blas() -> Iterator[None]:
         yield
 
 
-def import_in_background() -> threading.Thread:
-    """Start importing numpy, ml_dtypes and threadpoolctl on a daemon thread; returns the thread.
-
-    Called when a diff first finds differing bytes: the values are decoded only after the pair's
-    byte comparison ends, and numpy's import (~40 ms here) then runs beside the comparisons still
-    in flight instead of after them. The caller must ``join()`` the thread before anything else
-    imports numpy: two threads importing numpy at once can see it half initialised (numpy raises
-    ``cannot import name '__cpu_features__'``). A failed import is left for the code that needs
-    the module to report."""
-
-    def load() -> None:
-        try:
-            import ml_dtypes  # noqa: F401  (imports numpy)
-            import threadpoolctl  # noqa: F401
-        except ImportError:
-            pass
-
-    thread = threading.Thread(target=load, name="ckptscope-import", daemon=True)
-    thread.start()
-    return thread
-
-
 def _load_memcmp():
     """libc's ``memcmp`` through ctypes (which releases the GIL around the call), or None."""
     try:

@@ -31,7 +31,7 @@ from ckptscope.core.errors import CkptError
 from ckptscope.core.tensor import Encoding, TensorMeta
 from ckptscope.mappings.links import Box, Piece, Recipe, box_shape, source_slices
 from ckptscope.ops.blockio import BYTE_CHUNK, RELEASE_EVERY, ByteReader, split_box
-from ckptscope.ops.blockmath import import_in_background, memcmp, single_threaded_blas
+from ckptscope.ops.blockmath import memcmp, single_threaded_blas
 from ckptscope.ops.diff.metrics import Accumulator, compare_block
 from ckptscope.ops.diff.plan import DiffPair, DiffPlan, DiffSide
 from ckptscope.ops.diff.quant import quant_error, quant_note, quantised_type
@@ -242,8 +242,6 @@ class DiffEngine:
         self._blas, self._blas_taken = contextlib.ExitStack(), False
         """Holds ``single_threaded_blas`` from the first pair decoded to the end of ``compare``: an
         all-equal diff never imports numpy, so the limit is taken only once values are needed."""
-        self._importing: threading.Thread | None = None
-        """numpy's import started on the first differing bytes (``import_in_background``)."""
         self._read_lock = threading.Lock()
         self._read_since_release = 0
         self.bytes_read = 0
@@ -309,7 +307,6 @@ class DiffEngine:
         return units
 
     def _value_units(self, pair: DiffPair) -> list[tuple]:
-        self._imported()
         if not self._blas_taken:
             self._blas.enter_context(single_threaded_blas())
             self._blas_taken = True
@@ -320,13 +317,6 @@ class DiffEngine:
             for block in split_box(box, max_elems):
                 units.append((self._values_task, block, pa, pb))
         return units
-
-    def _imported(self) -> None:
-        """Wait for a background import of numpy (``import_in_background``) to end: no other
-        import of numpy may run beside it."""
-        if self._importing is not None:
-            self._importing.join()
-            self._importing = None
 
     def _finish(self, pair: DiffPair, acc: Accumulator | None, bytes_equal: bool) -> PairResult:
         a, b = pair.a, pair.b
@@ -503,8 +493,6 @@ class DiffEngine:
                         st = state[i]
                         st["left"] -= 1
                         if mode == "bytes":
-                            if not value and not self._blas_taken and self._importing is None:
-                                self._importing = import_in_background()  # values are decoded next
                             st["equal"] = st["equal"] and bool(value)
                             if st["left"] == 0:
                                 bytes_done(i)
@@ -517,7 +505,6 @@ class DiffEngine:
                             future.cancel()
                         break
         finally:
-            self._imported()
             self._blas.close()
             self._blas_taken = False
             self._bytes.close()
