@@ -436,3 +436,20 @@ def test_deepspeed_root_without_a_valid_latest_is_a_problem(tmp_path, cli):
     assert missing.code == 1 and "no 'latest' file" in missing.out, missing.out
     listed = json.loads(cli("inspect", str(root), "--json").out)["iterations"]
     assert not any(i["latest"] for i in listed)
+
+
+def test_a_save_without_dcp_metadata_is_incomplete_whatever_metadata_json_says(megatron_root, cli):
+    (megatron_root / "iter_0000020" / ".metadata").unlink()
+    listed = {i["iteration"]: i for i in json.loads(cli("inspect", str(megatron_root), "--json").out)["iterations"]}
+    assert listed[20]["complete"] is False and listed[10]["complete"] is True
+
+
+def test_convert_names_a_missing_common_pt(tmp_path, cli):
+    """common.pt holds the Megatron args (the model's shape): without it the mapping lacks head
+    counts, and the error must say the save is damaged, not only that the config is silent."""
+    iteration = tmp_path / "iter_0000010"
+    shutil.copytree(MEGATRON_ITER, iteration)
+    (iteration / "common.pt").unlink()
+    result = cli("convert", str(iteration), str(tmp_path / "hf"), "--to", "hf")
+    assert result.code == 2 and len(result.err.strip().splitlines()) == 1, result.err
+    assert "common.pt" in result.err and "damaged" in result.err

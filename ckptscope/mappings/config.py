@@ -197,7 +197,8 @@ class ModelConfig:
     def require(self, name: str) -> Any:
         value = getattr(self, name)
         if value is None:
-            raise CkptError(f"the model config does not say {name}; pass --hf-config DIR or --arch")
+            hint = "--arch NAME" if name == "arch" else "--hf-config DIR (a config.json that says it)"
+            raise CkptError(f"the model config does not say {name}; pass {hint}")
         return value
 
     def with_shapes(self, **known: Any) -> "ModelConfig":

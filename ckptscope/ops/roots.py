@@ -164,7 +164,8 @@ def _is_complete(path: Path, kind: str = "") -> bool:
     if any(e.startswith("mp_rank_") for e in entries):  # Megatron legacy: every rank file finished
         return is_complete_save(path)
     if "metadata.json" in entries:  # Megatron dist: its marker is written after everything else (§4.1)
-        return True
+        # ... but DCP data without DCP's own .metadata is no save, whatever metadata.json says
+        return ".metadata" in entries or not any(e.endswith(".distcp") for e in entries)
     if ".metadata" in entries or any(e.endswith(".distcp") for e in entries):
         # DCP renames .metadata into place once all data is written (§5.1); a torch_dist save that has
         # it but still lacks Megatron's marker (common.pt present) crashed before finalising.

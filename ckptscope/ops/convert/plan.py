@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptscope.core.dtypes import dtype_by_name
-from ckptscope.core.errors import CkptError
+from ckptscope.core.errors import CkptError, UnknownFormat
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.core.units import plural
@@ -242,7 +242,36 @@ def _fp8_scales_apart(tensors: dict[str, TensorMeta], block: tuple[int, int], dt
     return pairs, metas
 
 
-def plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: int = 1, ep: int = 1,
+def plan_convert(src: str | Path, dst: str | Path, **options: Any) -> ConvertPlan:
+    """``_plan_convert`` (below), whose errors also name what is damaged in SRC: a save whose
+    ``common.pt`` is missing fails for want of the model's shape, and saying only that would send
+    the user looking for a config when the save itself did not finish."""
+    try:
+        return _plan_convert(src, dst, **options)
+    except UnknownFormat:
+        raise
+    except CkptError as exc:
+        damage = _damage(src, options.get("trust_pickle", False))
+        if damage is None or damage in str(exc):
+            raise
+        raise CkptError(f"{exc.problem}; the checkpoint is damaged: {damage} (ckptscope check lists every "
+                        f"problem)", exc.path) from None
+
+
+def _damage(src: str | Path, trust_pickle: bool) -> str | None:
+    """The first missing or unreadable file SRC's reader found, or None (or when SRC does not open)."""
+    try:
+        with open_checkpoint(resolve_root(src), trust_pickle=trust_pickle) as reader:
+            issues = reader.index().issues
+    except CkptError:
+        return None
+    found = next((i for i in issues if i.kind in ("missing-file", "unreadable-file")), None)
+    if found is None:
+        return None
+    return f"{found.file}: {found.detail}" if found.file else found.detail
+
+
+def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp: int = 1, ep: int = 1,
                  ckpt_format: str = "torch_dist", spec: str = "local", dtype: str = "keep",
                  hf_config: str | Path | None = None,
                  arch: str | None = None, max_shard_size: str | int = DEFAULT_SHARD,
