@@ -453,3 +453,19 @@ def test_convert_names_a_missing_common_pt(tmp_path, cli):
     result = cli("convert", str(iteration), str(tmp_path / "hf"), "--to", "hf")
     assert result.code == 2 and len(result.err.strip().splitlines()) == 1, result.err
     assert "common.pt" in result.err and "damaged" in result.err
+
+
+def test_a_non_gated_megatron_mlp_is_refused_with_its_reason(tmp_path, cli):
+    """args.swiglu=False (a GELU fc1): no mapped HF architecture has such an MLP. The args are the
+    sample's own, re-saved by torch with that one field changed."""
+    import torch
+
+    iteration = tmp_path / "iter_0000010"
+    shutil.copytree(MEGATRON_ITER, iteration)
+    common = torch.load(iteration / "common.pt", weights_only=False)
+    assert common["args"].swiglu is True
+    common["args"].swiglu = False
+    torch.save(common, iteration / "common.pt")
+    result = cli("convert", str(iteration), str(tmp_path / "hf"), "--to", "hf")
+    assert result.code == 2 and "not gated" in result.err and "swiglu=False" in result.err, result.err
+    assert not (tmp_path / "hf").exists()

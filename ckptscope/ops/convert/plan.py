@@ -332,6 +332,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
 
     if to == "hf":
         if family == "mcore":
+            _check_gated_mlp(cfg, src_path)
             view = map_to_hf(shapes, cfg, arch)
             notes.append(f"Megatron-Core names mapped to HF ({view.arch})")
         elif family == "hf" and has_fused_experts(tensors) and stores_per_expert(arch or detect_arch(tensors, cfg)):
@@ -464,6 +465,18 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                        ckpt_format=ckpt_format, tp=tp, pp=pp, ep=ep, spec=spec, iteration=iteration,
                        notes=notes + view_notes(view) + [f"vocabulary {cfg.vocab_size} padded to {padded} rows"],
                        dropped=split_dropped + view.ignored)
+
+
+def _check_gated_mlp(cfg: ModelConfig, src: Path) -> None:
+    """Refuse a Megatron model whose args say its MLP is not gated (GELU ``linear_fc1``, no
+    ``--swiglu``): every HF architecture mapped here has ``gate_proj`` / ``up_proj``, and splitting a
+    plain fc1 into two halves would export a different model (or fail later on shapes, with advice
+    that cannot help)."""
+    facts = cfg.megatron_facts or {}
+    if "swiglu" in facts and not facts.get("swiglu") and not facts.get("gated_linear_unit"):
+        raise CkptError("this Megatron model's MLP is not gated (its args say swiglu=False and no gated_linear_unit: "
+                        "linear_fc1 is one GELU projection); the HF architectures ckptscope maps all have a gated MLP "
+                        "(gate_proj + up_proj), so it has no HF mapping here", src)
 
 
 def check_norm_convention(cfg: ModelConfig, arch: str, src: Path) -> None:
