@@ -452,3 +452,16 @@ def test_diff_training_state_of_accelerate_fsdp_reads_its_optimizer_dir(accelera
     result = run_cli("diff", str(accelerate_run), str(lacking), "--training-state", "--json")
     assert result.code == 1, result.err
     assert {t["name"]: t["status"] for t in json.loads(result.out)["tensors"]}["optimizer_0"] == "only_a"
+
+
+def test_check_and_rename_take_the_accelerate_save_state_dir(accelerate_run, tmp_path):
+    ok(run_cli("check", str(accelerate_run)), "check <save_state dir>")
+    damaged = tmp_path / "damaged"
+    shutil.copytree(accelerate_run, damaged)
+    shard = sorted((damaged / "optimizer_0").glob("*.distcp"))[-1]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    result = run_cli("check", str(damaged))
+    assert result.code == 1, result.out + result.err
+    assert f"truncated: optimizer_0/{shard.name}" in result.out, result.out
+    refused = run_cli("rename", str(accelerate_run), str(tmp_path / "out"), "--sub", "model", "m")
+    assert refused.code == 2 and "pytorch_model_fsdp_0" in refused.err and not (tmp_path / "out").exists()

@@ -36,7 +36,7 @@ def check(path: str, as_json: bool, iteration: int | str | None) -> None:
         click.echo(json.dumps(report.to_json()))
     else:
         header = report.layout or "save root"
-        if report.target is not None:
+        if report.target is not None and report.iteration is not None:
             what = f"iteration {report.iteration}" if isinstance(report.iteration, int) else report.iteration
             header += f": checking {what} ({report.target})"
         click.echo(header)

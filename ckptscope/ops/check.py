@@ -27,7 +27,7 @@ import itertools
 import math
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
 from ckptscope.core.units import plural
 from ckptscope.formats import open_checkpoint
 from ckptscope.ops.roots import (
+    ACCELERATE_FSDP_MODEL,
     RELEASE,
     TRACKED_KINDS,
     TRACKER,
@@ -50,9 +51,10 @@ from ckptscope.ops.roots import (
     find_iteration,
     pick_iteration,
     resolve_root,
-    tracker_gap,
     resume_target,
     root_kind,
+    save_state_model,
+    tracker_gap,
 )
 
 Box = tuple[tuple[int, int], ...]
@@ -516,6 +518,25 @@ def _resolve_root(path: Path, iteration: Iteration | None = None
     return Path(target.path), problems, target.iteration, layout
 
 
+def _check_save_state(given: Path) -> CheckReport:
+    """An accelerate ``save_state`` dir with an FSDP sharded model: the model dir and every
+    ``optimizer_<N>/`` DCP dir beside it, each checked whole, problems under their dir's name."""
+    report = CheckReport(path=str(given), format="dcp", target=ACCELERATE_FSDP_MODEL,
+                         layout=f"accelerate save_state dir (FSDP sharded model in {ACCELERATE_FSDP_MODEL}/)")
+    parts = [given / ACCELERATE_FSDP_MODEL] + sorted(p for p in given.glob("optimizer_*") if p.is_dir())
+    for part in parts:
+        try:
+            sub = check_checkpoint(part)
+        except UnknownFormat as exc:
+            report.problems.append(Problem("incomplete", part.name, (), f"not readable as a checkpoint: {exc.problem}"))
+            continue
+        report.tensors += sub.tensors
+        report.files += sub.files
+        report.chunks += sub.chunks
+        report.problems += [replace(p, file=f"{part.name}/{p.file}" if p.file else part.name) for p in sub.problems]
+    return report
+
+
 def check_checkpoint(path: str | Path, iteration: Iteration | None = None) -> CheckReport:
     """Check ``path`` (a checkpoint, or a save root: its trainer's markers and the iteration it would
     resume from, or ``iteration``).
@@ -524,6 +545,8 @@ def check_checkpoint(path: str | Path, iteration: Iteration | None = None) -> Ch
     (exit code 2 in the CLI).
     """
     given = Path(path)
+    if iteration is None and save_state_model(given) is not None and discover_iterations(given) is None:
+        return _check_save_state(given)
     target, problems, label, layout = _resolve_root(given, iteration)
     report = CheckReport(path=str(path), format=None, problems=problems, iteration=label, layout=layout)
     if target is None:

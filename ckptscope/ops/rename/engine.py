@@ -26,6 +26,7 @@ from ckptscope.ops.rename.files import FileAction, Progress, RenamePlan, RenameW
 from ckptscope.ops.rename.plan import compute_name_changes
 from ckptscope.ops.rename.safetensors import SafetensorsRenameWriter
 from ckptscope.ops.rename.torch import TorchRenameWriter
+from ckptscope.ops.roots import save_state_model
 
 BUILTIN_WRITERS: tuple[RenameWriter, ...] = (DcpRenameWriter(), SafetensorsRenameWriter(), TorchRenameWriter())
 """Tried in this order; for an HF dir the safetensors writer comes before the torch one."""
@@ -65,6 +66,10 @@ def plan_rename(src: str | Path, dst: str | Path, *, subs: Sequence[tuple[str, s
     src, dst = Path(src), Path(dst)
     if not (subs or drops or mapping):
         raise CkptError("nothing to do: give --sub, --drop or --map")
+    model = save_state_model(src)
+    if model is not None:
+        raise CkptError(f"an accelerate save_state dir: its model is {model}; rename that DCP dir (the optimizer_N/ "
+                        f"dir beside it keeps the old names)", src)
     with open_checkpoint(src) as reader:
         reader.show_stored_quantization()  # names and bytes as stored: an FP8 weight and its scales apart
         index = reader.index()
