@@ -297,3 +297,44 @@ def test_merge_into_a_bfloat16_base_equals_peft(peft_samples, tmp_path):
     for name, tensor in ours.items():
         assert tensor.dtype == torch.bfloat16, name
         assert torch.equal(tensor.view(torch.int16), reference[name].contiguous().view(torch.int16)), name
+
+
+@pytest.fixture(scope="module")
+def peft_trainer_run(peft_samples, tmp_path_factory) -> Path:
+    """A transformers Trainer run of a LoRA model (2 CPU steps, save_steps=2): output_dir/checkpoint-2
+    holds adapter_model.safetensors and adapter_config.json beside the Trainer's optimizer.pt,
+    scheduler.pt, rng_state.pth, training_args.bin and trainer_state.json, as Trainer writes them."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    class Tokens(torch.utils.data.Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
+            return {"input_ids": ids, "labels": ids.clone()}
+
+    out = tmp_path_factory.mktemp("peft_trainer")
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(peft_samples[load_sample_module("make_peft_samples").BASE]),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    args = TrainingArguments(output_dir=str(out), max_steps=2, save_steps=2, per_device_train_batch_size=4,
+                             report_to=[], use_cpu=True, disable_tqdm=True)
+    Trainer(model=model, args=args, train_dataset=Tokens()).train()
+    return out / "checkpoint-2"
+
+
+def test_a_trainer_checkpoint_of_an_adapter_is_a_trainer_checkpoint(peft_trainer_run, tmp_path):
+    assert (peft_trainer_run / "adapter_model.safetensors").is_file()
+    doc = _inspect(peft_trainer_run)
+    assert doc["layout"] == "HF Trainer checkpoint of a PEFT adapter (step 2)"
+    roles = {f["path"]: f["role"] for f in doc["metadata"]["files"]}
+    assert roles["optimizer.pt"] == "optimizer" and roles["trainer_state.json"] == "state"
+    assert run_cli("check", str(peft_trainer_run)).code == 0
+    unfinished = tmp_path / "checkpoint-2"
+    shutil.copytree(peft_trainer_run, unfinished)
+    (unfinished / "trainer_state.json").unlink()
+    result = run_cli("check", str(unfinished))
+    assert result.code == 1 and "missing-marker: trainer_state.json" in result.out, result.out

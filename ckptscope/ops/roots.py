@@ -473,12 +473,14 @@ def describe_checkpoint(path: str | Path, index: CheckpointIndex, *, fallback: b
     fmt = index.format
     name = path.name
     trainer = index.metadata.get("trainer")
-    if fmt == "hf" and isinstance(trainer, dict):
+    if fmt in ("hf", "peft") and isinstance(trainer, dict):
+        of = " of a PEFT adapter" if fmt == "peft" else ""
         step = trainer.get("global_step")
         if step is None:
             m = _HF_TRAINER.match(name)
-            return f"HF Trainer checkpoint ({f'step {m.group(1)}, ' if m else ''}incomplete: no {TRAINER_STATE})"
-        return f"HF Trainer checkpoint (step {step})"
+            return (f"HF Trainer checkpoint{of} ({f'step {m.group(1)}, ' if m else ''}incomplete: "
+                    f"no {TRAINER_STATE})")
+        return f"HF Trainer checkpoint{of} (step {step})"
     if fmt in _MEGATRON_SUBFORMATS and (_MEGATRON.match(name) or name == RELEASE):
         sub = _MEGATRON_SUBFORMATS[fmt] or (index.metadata.get("megatron") or {}).get("ckpt_format", "DCP")
         if name == RELEASE:

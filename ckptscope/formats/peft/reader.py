@@ -16,8 +16,8 @@ from typing import Any
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
-from ckptscope.core.names import natural_key
 from ckptscope.formats.base import CheckpointReader
+from ckptscope.formats.hf.side_files import add_side_files
 from ckptscope.formats.peft.lora import describe_lora
 from ckptscope.formats.registry import register_reader
 from ckptscope.formats.safetensors.reader import parse_safetensors_header
@@ -70,15 +70,10 @@ class PeftAdapterReader(CheckpointReader):
             weights = ADAPTER_BIN
             self._index_bin(index)
         index.metadata["weights"] = weights
-        for path in sorted(self.path.iterdir(), key=lambda p: natural_key(p.name)):
-            if not path.is_file():
-                continue
-            role = ("data" if path.name == weights else "config" if path.name == ADAPTER_CONFIG
-                    else "tokenizer" if any(h in path.name for h in ("tokenizer", "vocab", "merges.txt",
-                                                                      "special_tokens_map", "chat_template"))
-                    else "other")
-            index.files.append(FileInfo(path.name, path.stat().st_size, role))
-        index.objects.append(ObjectEntry("adapter_config", "json", config))
+        add_side_files(index, self.path)  # adapter_config.json, tokenizer, and a Trainer checkpoint's state
+        for i, info in enumerate(index.files):
+            if info.path == weights and info.role != "data":  # a .bin adapter whose chunks name another file
+                index.files[i] = FileInfo(info.path, info.size, "data")
         lora = describe_lora(config, index.tensors)
         index.metadata["lora"] = lora
         index.metadata["peft_type"] = lora["peft_type"]
