@@ -275,6 +275,42 @@ def write_dcp_safetensors(out: Path) -> Path:
     return target
 
 
+def hf_storage_state() -> dict:
+    """The full tensors ``write_hf_storage_shards`` saves (deterministic: tests compare against them)."""
+    import torch
+
+    torch.manual_seed(17)
+    return {"model.embed_tokens.weight": torch.randn(5, 4), "lm_head.weight": torch.randn(5, 4).bfloat16(),
+            "model.layers.0.mlp.down_proj.weight": torch.randn(4, 6), "model.norm.weight": torch.randn(4)}
+
+
+def _hf_storage_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    _init_gloo(rank, world_size, init_file)
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    placements = {"model.layers.0.mlp.down_proj.weight": Shard(1), "model.norm.weight": Replicate()}
+    state = {name: distribute_tensor(full, mesh, [placements.get(name, Shard(0))])  # 5 rows: 3 + 2
+             for name, full in hf_storage_state().items()}
+    writer = HuggingFaceStorageWriter(os.path.join(out, "hf_storage_shards"), save_distributed=True)
+    dcp.save(state, storage_writer=writer)
+    torch.distributed.destroy_process_group()
+
+
+def write_hf_storage_shards(out: Path) -> Path:
+    """torch's ``HuggingFaceStorageWriter(save_distributed=True)`` from 2 gloo ranks, no consolidation:
+    ``shard-0000R-model-00001-of-00001.safetensors`` per rank, each with its local pieces and their
+    global offsets in ``__metadata__["DCP_SHARDING_INFO"]`` (uneven Shard(0), a Shard(1), a replicated
+    tensor, a bf16 one). Not a shipped sample: tests write it."""
+    out.mkdir(parents=True, exist_ok=True)
+    _spawn(_hf_storage_rank, out)
+    return out / "hf_storage_shards"
+
+
 WRITERS = {
     "megatron_torch_dist": write_megatron_torch_dist,
     "dcp_fsdp2": write_dcp_fsdp2,

@@ -455,7 +455,8 @@ def describe_root(root: str | Path, found: list[IterationInfo]) -> str:
 _FORMAT_LAYOUTS = {
     "safetensors": "safetensors file", "hf": "Hugging Face model dir", "torch": "torch.save file",
     "torch-legacy": "torch.save file (legacy format)", "megatron_dist": "Megatron-Core torch_dist dir",
-    "dcp": "PyTorch DCP dir", "megatron_legacy": "Megatron-LM per-rank checkpoint (torch)",
+    "dcp": "PyTorch DCP dir",
+    "dcp_safetensors_shards": "PyTorch DCP HuggingFaceStorageWriter shards (per-rank safetensors pieces)", "megatron_legacy": "Megatron-LM per-rank checkpoint (torch)",
     "megatron_dcp": "Megatron-LM DCP dir (torch_dcp / fsdp_dtensor)",
     "verl_fsdp": "verl FSDP checkpoint dir", "verl_megatron": "verl Megatron checkpoint dir",
 }
