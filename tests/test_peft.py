@@ -338,3 +338,12 @@ def test_a_trainer_checkpoint_of_an_adapter_is_a_trainer_checkpoint(peft_trainer
     (unfinished / "trainer_state.json").unlink()
     result = run_cli("check", str(unfinished))
     assert result.code == 1 and "missing-marker: trainer_state.json" in result.out, result.out
+
+
+def test_convert_names_why_an_adapter_or_an_unmapped_architecture_does_not_convert(peft_samples, tmp_path):
+    module = load_sample_module("make_peft_samples")
+    adapter = run_cli("convert", str(peft_samples["peft_lora"]), str(tmp_path / "a"), "--to", "hf")
+    assert adapter.code == 2 and "ckptscope lora merge" in adapter.err, adapter.err
+    gpt2 = run_cli("convert", str(peft_samples[module.GPT2_BASE]), str(tmp_path / "g"), "--to", "mcore")
+    assert gpt2.code == 2 and "GPT2LMHeadModel" in gpt2.err and "ckptscope archs" in gpt2.err, gpt2.err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "g").exists()

@@ -343,7 +343,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
             view = _identity_view(tensors, cfg, arch or cfg.arch or "llama")
             notes.append("HF names kept; shards merged into whole tensors")
         else:
-            raise CkptError(_unmapped_naming(family, tensors), src_path)
+            raise CkptError(_unmapped_naming(family, tensors, index), src_path)
         if view.unmapped:
             raise CkptError(f"{plural(len(view.unmapped), 'tensor matches', 'tensors match')} no {view.arch} rule "
                             f"(first: {view.unmapped[0]}); pass --arch or report the layout")
@@ -422,7 +422,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
             source_space = unfuse(shapes, arch_name, hidden=cfg.hidden_size)
             notes.append("transformers v5 fused expert tensors read per expert")
     else:
-        raise CkptError(_unmapped_naming(family, tensors), src_path)
+        raise CkptError(_unmapped_naming(family, tensors, index), src_path)
     if cfg.vocab_size is None:
         raise CkptError("the vocabulary size is unknown; pass --hf-config DIR")
     divisible = cfg.make_vocab_size_divisible_by or 128
@@ -525,11 +525,18 @@ def _split_report(entries: ModelEntries, skip_unknown: bool, src: Path) -> tuple
     return notes, dropped
 
 
-def _unmapped_naming(family: str, tensors: dict) -> str:
+def _unmapped_naming(family: str, tensors: dict, index: CheckpointIndex | None = None) -> str:
     example = next(iter(tensors), "")
     if family == "torchtitan":
         return (f"torchtitan names ({example}, ...) have no HF or Megatron-Core mapping in ckptscope yet; export "
                 f"them with torchtitan's HF state-dict adapter (last_save_in_hf) and convert that")
+    if index is not None and index.format == "peft":
+        return (f"a PEFT adapter ({example}, ...) is not a model to convert: `ckptscope lora merge ADAPTER BASE OUT` "
+                f"merges it into its base model, which converts")
+    architectures = index.metadata.get("architectures") if index is not None else None
+    if isinstance(architectures, list) and architectures:
+        return (f"{architectures[0]} (tensor names {example}, ...) has no HF <-> Megatron-Core mapping in ckptscope; "
+                f"`ckptscope archs` lists the architectures that have one")
     return (f"the model's tensor names ({example}, ...) are neither HF transformers nor Megatron-Core names; "
             f"ckptscope has no mapping for them")
 
