@@ -469,3 +469,15 @@ def test_a_non_gated_megatron_mlp_is_refused_with_its_reason(tmp_path, cli):
     result = cli("convert", str(iteration), str(tmp_path / "hf"), "--to", "hf")
     assert result.code == 2 and "not gated" in result.err and "swiglu=False" in result.err, result.err
     assert not (tmp_path / "hf").exists()
+
+
+def test_check_reports_a_rank_file_cut_short_as_a_problem(tmp_path, cli):
+    """DeepSpeed's per-rank optimizer file cut mid-write: the format is recognised, the file does not
+    parse; check names it (exit 1) as it names a short .distcp, instead of 'cannot read' (exit 2)."""
+    root = tmp_path / "ds"
+    shutil.copytree(SAMPLES / "deepspeed_zero" / "zero2", root)
+    rank_file = sorted(root.glob("global_step*/zero_pp_rank_1_*optim_states.pt"))[0]
+    rank_file.write_bytes(rank_file.read_bytes()[:1000])
+    result = cli("check", str(root))
+    assert result.code == 1, result.out + result.err
+    assert f"unreadable-file: {rank_file.parent.name}/{rank_file.name}:" in result.out, result.out

@@ -558,14 +558,29 @@ def check_checkpoint(path: str | Path, iteration: Iteration | None = None) -> Ch
         report.target = target.relative_to(given).as_posix()
         prefix = "" if report.target == "." else report.target + "/"
     try:
-        with open_checkpoint(target) as reader:
-            reader.show_stored_quantization()  # storage is checked as stored: FP8 payloads and scales apart
-            index = reader.index()
+        reader = open_checkpoint(target)
     except UnknownFormat as exc:
         if label is None:
             raise
         if not any(p.kind == "missing-marker" and p.file is not None and p.file.startswith(prefix) for p in problems):
             problems.append(Problem("incomplete", report.target, (), f"no checkpoint here: {exc.problem}"))
+        return report
+    try:
+        with reader:
+            reader.show_stored_quantization()  # storage is checked as stored: FP8 payloads and scales apart
+            index = reader.index()
+    except CkptError as exc:
+        # The format is recognised but a file of it does not parse (a rank file cut short mid-write):
+        # damage to report, like a short .distcp, not a path that is no checkpoint.
+        report.format = reader.format_name
+        root = target if target.is_dir() else target.parent
+        file = None
+        if exc.path is not None:
+            try:
+                file = prefix + Path(exc.path).resolve().relative_to(root.resolve()).as_posix()
+            except ValueError:
+                file = None
+        problems.append(Problem("unreadable-file", file, (), exc.problem))
         return report
     report.format = index.format
     if report.layout is None:
