@@ -476,7 +476,7 @@ def test_check_reports_a_rank_file_cut_short_as_a_problem(tmp_path, cli):
     parse; check names it (exit 1) as it names a short .distcp, instead of 'cannot read' (exit 2)."""
     root = tmp_path / "ds"
     shutil.copytree(SAMPLES / "deepspeed_zero" / "zero2", root)
-    rank_file = sorted(root.glob("global_step*/zero_pp_rank_1_*optim_states.pt"))[0]
+    rank_file = sorted(root.glob("global_step*/*zero_pp_rank_1_*optim_states.pt"))[0]
     rank_file.write_bytes(rank_file.read_bytes()[:1000])
     result = cli("check", str(root))
     assert result.code == 1, result.out + result.err
