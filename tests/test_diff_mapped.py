@@ -77,3 +77,40 @@ def test_dtype_change_across_mapping_is_reported(tmp_path):
     report = diff_checkpoints(plan_diff(copy, MCORE))
     (result,) = [r for r in report.results if r.differs]
     assert result.name == "model.norm.weight" and result.status == "dtype_mismatch"
+
+
+def test_megatron_vocab_padding_rows_get_a_pair_of_their_own(tmp_path, cli):
+    """A Megatron checkpoint whose padding rows hold values (trained, or initialised) against the same
+    model after a round trip through HF, which writes them back as zeros: the whole vocab tensors
+    differ (exit 1), and ``<tensor>[:vocab_size]`` pairs show the real vocabulary is equal."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    hf = Path(__file__).resolve().parents[1] / "sample_ckpts" / "hf_llama_gqa"  # vocab 250
+    zeros = tmp_path / "zeros"
+    assert cli("convert", str(hf), str(zeros), "--to", "mcore", "--tp", "2").code == 0
+    (a_iter,) = [p for p in zeros.iterdir() if p.is_dir()]
+    trained = tmp_path / "trained" / a_iter.name
+    trained.mkdir(parents=True)
+    for name in ("common.pt", "metadata.json"):
+        shutil.copy2(a_iter / name, trained / name)
+    md = FileSystemReader(str(a_iter)).read_metadata()
+    state = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in md.state_dict_metadata.items()
+             if isinstance(v, TensorStorageMetadata)}
+    dcp.load(state, checkpoint_id=str(a_iter), no_dist=True)
+    for name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+        assert state[name].shape[0] == 256 and not state[name][250:].any()
+        state[name][250:] = torch.randn(6, state[name].shape[1], generator=torch.Generator().manual_seed(0))
+    dcp.save(state, checkpoint_id=str(trained), no_dist=True)
+
+    result = cli("diff", str(trained), str(a_iter), "--json")
+    assert result.code == 1, result.err
+    doc = json.loads(result.out)
+    by = {t["name"]: t for t in doc["tensors"]}
+    for name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+        assert by[name]["status"] == "different" and by[name]["max_diff_at"][0] >= 250
+        assert by[name + "[:250]"]["status"] == "equal"
+        assert any(note.startswith(name + ": rows 250-255 are vocab padding") for note in doc["notes"])
+    assert all(t["status"] == "equal" for n, t in by.items() if not n.startswith(("embedding.", "output_layer.")))

@@ -267,6 +267,7 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
                 side.ignored.append(name)
                 del side.recipes[name]
 
+    notes += _vocab_row_pairs(side_a, side_b, index_a, index_b)
     names = list(side_a.recipes) + [n for n in side_b.recipes if n not in side_a.recipes]
     names = select(names, include, exclude)
     if not names and (include or exclude):  # a typo in a pattern must not read as "identical"
@@ -291,6 +292,39 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
                 padding.append({"side": label, "name": name, "source": source,
                                 "rows": [box[0][0], box[0][1]], "box": box})
     return DiffPlan(side_a, side_b, pairs, used, notes, padding, side_files)
+
+
+VOCAB_TENSORS = ("embedding.word_embeddings.weight", "output_layer.weight")
+"""Megatron-Core's vocabulary-sized tensors, padded to ``padded_vocab_size`` rows."""
+
+
+def _vocab_row_pairs(side_a: DiffSide, side_b: DiffSide, index_a: CheckpointIndex,
+                     index_b: CheckpointIndex) -> list[str]:
+    """For two Megatron-Core checkpoints whose vocabulary is padded (vocab_size < padded_vocab_size
+    rows), add a pair ``<tensor>[:vocab_size]`` beside each whole vocab tensor: the real vocabulary's
+    rows on their own. A Megatron -> HF -> Megatron round trip drops the padding rows and writes
+    them back as zeros, so the whole tensor differs while the model's own rows are equal; the whole
+    tensor stays compared (the padding rows enter Megatron's softmax), and the extra pair says which
+    it is. Returns the notes."""
+    cfg_a, cfg_b = config_from_index(index_a), config_from_index(index_b)
+    vocab = cfg_a.vocab_size or cfg_b.vocab_size
+    if vocab is None or (cfg_a.vocab_size and cfg_b.vocab_size and cfg_a.vocab_size != cfg_b.vocab_size):
+        return []
+    notes = []
+    for name in VOCAB_TENSORS:
+        ra, rb = side_a.recipes.get(name), side_b.recipes.get(name)
+        if ra is None or rb is None or not ra.is_identity or not rb.is_identity or ra.shape != rb.shape \
+                or len(ra.shape) != 2 or ra.shape[0] <= vocab:
+            continue
+        rows = f"{name}[:{vocab}]"
+        box = ((0, vocab), (0, ra.shape[1]))
+        for side, recipe in ((side_a, ra), (side_b, rb)):
+            side.recipes[rows] = Recipe(rows, (vocab, ra.shape[1]), recipe.dtype,
+                                        [Piece(box, recipe.pieces[0].source, box)], ["vocab rows"])
+        notes.append(f"{name}: rows {vocab}-{ra.shape[0] - 1} are vocab padding (vocab_size {vocab}); {rows} "
+                     f"compares the real vocabulary alone (an export to HF drops the padding rows, and an import "
+                     f"writes them as zeros)")
+    return notes
 
 
 def _searched(path: str | Path) -> str | Path:
