@@ -136,3 +136,26 @@ def test_help_is_unchanged():
     result = run_cli("--help")
     assert result.code == 0 and result.out.startswith("Usage: ckptscope [OPTIONS] COMMAND [ARGS]...")
     assert "Commands:" in result.out
+
+
+@pytest.mark.parametrize("args, code", [
+    (("diff", "hf_llama_sharded", "hf_llama_single", "--plain"), 0),  # identical: `| head` must not make it 1
+    (("diff", "hf_llama_sharded", "hf_llama_single", "--json"), 0),
+    (("inspect", "--json", "hf_llama_sharded"), 0),
+    (("inspect", "hf_llama_sharded"), 0),
+])
+def test_a_reader_that_stops_early_changes_no_exit_status(args, code):
+    """``ckptscope ... | head -c 0``: the pipe closes under the report. The rest is discarded, no
+    traceback, and the exit status is the command's own (rich and click would make it 1, which for
+    diff means "different")."""
+    import subprocess
+    import sys
+
+    samples = Path(__file__).resolve().parents[1] / "sample_ckpts"
+    argv = [str(samples / a) if (samples / a).exists() else a for a in args]
+    proc = subprocess.Popen([sys.executable, "-m", "ckptscope", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first byte: every write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == code, err
+    assert "Traceback" not in err and "Error" not in err, err

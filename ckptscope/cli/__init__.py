@@ -16,6 +16,7 @@ from typing import NoReturn
 import click
 
 from ckptscope import __version__
+from ckptscope.cli.console import PipeSafeStdout, discard_stdout
 from ckptscope.cli.roots_view import iteration_option
 from ckptscope.core.errors import CkptError
 
@@ -181,7 +182,7 @@ def _inspect(path: str, as_json: bool, include: tuple[str, ...], exclude: tuple[
         if sys.stdout.isatty():
             click.echo(json.dumps(report_to_json(report) | extra, indent=2))
         else:  # the same document as json.dumps(..., indent=None) writes it, made faster (issue 15)
-            out = click.get_text_stream("stdout")
+            out = sys.stdout  # PipeSafeStdout when piped: a reader that stops early is no error
             for piece in report_json_chunks(report, extra):
                 out.write(piece)
             out.write("\n")
@@ -208,6 +209,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from ckptscope.cli import parallel
 
     parallel.ARGV = list(argv) if argv is not None else sys.argv[1:]
+    if not sys.stdout.isatty() and not isinstance(sys.stdout, PipeSafeStdout):
+        sys.stdout = PipeSafeStdout(sys.stdout)  # type: ignore[assignment]
     try:
         _main(argv)
     except SystemExit as exc:
@@ -235,7 +238,8 @@ def _main(argv: Sequence[str] | None) -> None:
     except KeyboardInterrupt:
         click.echo("ckptscope: interrupted", err=True)
         sys.exit(130)
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader of our stdout stopped early (`| head`): not an error
+        discard_stdout()
         sys.exit(0)
     except OSError as exc:
         # The disk, not ckptscope: a write that ran out of space (or past a size limit) is the

@@ -28,10 +28,29 @@ def report_width() -> int | None:
 
 
 def stdout_console() -> Console:
-    """A console for reports on stdout: no highlighting (names are data), no soft wrap, ``report_width``."""
+    """A console for reports on stdout: no highlighting (names are data), no soft wrap, ``report_width``.
+
+    A reader that stops early (``ckptscope diff A B | head``) closes the pipe: rich then exits with
+    status 1, which for ``diff`` means "different". Here the rest of the report goes to
+    /dev/null instead and the command ends with its own status."""
     from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=False, width=report_width())
+    class _Report(Console):
+        def on_broken_pipe(self) -> None:
+            discard_stdout()
+            self.quiet = True
+
+    return _Report(highlight=False, soft_wrap=False, width=report_width())
+
+
+def discard_stdout() -> None:
+    """Point file descriptor 1 at /dev/null: what is still written (and the final flush) goes nowhere
+    instead of failing on a pipe whose reader has gone."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 def fits(console: Console, renderable: RenderableType) -> bool:
@@ -40,3 +59,30 @@ def fits(console: Console, renderable: RenderableType) -> bool:
 
     unbounded = console.options.update_width(1 << 20)  # measured unclamped: rich caps at the width otherwise
     return Measurement.get(console, unbounded, renderable).maximum <= console.width
+
+
+class PipeSafeStdout:
+    """``sys.stdout`` for a piped run: when the reader goes away (``ckptscope inspect --json X | head``),
+    the rest is discarded (``discard_stdout``) instead of raising ``BrokenPipeError``, which click
+    and rich turn into exit status 1; the command finishes and exits with its own status (for
+    ``diff``: identical or not)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            discard_stdout()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            discard_stdout()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
