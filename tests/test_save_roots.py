@@ -481,3 +481,15 @@ def test_check_reports_a_rank_file_cut_short_as_a_problem(tmp_path, cli):
     result = cli("check", str(root))
     assert result.code == 1, result.out + result.err
     assert f"unreadable-file: {rank_file.parent.name}/{rank_file.name}:" in result.out, result.out
+
+
+def test_a_verl_step_dir_stands_for_its_roles(verl_root, cli):
+    """``global_step_N/`` (the dir above ``actor/``): inspect opens the actor; check checks every role."""
+    step = verl_root / "global_step_2"
+    doc = json.loads(cli("inspect", str(step), "--json").out)
+    assert doc["layout"] == "verl step dir (actor/ of global_step_2)" and Path(doc["path"]).name == "actor"
+    assert cli("check", str(step)).code == 0
+    rank_file = sorted((step / "critic").glob("model_world_size_*_rank_1.pt"))[0]
+    rank_file.unlink()
+    result = cli("check", str(step))
+    assert result.code == 1 and f"critic/{rank_file.name}" in result.out, result.out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -68,7 +69,14 @@ class Resolved:
 def resolve(path: str, iteration: Iteration | None = None) -> Resolved:
     """Pick the iteration to open under a save root. ``CkptError`` when ``iteration`` does not exist
     (the message lists the ones that do) or is given for a path that is no save root."""
-    from ckptscope.ops.roots import describe_root, discover_iterations, pick_iteration, resolve_root, save_state_model
+    from ckptscope.ops.roots import (
+        describe_root,
+        discover_iterations,
+        pick_iteration,
+        resolve_root,
+        save_state_model,
+        verl_step_role,
+    )
 
     found = discover_iterations(path)
     if found is None:
@@ -76,6 +84,9 @@ def resolve(path: str, iteration: Iteration | None = None) -> Resolved:
         model = save_state_model(path)
         if model is not None:
             return Resolved(model, layout="accelerate save_state dir (FSDP sharded model in pytorch_model_fsdp_0/)")
+        role = verl_step_role(path)
+        if role is not None:
+            return Resolved(role, layout=f"verl step dir ({Path(role).name}/ of {Path(path).name})")
         return Resolved(path)
     chosen = pick_iteration(path, found, iteration)
     if iteration is None:

@@ -43,6 +43,7 @@ from ckptscope.ops.roots import (
     TRACKED_KINDS,
     TRACKER,
     TRAINER_STATE,
+    VERL_ROLES,
     Iteration,
     IterationInfo,
     describe_checkpoint,
@@ -55,6 +56,7 @@ from ckptscope.ops.roots import (
     root_kind,
     save_state_model,
     tracker_gap,
+    verl_step_role,
 )
 
 Box = tuple[tuple[int, int], ...]
@@ -520,16 +522,22 @@ def _resolve_root(path: Path, iteration: Iteration | None = None
 
 def _check_save_state(given: Path) -> CheckReport:
     """An accelerate ``save_state`` dir with an FSDP sharded model: the model dir and every
-    ``optimizer_<N>/`` DCP dir beside it, each checked whole, problems under their dir's name."""
-    report = CheckReport(path=str(given), format="dcp", target=ACCELERATE_FSDP_MODEL,
-                         layout=f"accelerate save_state dir (FSDP sharded model in {ACCELERATE_FSDP_MODEL}/)")
+    ``optimizer_<N>/`` DCP dir beside it."""
     parts = [given / ACCELERATE_FSDP_MODEL] + sorted(p for p in given.glob("optimizer_*") if p.is_dir())
+    return _check_parts(given, parts, f"accelerate save_state dir (FSDP sharded model in {ACCELERATE_FSDP_MODEL}/)",
+                        ACCELERATE_FSDP_MODEL)
+
+
+def _check_parts(given: Path, parts: list[Path], layout: str, target: str) -> CheckReport:
+    """A dir whose checkpoints are its subdirs: each checked whole, problems under their dir's name."""
+    report = CheckReport(path=str(given), format=None, target=target, layout=layout)
     for part in parts:
         try:
             sub = check_checkpoint(part)
         except UnknownFormat as exc:
             report.problems.append(Problem("incomplete", part.name, (), f"not readable as a checkpoint: {exc.problem}"))
             continue
+        report.format = report.format or sub.format
         report.tensors += sub.tensors
         report.files += sub.files
         report.chunks += sub.chunks
@@ -545,8 +553,12 @@ def check_checkpoint(path: str | Path, iteration: Iteration | None = None) -> Ch
     (exit code 2 in the CLI).
     """
     given = Path(path)
-    if iteration is None and save_state_model(given) is not None and discover_iterations(given) is None:
-        return _check_save_state(given)
+    if iteration is None and discover_iterations(given) is None:
+        if save_state_model(given) is not None:
+            return _check_save_state(given)
+        if verl_step_role(given) is not None:  # a verl global_step_N dir: each role saved in it
+            roles = [given / role for role in VERL_ROLES if (given / role).is_dir()]
+            return _check_parts(given, roles, f"verl step dir ({', '.join(r.name for r in roles)})", roles[0].name)
     target, problems, label, layout = _resolve_root(given, iteration)
     report = CheckReport(path=str(path), format=None, problems=problems, iteration=label, layout=layout)
     if target is None:

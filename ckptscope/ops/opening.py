@@ -19,8 +19,8 @@ def check_openable(path: str | Path) -> None:
     """Raise ``CkptError`` (one line: missing path, unreadable, unknown format) unless ``path`` is a
     checkpoint, a save root or an accelerate save_state dir: what ``open`` checks before the
     full-screen UI starts, so a typo gets a line on stderr, not a screen."""
-    from ckptscope.ops.roots import discover_iterations, save_state_model
+    from ckptscope.ops.roots import discover_iterations, model_dir_within
 
     if discover_iterations(path) is not None:
         return
-    detect_format(save_state_model(path) or path)
+    detect_format(model_dir_within(path) or path)

@@ -364,6 +364,21 @@ def tracker_gap(path: str | Path, found: list[IterationInfo], chosen: IterationI
     return None
 
 
+def verl_step_role(path: str | Path) -> str | None:
+    """The role dir (``actor``, else ``critic``) inside one verl ``global_step_N/`` dir, or None.
+    verl saves each role beside the others in the step dir; the role holds the checkpoint."""
+    path = Path(path)
+    if not _VERL.match(path.name):
+        return None
+    return next((str(path / role) for role in VERL_ROLES if (path / role).is_dir()), None)
+
+
+def model_dir_within(path: str | Path) -> str | None:
+    """The checkpoint dir a user's dir stands for when the checkpoint is one level down: an
+    accelerate ``save_state`` dir's FSDP model, a verl step dir's actor. None otherwise."""
+    return save_state_model(path) or verl_step_role(path)
+
+
 def resolve_root(path: str | Path, iteration: Iteration | None = None) -> str:
     """A save root (Megatron tracker, verl/torchtitan/HF Trainer step dirs) stands for its default
     iteration (``pick_iteration``), or for ``iteration`` when given; an accelerate ``save_state`` dir
@@ -373,7 +388,7 @@ def resolve_root(path: str | Path, iteration: Iteration | None = None) -> str:
         if iteration is not None:
             raise CkptError(f"--iteration {iteration}: not a save directory with iterations "
                             "(iter_*, release, global_step_*, step-*, checkpoint-*)", path)
-        return save_state_model(path) or str(path)
+        return model_dir_within(path) or str(path)
     if not found and iteration is None:
         return str(path)
     return pick_iteration(path, found, iteration).path

@@ -64,14 +64,14 @@ def _open(path: str | Path, trust_pickle: bool, discover: bool, start: float) ->
     import time
 
     from ckptscope.ops.opening import open_checkpoint
-    from ckptscope.ops.roots import discover_iterations, save_state_model
+    from ckptscope.ops.roots import discover_iterations, model_dir_within
     from ckptscope.ops.tree import build_tree
 
     if discover:
         found = discover_iterations(path)
         if found is not None:
             return Opened(iterations=found, seconds=time.perf_counter() - start)
-    reader = open_checkpoint(save_state_model(path) or path, trust_pickle=trust_pickle)
+    reader = open_checkpoint(model_dir_within(path) or path, trust_pickle=trust_pickle)
     index = reader.index()
     tree = build_tree(index.tensors.values())
     # The tree's children are built lazily; build the levels the first frame shows here, on the
