@@ -48,12 +48,13 @@ def training_files(root: str | Path, index: CheckpointIndex) -> dict[str, Path]:
     directory = Path(root)
     if not directory.is_dir():
         return {}
+    candidates = sorted(entry for entry in directory.iterdir() if _TRAINING_FILE.match(entry.name))
+    if not candidates:  # the usual model dir: no pass over the index's chunks
+        return {}
     read = {chunk.file for meta in index.tensors.values() for chunk in meta.chunks}
     reader_root = Path(index.path)
     out = {}
-    for entry in sorted(directory.iterdir()):
-        if not _TRAINING_FILE.match(entry.name):
-            continue
+    for entry in candidates:
         try:
             relative = str(entry.resolve().relative_to(reader_root.resolve()))
         except ValueError:
