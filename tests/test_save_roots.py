@@ -493,3 +493,17 @@ def test_a_verl_step_dir_stands_for_its_roles(verl_root, cli):
     rank_file.unlink()
     result = cli("check", str(step))
     assert result.code == 1 and f"critic/{rank_file.name}" in result.out, result.out
+
+
+def test_diff_include_of_one_megatron_layer_selects_its_per_layer_views(megatron_root, cli):
+    """Megatron stores decoder layers stacked (``decoder.layers.self_attention...``); a pattern naming
+    one layer (what the timeline's per-layer cells pass) compares that layer's views."""
+    result = cli("diff", str(megatron_root), str(megatron_root), "--iteration", "10", "--iteration-b", "20",
+                 "--include", "decoder.layers.0.self_attention", "--json")
+    assert result.code == 0, result.err
+    names = [t["name"] for t in json.loads(result.out)["tensors"]]
+    assert names and all(n.startswith("decoder.layers.0.self_attention.") for n in names), names
+    stacked = cli("diff", str(megatron_root), str(megatron_root), "--iteration", "10", "--iteration-b", "20",
+                  "--include", "decoder.layers.self_attention*", "--json")
+    assert stacked.code == 0 and all(".layers.self_attention" in t["name"]
+                                     for t in json.loads(stacked.out)["tensors"])

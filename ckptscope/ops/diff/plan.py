@@ -188,7 +188,7 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
         used = "none"
     else:
         same_stored = set(entries_a.tensors) == set(entries_b.tensors)
-        if not same_stored:
+        if not same_stored or _patterns_want_layers(entries_a, index_a, include, exclude):
             entries_a, entries_b = model_entries(index_a, logical=True), model_entries(index_b, logical=True)
         ta, tb = entries_a.tensors, entries_b.tensors
         fam_a, fam_b = naming_family(ta), naming_family(tb)
@@ -267,9 +267,10 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
                 side.ignored.append(name)
                 del side.recipes[name]
 
-    notes += _vocab_row_pairs(side_a, side_b, index_a, index_b)
+    vocab_notes = _vocab_row_pairs(side_a, side_b, index_a, index_b)
     names = list(side_a.recipes) + [n for n in side_b.recipes if n not in side_a.recipes]
     names = select(names, include, exclude)
+    notes += [note for rows, note in vocab_notes.items() if rows in names]
     if not names and (include or exclude):  # a typo in a pattern must not read as "identical"
         raise CkptError(f"no tensor of either side matches --include {' '.join(include) or '(all)'}"
                         f"{' --exclude ' + ' '.join(exclude) if exclude else ''}")
@@ -299,18 +300,18 @@ VOCAB_TENSORS = ("embedding.word_embeddings.weight", "output_layer.weight")
 
 
 def _vocab_row_pairs(side_a: DiffSide, side_b: DiffSide, index_a: CheckpointIndex,
-                     index_b: CheckpointIndex) -> list[str]:
+                     index_b: CheckpointIndex) -> dict[str, str]:
     """For two Megatron-Core checkpoints whose vocabulary is padded (vocab_size < padded_vocab_size
     rows), add a pair ``<tensor>[:vocab_size]`` beside each whole vocab tensor: the real vocabulary's
     rows on their own. A Megatron -> HF -> Megatron round trip drops the padding rows and writes
     them back as zeros, so the whole tensor differs while the model's own rows are equal; the whole
     tensor stays compared (the padding rows enter Megatron's softmax), and the extra pair says which
-    it is. Returns the notes."""
+    it is. Returns each added pair's note, by the pair's name."""
     cfg_a, cfg_b = config_from_index(index_a), config_from_index(index_b)
     vocab = cfg_a.vocab_size or cfg_b.vocab_size
     if vocab is None or (cfg_a.vocab_size and cfg_b.vocab_size and cfg_a.vocab_size != cfg_b.vocab_size):
-        return []
-    notes = []
+        return {}
+    notes = {}
     for name in VOCAB_TENSORS:
         ra, rb = side_a.recipes.get(name), side_b.recipes.get(name)
         if ra is None or rb is None or not ra.is_identity or not rb.is_identity or ra.shape != rb.shape \
@@ -321,10 +322,23 @@ def _vocab_row_pairs(side_a: DiffSide, side_b: DiffSide, index_a: CheckpointInde
         for side, recipe in ((side_a, ra), (side_b, rb)):
             side.recipes[rows] = Recipe(rows, (vocab, ra.shape[1]), recipe.dtype,
                                         [Piece(box, recipe.pieces[0].source, box)], ["vocab rows"])
-        notes.append(f"{name}: rows {vocab}-{ra.shape[0] - 1} are vocab padding (vocab_size {vocab}); {rows} "
-                     f"compares the real vocabulary alone (an export to HF drops the padding rows, and an import "
-                     f"writes them as zeros)")
+        notes[rows] = (f"{name}: rows {vocab}-{ra.shape[0] - 1} are vocab padding (vocab_size {vocab}); {rows} "
+                       f"compares the real vocabulary alone (an export to HF drops the padding rows, and an import "
+                       f"writes them as zeros)")
     return notes
+
+
+def _patterns_want_layers(entries, index: CheckpointIndex, include: tuple[str, ...], exclude: tuple[str, ...]) -> bool:
+    """``--include decoder.layers.0.self_attention`` on two Megatron checkpoints: the stored names are
+    stacked (``decoder.layers.self_attention...``), so the patterns select per-layer views when they
+    match those and no stored name (the timeline's per-layer cells ask for exactly this)."""
+    if not include or not index.views:
+        return False
+    stored = list(entries.tensors)
+    if select(stored, include, exclude):
+        return False
+    logical = list(model_entries(index, logical=True).tensors)
+    return bool(select(logical, include, exclude))
 
 
 def _searched(path: str | Path) -> str | Path:
