@@ -71,7 +71,7 @@ async def test_picker_opens_the_chosen_iteration(tmp_path, samples, monkeypatch)
         assert table.row_count == 3
         statuses = [str(table.get_row_at(i)[2]) for i in range(3)]
         assert statuses == ["✗ incomplete", "✓ complete", "✓ complete"]
-        await pilot.press("down", "down", "enter")  # iteration 10: the HF sharded copy
+        await pilot.press("j", "j", "k", "j", "enter")  # vim keys as in every list: iteration 10
         await settle(pilot)
         screen = app.screen
         assert isinstance(screen, BrowseScreen)

@@ -15,6 +15,13 @@ from textual.widgets import DataTable, Footer, Static
 
 from ckptscope.core.units import human_bytes, human_time, plural
 from ckptscope.ops.roots import IterationInfo
+from ckptscope.tui.widgets.vim_keys import table_keys
+
+
+class PickerTable(DataTable[object]):
+    """The iterations, with the vim keys every other list has (j/k, g/G, ctrl+d/ctrl+u)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = table_keys("iterations")
 
 
 class IterationPickerScreen(Screen[str | None]):
@@ -43,7 +50,7 @@ class IterationPickerScreen(Screen[str | None]):
             yield Static(Text.assemble((self.root, "bold"), "   save directory · ",
                                        (plural(len(self.iterations), "iteration"), "bold"),
                                        f" ({complete} complete)"), id="picker-title")
-            table: DataTable[object] = DataTable(id="picker-table", cursor_type="row", zebra_stripes=True)
+            table = PickerTable(id="picker-table", cursor_type="row", zebra_stripes=True)
             yield table
             if not self.iterations:
                 yield Static(Text("No iteration directories yet (the tracker file exists but no iter_* "
