@@ -196,3 +196,21 @@ def test_to_torch_dist_needs_no_torch_and_every_item_is_a_valid_zip(tmp_path):
         torch.load(io.BytesIO(item), weights_only=True)
     common = torch.load(iter_dir / "common.pt", weights_only=False)
     assert common["iteration"] == 0 and common["checkpoint_version"] == 3.0 and common["args"].num_layers > 0
+
+
+@pytest.mark.parametrize("config_class", ["GemmaConfig", "GraniteConfig"])
+def test_an_architecture_without_a_mapping_is_refused_not_guessed(tmp_path, cli, config_class):
+    """Gemma (GeGLU, scaled embeddings) and Granite (scaling multipliers) store Llama's tensor names:
+    guessed from the names they converted as Llama and computed something else. Their config.json's
+    model_type has no mapping: one line, exit 2, nothing written."""
+    import transformers
+
+    config = getattr(transformers, config_class)(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                                 num_attention_heads=4, num_key_value_heads=2, vocab_size=250,
+                                                 head_dim=16)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    src = tmp_path / "src"
+    model.save_pretrained(src)
+    result = cli("convert", str(src), str(tmp_path / "mcore"), "--to", "mcore")
+    assert result.code == 2 and f"model_type {config.model_type!r}" in result.err, result.err
+    assert len(result.err.strip().splitlines()) == 1 and not (tmp_path / "mcore").exists()

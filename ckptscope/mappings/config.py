@@ -177,6 +177,8 @@ class ModelConfig:
     """The RoPE scaling the *HF* config says, in its spelling (``{"rope_type": "default"}`` when unscaled)."""
     megatron_rope: dict[str, Any] | None = None
     """The RoPE scaling the *Megatron* args describe, in HF spelling (mappings/rope.py)."""
+    hf_model_type: str | None = None
+    """The config.json's own ``model_type``, mapped or not: one no rule maps is refused, never guessed."""
 
     def merged(self, other: "ModelConfig") -> "ModelConfig":
         """Fill this config's unknowns from ``other`` (this side wins where both know)."""
@@ -240,6 +242,7 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
         qkv_bias = True  # Qwen2's config has no flag: its q/k/v projections always carry biases
     return replace(ModelConfig(
         arch=arch,
+        hf_model_type=model_type or None,
         num_layers=_first(text, "num_hidden_layers"),
         hidden_size=hidden,
         ffn_hidden_size=_first(text, "intermediate_size"),

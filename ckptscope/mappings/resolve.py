@@ -18,7 +18,7 @@ from ckptscope.core.roles import naming_family
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.mappings import deepseek
 from ckptscope.mappings.bridge_config import from_run_config, is_run_config
-from ckptscope.mappings.config import MTP_ARCHS, ModelConfig, from_hf_config, from_megatron_args
+from ckptscope.mappings.config import ARCH_BY_MODEL_TYPE, MTP_ARCHS, ModelConfig, from_hf_config, from_megatron_args
 from ckptscope.mappings.links import Link, Recipe, box_shape, recipes_from_links, uncovered
 from ckptscope.mappings.schemas import SCHEMAS, Rule, is_ignored
 from ckptscope.mappings.transforms import TRANSFORMS, hf_stacked, stacked
@@ -95,6 +95,12 @@ def detect_arch(names: Iterable[str], cfg: ModelConfig) -> str:
     """The schema to use: the config's ``model_type`` when known, else guessed from key names."""
     if cfg.arch:
         return cfg.arch
+    if cfg.hf_model_type and cfg.hf_model_type not in ARCH_BY_MODEL_TYPE:
+        # Gemma, Granite, SmolLM3 ... have Llama's tensor names and compute otherwise: guessing from
+        # the names would convert them silently wrong.
+        raise CkptError(f"config.json says model_type {cfg.hf_model_type!r}, which ckptscope has no HF <-> "
+                        f"Megatron-Core mapping for (`ckptscope archs` lists those it has); --arch NAME "
+                        f"converts it as NAME, right only if it computes exactly like NAME")
     joined = "\n".join(names)
     if "kv_a_proj_with_mqa." in joined or "linear_kv_down_proj." in joined:  # multi-latent attention
         return deepseek.ARCH

@@ -20,9 +20,15 @@ def check_destination(src: Path, dst: Path, *, overwrite: bool) -> None:
     if dst_r in src_r.parents:
         raise CkptError("the destination must not contain the source", dst)
     if (dst.exists() or dst.is_symlink()) and not overwrite:
-        raise CkptError("destination exists (use --overwrite to replace it)", dst)
-    if not dst.parent.is_dir():
-        raise CkptError("the destination's parent directory does not exist", dst)
+        raise CkptError("destination exists (--overwrite, or the overwrite box in the TUI, replaces it)", dst)
+    parent = dst.parent
+    if not parent.is_dir():
+        what = "is a file, not a directory" if parent.exists() else "does not exist"
+        raise CkptError(f"the destination's parent directory {what}", dst)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        # A read-only filesystem or a directory the user may not write: say so before any planning
+        # (free-space checks there would report 0 bytes free, and a writer would fail half way).
+        raise CkptError(f"cannot write in {parent}: read-only or no permission", dst)
 
 
 @contextmanager
@@ -52,9 +58,12 @@ def check_space(parent: Path, nbytes: int) -> None:
     that runs out of space half way has cost the user the time of the half (and some writers,
     such as torch's own zip writer, report it only as an obscure error)."""
     try:
-        free = shutil.disk_usage(parent).free
+        usage = shutil.disk_usage(parent)
     except OSError:
         return  # cannot tell: the writers still fail cleanly on the first write that does not fit
+    free = usage.free
+    if usage.total == 0:  # /sys, /proc: a kernel's pseudo filesystem, not storage
+        raise CkptError("not a filesystem that stores files (it reports no size at all)", parent)
     if free < nbytes:
         raise CkptError(f"not enough space: the output needs about {_size(nbytes)}, "
                         f"{_size(free)} is free there", parent)
