@@ -89,6 +89,9 @@ MTP_ARCHS: set[str] = set()
 (``model.layers.{num_hidden_layers + k}``; mappings/deepseek.py renames them for the rules)."""
 EXPERT_FFN_IS_INTERMEDIATE: set[str] = {"mixtral"}
 """Archs whose HF ``intermediate_size`` is the experts' FFN size (no ``moe_intermediate_size``)."""
+RENORMALISED_TOPK_ARCHS: set[str] = {"qwen2_moe", "qwen3_moe"}
+"""Archs whose config says by ``norm_topk_prob`` whether the top-k routing weights are renormalised
+(Megatron: ``moe_router_pre_softmax`` False renormalises; True keeps the full softmax's weights)."""
 LOCAL_EXPERTS_KEY: set[str] = {"mixtral"}
 """Archs whose HF config counts experts as ``num_local_experts`` (else ``num_experts``)."""
 MEGATRON_FACT_KEYS = ("softmax_type", "glu_linear_offset", "activation_func_clamp_value", "quick_geglu",
@@ -177,6 +180,9 @@ class ModelConfig:
     """The RoPE scaling the *HF* config says, in its spelling (``{"rope_type": "default"}`` when unscaled)."""
     megatron_rope: dict[str, Any] | None = None
     """The RoPE scaling the *Megatron* args describe, in HF spelling (mappings/rope.py)."""
+    norm_topk_prob: bool | None = None
+    """Whether the router renormalises the top-k weights (HF ``norm_topk_prob``; Megatron: not
+    ``moe_router_pre_softmax``). Qwen2/3-MoE configs say it; transformers' default is False."""
     hf_model_type: str | None = None
     """The config.json's own ``model_type``, mapped or not: one no rule maps is refused, never guessed."""
 
@@ -259,6 +265,7 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
                                                                       if arch in EXPERT_FFN_IS_INTERMEDIATE else None),
         shared_expert_ffn_hidden_size=shared_experts,
         moe_router_topk=_first(text, "num_experts_per_tok"),
+        norm_topk_prob=bool(text.get("norm_topk_prob", False)) if arch in RENORMALISED_TOPK_ARCHS else None,
         norm_epsilon=_first(text, "rms_norm_eps"),
         rope_theta=rope_theta,
         max_position_embeddings=_first(text, "max_position_embeddings"),
@@ -298,6 +305,7 @@ def from_megatron_args(args: dict[str, Any]) -> ModelConfig:
         moe_ffn_hidden_size=args.get("moe_ffn_hidden_size"),
         shared_expert_ffn_hidden_size=args.get("moe_shared_expert_intermediate_size"),
         moe_router_topk=args.get("moe_router_topk"),
+        norm_topk_prob=not args.get("moe_router_pre_softmax", False) if num_experts else None,
         norm_epsilon=args.get("norm_epsilon"),
         rope_theta=args.get("rotary_base"),
         max_position_embeddings=args.get("max_position_embeddings"),
@@ -356,6 +364,8 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
             out["shared_expert_intermediate_size"] = cfg.shared_expert_ffn_hidden_size
         if cfg.moe_router_topk:
             out["num_experts_per_tok"] = cfg.moe_router_topk
+        if arch in RENORMALISED_TOPK_ARCHS and cfg.norm_topk_prob is not None:
+            out["norm_topk_prob"] = cfg.norm_topk_prob
     if arch in HF_EXTRA_KEYS:
         out.pop("hidden_act")  # Gemma names it hidden_activation (carried in hf_extra)
         extra = {k: v for k, v in (cfg.hf_extra or {}).items() if k in HF_EXTRA_KEYS[arch]}
@@ -427,6 +437,9 @@ def to_megatron_args(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1,
         args["expert_model_parallel_size"] = ep
         if cfg.moe_router_topk:
             args["moe_router_topk"] = cfg.moe_router_topk
+        if cfg.arch in RENORMALISED_TOPK_ARCHS:
+            # softmax over every expert, then top-k, weights not renormalised: HF norm_topk_prob=False
+            args["moe_router_pre_softmax"] = not cfg.norm_topk_prob
         if cfg.shared_expert_ffn_hidden_size:
             args["moe_shared_expert_intermediate_size"] = cfg.shared_expert_ffn_hidden_size
             args["moe_shared_expert_gate"] = cfg.arch == "qwen2_moe"  # Qwen2-MoE gates its shared expert
