@@ -214,3 +214,31 @@ def test_an_architecture_without_a_mapping_is_refused_not_guessed(tmp_path, cli,
     result = cli("convert", str(src), str(tmp_path / "mcore"), "--to", "mcore")
     assert result.code == 2 and f"model_type {config.model_type!r}" in result.err, result.err
     assert len(result.err.strip().splitlines()) == 1 and not (tmp_path / "mcore").exists()
+
+
+@pytest.mark.parametrize("hidden_act, refused", [("gelu", False), ("gelu_pytorch_tanh", True)])
+def test_a_gelu_gated_llama_keeps_its_activation_or_is_refused(tmp_path, cli, hidden_act, refused):
+    """Megatron's gated fc1 without --swiglu applies its default GELU, the exact one (HF "gelu"): that
+    converts both ways and comes back as "gelu" (it came back as "silu", another model). An
+    activation Megatron would not compute (the tanh approximation) is refused."""
+    import transformers
+
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                      hidden_act=hidden_act)
+    torch.manual_seed(0)
+    src = tmp_path / "src"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(src)
+    mcore, back = tmp_path / "mcore", tmp_path / "back"
+    result = cli("convert", str(src), str(mcore), "--to", "mcore")
+    if refused:
+        assert result.code == 2 and hidden_act in result.err and not mcore.exists(), result.err
+        return
+    assert result.code == 0, result.err
+    assert cli("convert", str(mcore), str(back), "--to", "hf").code == 0
+    assert json.loads((back / "config.json").read_text())["hidden_act"] == "gelu"
+    tokens = torch.arange(12).unsqueeze(0)
+    with torch.no_grad():
+        want = transformers.AutoModelForCausalLM.from_pretrained(src)(tokens).logits
+        got = transformers.AutoModelForCausalLM.from_pretrained(back)(tokens).logits
+    assert torch.equal(got, want)

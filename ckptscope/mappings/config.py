@@ -95,6 +95,7 @@ RENORMALISED_TOPK_ARCHS: set[str] = {"qwen2_moe", "qwen3_moe"}
 LOCAL_EXPERTS_KEY: set[str] = {"mixtral"}
 """Archs whose HF config counts experts as ``num_local_experts`` (else ``num_experts``)."""
 MEGATRON_FACT_KEYS = ("softmax_type", "glu_linear_offset", "activation_func_clamp_value", "quick_geglu",
+                      "openai_gelu", "squared_relu",
                       "add_bias_linear", "gated_linear_unit", "swiglu", "window_size", "window_attn_skip_freq",
                       "position_embedding_type", "rotary_interleaved", "qk_l2_norm", "no_rope_freq",
                       "moe_layer_freq", "moe_apply_probs_on_input", "moe_router_score_function", "rotary_percent",
@@ -180,6 +181,8 @@ class ModelConfig:
     """The RoPE scaling the *HF* config says, in its spelling (``{"rope_type": "default"}`` when unscaled)."""
     megatron_rope: dict[str, Any] | None = None
     """The RoPE scaling the *Megatron* args describe, in HF spelling (mappings/rope.py)."""
+    hidden_act: str | None = None
+    """The HF config's MLP activation as it spells it (``silu``, ``gelu``, ``gelu_pytorch_tanh`` ...)."""
     norm_topk_prob: bool | None = None
     """Whether the router renormalises the top-k weights (HF ``norm_topk_prob``; Megatron: not
     ``moe_router_pre_softmax``). Qwen2/3-MoE configs say it; transformers' default is False."""
@@ -260,6 +263,7 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
         qkv_bias=bool(qkv_bias),
         qk_norm=arch in ("qwen3", "qwen3_moe", "gemma3"),
         swiglu=str(_first(text, "hidden_act", "hidden_activation") or "silu") == "silu",
+        hidden_act=str(_first(text, "hidden_act", "hidden_activation") or "silu"),
         num_experts=num_experts,
         moe_ffn_hidden_size=_first(text, "moe_intermediate_size") or (_first(text, "intermediate_size")
                                                                       if arch in EXPERT_FFN_IS_INTERMEDIATE else None),
@@ -344,7 +348,7 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
         "num_key_value_heads": cfg.num_kv_heads or heads,
         "head_dim": cfg.head_dim or cfg.require("hidden_size") // heads,
         "vocab_size": cfg.require("vocab_size"),
-        "hidden_act": "silu",
+        "hidden_act": _hf_activation(cfg, arch),
         "rms_norm_eps": cfg.norm_epsilon or 1e-5,
         "rope_theta": cfg.rope_theta or 10000.0,
         "max_position_embeddings": cfg.max_position_embeddings or 4096,
@@ -405,7 +409,7 @@ def to_megatron_args(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1,
         "padded_vocab_size": padded_vocab(vocab, make_vocab_size_divisible_by, tp),
         "make_vocab_size_divisible_by": make_vocab_size_divisible_by,
         "untie_embeddings_and_output_weights": not cfg.tie_word_embeddings,
-        "swiglu": cfg.swiglu if cfg.swiglu is not None else True,
+        "swiglu": _megatron_swiglu(cfg),
         "gated_linear_unit": True,  # every arch we map has a gated MLP ([gate; up] fc1): SwiGLU or GeGLU
         "apply_layernorm_1p": cfg.arch in ZERO_CENTRED_NORM,
         "layernorm_zero_centered_gamma": cfg.arch in ZERO_CENTRED_NORM,
@@ -446,6 +450,40 @@ def to_megatron_args(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1,
     if cfg.arch in MEGATRON_ARGS_HOOKS:
         MEGATRON_ARGS_HOOKS[cfg.arch](cfg, args)
     return args
+
+
+MEGATRON_GELU = "gelu"
+"""The activation Megatron applies to a gated fc1 without ``--swiglu`` and without another activation
+flag: ``F.gelu``, the exact (erf) GELU, HF's ``gelu``."""
+_OTHER_ACTIVATIONS = ("openai_gelu", "squared_relu", "quick_geglu", "bias_swiglu_fusion_only")
+
+
+def _hf_activation(cfg: ModelConfig, arch: str) -> str:
+    """The HF ``hidden_act`` of what the Megatron side computes: ``silu`` for ``--swiglu``, ``gelu`` for
+    a gated fc1 with Megatron's default GELU. Anything else has no spelling here: refused, not
+    written as silu."""
+    if cfg.swiglu is not False or arch in HF_EXTRA_KEYS or arch in HF_CONFIG_HOOKS:
+        return "silu"  # (Gemma spells its GeGLU in hf_extra; GPT-OSS's own hook and checks cover it)
+    facts = cfg.megatron_facts or {}
+    others = [k for k in _OTHER_ACTIVATIONS if facts.get(k)]
+    if others or ("gated_linear_unit" in facts and not facts["gated_linear_unit"]):
+        raise CkptError(f"this Megatron model's MLP activation ({', '.join(others) or 'not gated'}) has no "
+                        f"{arch} hidden_act in ckptscope: not exported")
+    return MEGATRON_GELU
+
+
+def _megatron_swiglu(cfg: ModelConfig) -> bool:
+    """``--swiglu`` for a SiLU-gated MLP; False for GELU-gated (Megatron's default activation is the
+    exact GELU, HF's ``gelu``). Any other HF activation is refused: Megatron would compute another."""
+    act = cfg.hidden_act
+    if act is None or act == "silu":
+        return cfg.swiglu if cfg.swiglu is not None else True
+    if cfg.arch in HF_EXTRA_KEYS or cfg.arch in MEGATRON_ARGS_HOOKS:
+        return False  # Gemma's GeGLU, GPT-OSS's own activation: their hooks write the activation args
+    if act == MEGATRON_GELU:
+        return False
+    raise CkptError(f"hidden_act {act!r} has no Megatron activation in ckptscope (silu -> --swiglu, gelu -> "
+                    f"Megatron's default GELU); not converted")
 
 
 def parallel_problems(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1) -> list[str]:
