@@ -242,3 +242,37 @@ def test_a_gelu_gated_llama_keeps_its_activation_or_is_refused(tmp_path, cli, hi
         want = transformers.AutoModelForCausalLM.from_pretrained(src)(tokens).logits
         got = transformers.AutoModelForCausalLM.from_pretrained(back)(tokens).logits
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("window, refused", [(4, True), (None, False), (4096, False)])
+def test_mistral_sliding_window_is_refused_where_it_applies(tmp_path, cli, window, refused):
+    """A window shorter than the model's positions changes what attention sees; ckptscope has no
+    Megatron carrier for it (Mistral's), so such a model is refused; no window, or one as long as the
+    positions, converts."""
+    import transformers
+
+    config = transformers.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                        sliding_window=window, max_position_embeddings=4096)
+    src = tmp_path / "src"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(src)
+    result = cli("convert", str(src), str(tmp_path / "mcore"), "--to", "mcore")
+    if refused:
+        assert result.code == 2 and "sliding window of 4" in result.err and not (tmp_path / "mcore").exists()
+    else:
+        assert result.code == 0, result.err
+
+
+def test_a_megatron_sliding_window_is_not_exported_as_full_attention(tmp_path, cli):
+    """Megatron args with window_size (the sample's own args, re-saved by torch with that field set)."""
+    import shutil
+
+    from dist_reference import MEGATRON_ITER
+
+    iteration = tmp_path / "iter_0000010"
+    shutil.copytree(MEGATRON_ITER, iteration)
+    common = torch.load(iteration / "common.pt", weights_only=False)
+    common["args"].window_size = (3, 0)
+    torch.save(common, iteration / "common.pt")
+    result = cli("convert", str(iteration), str(tmp_path / "hf"), "--to", "hf")
+    assert result.code == 2 and "window_size" in result.err and not (tmp_path / "hf").exists(), result.err

@@ -181,6 +181,9 @@ class ModelConfig:
     """The RoPE scaling the *HF* config says, in its spelling (``{"rope_type": "default"}`` when unscaled)."""
     megatron_rope: dict[str, Any] | None = None
     """The RoPE scaling the *Megatron* args describe, in HF spelling (mappings/rope.py)."""
+    sliding_window: int | None = None
+    """An HF config's sliding attention window when it applies (Mistral's ``sliding_window``, Qwen's with
+    ``use_sliding_window``) and is shorter than ``max_position_embeddings``; None otherwise."""
     hidden_act: str | None = None
     """The HF config's MLP activation as it spells it (``silu``, ``gelu``, ``gelu_pytorch_tanh`` ...)."""
     norm_topk_prob: bool | None = None
@@ -264,6 +267,7 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
         qk_norm=arch in ("qwen3", "qwen3_moe", "gemma3"),
         swiglu=str(_first(text, "hidden_act", "hidden_activation") or "silu") == "silu",
         hidden_act=str(_first(text, "hidden_act", "hidden_activation") or "silu"),
+        sliding_window=_effective_window(text),
         num_experts=num_experts,
         moe_ffn_hidden_size=_first(text, "moe_intermediate_size") or (_first(text, "intermediate_size")
                                                                       if arch in EXPERT_FFN_IS_INTERMEDIATE else None),
@@ -394,6 +398,7 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
 def to_megatron_args(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1, ckpt_format: str = "torch_dist",
                      make_vocab_size_divisible_by: int = 128) -> dict[str, Any]:
     """The Megatron argument values a checkpoint of ``cfg`` carries (names as in arguments.py)."""
+    refuse_hf_window(cfg, cfg.arch or "llama")
     heads = cfg.require("num_attention_heads")
     kv = cfg.num_kv_heads or heads
     vocab = cfg.require("vocab_size")
@@ -456,6 +461,44 @@ MEGATRON_GELU = "gelu"
 """The activation Megatron applies to a gated fc1 without ``--swiglu`` and without another activation
 flag: ``F.gelu``, the exact (erf) GELU, HF's ``gelu``."""
 _OTHER_ACTIVATIONS = ("openai_gelu", "squared_relu", "quick_geglu", "bias_swiglu_fusion_only")
+
+
+def _effective_window(text: dict[str, Any]) -> int | None:
+    """The sliding window a config's attention uses on every layer (Mistral, Mixtral; Qwen2/3 only with
+    ``use_sliding_window``), when shorter than the model's positions; None when it never applies."""
+    window = text.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return None
+    if "use_sliding_window" in text and not text.get("use_sliding_window"):
+        return None
+    limit = text.get("max_position_embeddings")
+    return None if isinstance(limit, int) and window >= limit else window
+
+
+def _carries_own_window(arch: str) -> bool:
+    """Gemma carries its window in hf_extra; GPT-OSS writes ``window_size`` itself."""
+    return arch in HF_EXTRA_KEYS or arch in HF_CONFIG_HOOKS or arch in MEGATRON_ARGS_HOOKS
+
+
+def refuse_hf_window(cfg: ModelConfig, arch: str) -> None:
+    """HF -> Megatron: sliding-window attention has no carrier here for the Llama/Mistral/Qwen family;
+    converted, the model would attend to every position. Refused."""
+    if cfg.sliding_window is not None and not _carries_own_window(arch):
+        raise CkptError(f"the config's attention uses a sliding window of {cfg.sliding_window} positions; ckptscope "
+                        f"does not carry sliding-window attention for {arch} into Megatron, so the converted model "
+                        f"would attend to every position: not converted")
+
+
+def refuse_megatron_window(cfg: ModelConfig, arch: str) -> None:
+    """Megatron -> HF: a model trained with ``window_size`` would lose its window in a Llama-family
+    config. Refused."""
+    window = (cfg.megatron_facts or {}).get("window_size")
+    if window in (None, [], ()) or _carries_own_window(arch):
+        return
+    if isinstance(window, (list, tuple)) and all(w in (-1, None) for w in window):
+        return  # (-1, -1): unlimited, i.e. no window
+    raise CkptError(f"this Megatron model attends through a sliding window (window_size {window}); ckptscope "
+                    f"has no {arch} HF spelling for it: not exported")
 
 
 def _hf_activation(cfg: ModelConfig, arch: str) -> str:

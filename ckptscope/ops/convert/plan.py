@@ -31,6 +31,7 @@ from ckptscope.mappings.config import (
     hf_shape_problems,
     padded_vocab,
     parallel_problems,
+    refuse_megatron_window,
     to_hf_config,
     to_megatron_args,
 )
@@ -349,6 +350,10 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                             f"(first: {view.unmapped[0]}); pass --arch or report the layout")
         if family == "mcore":
             check_norm_convention(cfg, view.arch, src_path)
+            try:
+                refuse_megatron_window(cfg, view.arch)
+            except CkptError as exc:
+                raise CkptError(exc.problem, src_path) from None
         if hf_cfg_dict is None and cfg.vocab_size is None and cfg.padded_vocab_size:
             cfg = ModelConfig(**{**cfg.to_dict(), "vocab_size": cfg.padded_vocab_size})
             notes.append(f"the true vocabulary size is unknown (args have only padded_vocab_size): all "
