@@ -12,10 +12,12 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ckptscope.ops.config_check import config_differences
 from ckptscope.ops.convert.execute import execute_convert
 from ckptscope.ops.convert.plan import plan_convert
-from ckptscope.ops.diff.engine import DiffOptions, DiffReport, diff_checkpoints
+from ckptscope.ops.diff.engine import DiffOptions, DiffReport, PairResult, diff_checkpoints
 from ckptscope.ops.diff.plan import plan_diff
+from ckptscope.ops.roots import resolve_root
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.ops.parallel.group import Group
@@ -48,6 +50,8 @@ def verify_round_trip(src: str | Path, *, via: str = "mcore", tp: int = 1, pp: i
             from ckptscope.ops.parallel.diff import diff_parallel
 
             report, _ = diff_parallel(plan, DiffOptions(device="cpu"), group)
+        if report is not None and back_to == "hf":
+            report.results += config_results(Path(resolve_root(src)), back)
     finally:
         if group is not None:
             group.settle()
@@ -58,6 +62,15 @@ def verify_round_trip(src: str | Path, *, via: str = "mcore", tp: int = 1, pp: i
     layout = f"tp {tp}, pp {pp}" + (f", ep {ep}" if ep > 1 else "") + (", te spec" if spec == "te" else "")
     report.a, report.b = str(src), f"{src} -> {via} ({layout}, {ckpt_format}) -> {back_to}"
     return report
+
+
+def config_results(src: Path, back: Path) -> list[PairResult]:
+    """One ``different`` result per fact of the source's config.json that the round trip's config says
+    otherwise (``ops.config_check``): equal tensors under another activation are another model."""
+    import json
+
+    return [PairResult(f"config.json: {fact}", json.dumps(before), json.dumps(after), "different")
+            for fact, before, after in config_differences(src, back)]
 
 
 def _shared_tmp(group: Group | None) -> str:

@@ -1,0 +1,113 @@
+"""Does a round trip's config.json describe the model the source's config.json describes?
+
+Tensors alone cannot show a lost activation (``gelu`` written back as ``silu``), a router that no
+longer renormalises its top-k weights, a dropped attention window or an architecture read as
+another: the bytes are equal and the model computes something else. ``verify`` therefore also
+compares what the two configs *mean*, fact by fact, with each fact read the way transformers reads
+it (its defaults where a key is absent, RoPE from ``rope_theta`` or ``rope_parameters``, the expert
+count under any of its names), so that spelling differences a derived config has are not reported
+and meaning differences always are.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ckptscope.mappings import rope as _rope
+from ckptscope.mappings.config import ARCH_BY_MODEL_TYPE
+
+_DEFAULT_ACT = "silu"
+
+
+def _text(config: dict[str, Any]) -> dict[str, Any]:
+    return config["text_config"] if isinstance(config.get("text_config"), dict) else config
+
+
+def _first(config: dict[str, Any], *keys: str) -> Any:
+    return next((config[k] for k in keys if config.get(k) is not None), None)
+
+
+def _window(config: dict[str, Any]) -> int | None:
+    """The sliding window every layer uses, or None (absent, off, or at least the model's positions)."""
+    window = config.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return None
+    if "use_sliding_window" in config and not config.get("use_sliding_window"):
+        return None
+    if "layer_types" in config and isinstance(config["layer_types"], list) and \
+            all(t == "full_attention" for t in config["layer_types"]):
+        return None
+    limit = config.get("max_position_embeddings")
+    return None if isinstance(limit, int) and window >= limit else window
+
+
+def _rope_theta(config: dict[str, Any]) -> float | None:
+    theta = config.get("rope_theta")
+    found = _rope.hf_rope(config)
+    if theta is None and found is not None:
+        theta = found[1].get("rope_theta")
+    return float(theta) if theta is not None else None
+
+
+def facts(config: dict[str, Any]) -> dict[str, Any]:
+    """What a config.json says the model computes, in one spelling (``None``: not said)."""
+    text = _text(config)
+    model_type = str(text.get("model_type") or config.get("model_type") or "")
+    arch = ARCH_BY_MODEL_TYPE.get(model_type, model_type)
+    window = _window(text)
+    if arch == "mistral" and window is None:
+        arch = "llama"  # Mistral without its window is Llama, module for module
+    per_layer_rope = isinstance(text.get("rope_parameters"), dict) and text["rope_parameters"] and \
+        all(isinstance(v, dict) for v in text["rope_parameters"].values())
+    out = {
+        "architecture": arch,
+        "activation": _first(text, "hidden_act", "hidden_activation") or _DEFAULT_ACT,
+        "hidden_size": text.get("hidden_size"),
+        "intermediate_size": text.get("intermediate_size"),
+        "layers": text.get("num_hidden_layers"),
+        "attention_heads": text.get("num_attention_heads"),
+        "kv_heads": _first(text, "num_key_value_heads", "num_attention_heads"),
+        "head_dim": _first(text, "head_dim") or (text["hidden_size"] // text["num_attention_heads"]
+                                                 if text.get("hidden_size") and text.get("num_attention_heads")
+                                                 else None),
+        "vocab_size": text.get("vocab_size"),
+        "norm_eps": text.get("rms_norm_eps"),
+        "rope_theta": None if per_layer_rope else _rope_theta(text),
+        "rope_scaling": None if per_layer_rope else _rope.scaling_of(text),
+        "per_layer_rope": text.get("rope_parameters") if per_layer_rope else None,
+        "attention_bias": bool(text.get("attention_bias", False)),
+        "mlp_bias": bool(text.get("mlp_bias", False)),
+        "sliding_window": window,
+        "experts": _first(text, "num_local_experts", "num_experts", "n_routed_experts"),
+        "experts_per_token": text.get("num_experts_per_tok"),
+        "expert_size": text.get("moe_intermediate_size"),
+        "shared_expert_size": text.get("shared_expert_intermediate_size") or None,
+        "norm_topk_prob": bool(text.get("norm_topk_prob", False)) if _first(
+            text, "num_local_experts", "num_experts", "n_routed_experts") else None,
+    }
+    for key in ("routed_scaling_factor", "n_group", "topk_group", "scoring_func", "n_shared_experts",
+                "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "use_qk_norm",
+                "no_rope_layers", "attention_chunk_size", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
+                "qk_rope_head_dim", "v_head_dim", "tie_word_embeddings"):
+        out[key] = text.get(key, config.get(key))
+    return out
+
+
+def config_differences(src_dir: Path, back_dir: Path) -> list[tuple[str, Any, Any]]:
+    """``(fact, source's, round trip's)`` for every fact the source's config.json says and the round
+    trip's says otherwise; empty when either has no config.json."""
+    def load(path: Path) -> dict[str, Any] | None:
+        try:
+            config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return config if isinstance(config, dict) else None
+
+    before, after = load(src_dir), load(back_dir)
+    if before is None or after is None:
+        return []
+    said, back = facts(before), facts(after)
+    return [(key, value, back.get(key)) for key, value in said.items()
+            if value is not None and value != back.get(key)]
