@@ -11,9 +11,11 @@ import os
 from pathlib import Path
 from typing import ClassVar
 
+from textual import events
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.theme import Theme
+from textual.widgets import Input
 
 from ckptscope.tui.commands import CkptCommands
 from ckptscope.tui.screens.browse import BrowseScreen
@@ -53,6 +55,15 @@ class CkptScopeApp(App[None]):
     """Opens one path; shows an error screen (exit code 2) instead of a traceback when it cannot."""
 
     CSS_PATH = "app.tcss"
+
+    async def _on_key(self, event: events.Key) -> None:
+        """A key a list let through after the focus moved on to a text field (``KeysFollowFocus``:
+        "/k_proj" in one burst) is typed into that field rather than looked up as a command."""
+        origin = getattr(event, "came_from", None)
+        focused = self.focused
+        if origin is not None and focused is not None and focused is not origin and isinstance(focused, Input):
+            event.prevent_default()  # not App._on_key's binding look-up, which textual runs next otherwise
+            focused.post_message(events.Key(event.key, event.character))
     TITLE = "ckptscope"
     COMMANDS = App.COMMANDS | {CkptCommands}
     BINDINGS: ClassVar[list[BindingType]] = [

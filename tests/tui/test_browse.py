@@ -631,3 +631,24 @@ async def test_value_pager_g_and_G_reach_the_ends_of_the_slice(in_repo):
         await pilot.press("g")
         await settle(pilot)
         assert text_of(screen.query_one("#values-cell", Static)).startswith("[0, ")
+
+
+@sync
+async def test_keys_typed_at_once_after_slash_all_reach_the_filter(in_repo):
+    """A paste or a fast typist: "/k_proj" arrives as one burst of key events before the screen
+    refreshes. Every key after "/" belongs to the filter; none may reach the tree, where r renames
+    and x drops a tensor."""
+    from textual import events
+
+    from ckptscope.tui.widgets.filter_bar import FilterBar
+
+    app = make_app(Path("sample_ckpts/hf_llama_sharded"), keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = browse(app)
+        for key, char in [("slash", "/"), *[(c, c) for c in "k_proj"], ("r", "r"), ("x", "x")]:
+            app.post_message(events.Key(key, char))  # queued together, no refresh in between
+        await pilot.pause(0.3)
+        await settle(pilot)
+        assert app.screen is screen  # no rename dialog opened
+        assert screen.query_one(FilterBar).value == "k_projrx"

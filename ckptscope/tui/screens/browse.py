@@ -405,10 +405,15 @@ class BrowseScreen(RenameActions, Screen[None]):
 
     def action_open_filter(self) -> None:
         self.add_class("-filtering")
-        self.call_after_refresh(self.query_one(FilterBar).focus)  # focusable once displayed
+        bar = self.query_one(FilterBar)
+        # Shown and focused now, not after the next refresh: keys typed right after "/" (a paste,
+        # a fast typist) must reach the bar, not the tree, where r renames and x drops.
+        bar.display = True
+        self.set_focus(bar)  # the screen's own, synchronous (Widget.focus waits for the queue)
 
     def action_close_filter(self) -> None:
         self.remove_class("-filtering")
+        self.query_one(FilterBar).styles.clear_rule("display")  # the stylesheet hides it again
         if self._pattern:
             self._pattern = ""
             self._leaves, self._match = [], -1

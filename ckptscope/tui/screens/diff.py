@@ -446,7 +446,9 @@ class DiffScreen(Screen[None]):
     def action_open_filter(self) -> None:
         self.add_class("-filtering")
         self.refresh_bindings()
-        self.call_after_refresh(self.query_one("#diff-filter", Input).focus)
+        bar = self.query_one("#diff-filter", Input)
+        bar.display = True  # focused now: keys typed right after "/" belong to the filter
+        self.set_focus(bar)  # the screen's own, synchronous (Widget.focus waits for the queue)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "back" and self.standalone and not self.has_class("-filtering"):
@@ -458,6 +460,7 @@ class DiffScreen(Screen[None]):
             self.remove_class("-filtering")
             self.refresh_bindings()
             filter_input = self.query_one("#diff-filter", Input)
+            filter_input.styles.clear_rule("display")  # the stylesheet hides it again
             if filter_input.value:
                 filter_input.value = ""
                 self._apply_name_filter("")

@@ -24,7 +24,7 @@ from ckptscope.core.units import middle_ellipsis
 from ckptscope.tui.diff_rows import COLUMNS, row_cells
 from ckptscope.tui.widgets.column_fit import fit_column
 from ckptscope.tui.widgets.row_fit import TAIL_ONLY_BELOW, shorten
-from ckptscope.tui.widgets.vim_keys import table_keys
+from ckptscope.tui.widgets.vim_keys import KeysFollowFocus, table_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.ops.diff.engine import PairResult
@@ -70,7 +70,7 @@ class NameCell:
         return Measurement(min(len(self.name), MIN_NAME_WIDTH), len(self.name))
 
 
-class DiffTable(DataTable[object]):
+class DiffTable(KeysFollowFocus, DataTable[object]):
     """Rows are added as results stream in; the screen decides what is shown and in which order."""
 
     BINDINGS: ClassVar[list[BindingType]] = table_keys("difftable")

@@ -24,7 +24,7 @@ from ckptscope.core.units import human_bytes, human_count, shape_str
 from ckptscope.ops.tree import TreeNode
 from ckptscope.tui.colors import DTYPE_ICON, dtype_color
 from ckptscope.tui.widgets.row_fit import Row
-from ckptscope.tui.widgets.vim_keys import VimTree, tree_keys
+from ckptscope.tui.widgets.vim_keys import KeysFollowFocus, VimTree, tree_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.tui.renaming import PendingView
@@ -149,7 +149,7 @@ def node_label(entry: Entry, pending: PendingView | None = None, copies: list[st
     return text
 
 
-class TensorTree(VimTree, Tree[Entry]):
+class TensorTree(KeysFollowFocus, VimTree, Tree[Entry]):
     """Lazy module tree. Posts ``TensorTree.TensorHighlighted`` when the cursor lands on a tensor."""
 
     BINDINGS: ClassVar[list[BindingType]] = [

@@ -36,3 +36,18 @@ class VimTree:
 
     def action_last_line(self) -> None:
         self.move_cursor_to_line(self.last_line)  # type: ignore[attr-defined]
+
+
+class KeysFollowFocus:
+    """Mixin for a list with a "/" filter on its screen: keys that arrive in a burst with the "/".
+
+    textual hands each key to the widget focused when the key *arrives*, and runs a binding only
+    when the key comes back up to the app. A burst ("/k_proj" pasted, or typed fast) is therefore
+    all queued on the list, and by the time "k" comes back up the "/" has moved the focus to the
+    filter: the app would look up "k" there and drop it. Each key that leaves the list is marked with
+    the list (``came_from``); the app (``tui.app``) hands a marked key to the filter that now has
+    the focus instead, so none is lost and none runs one of the list's commands (in the tree, r
+    renames and x drops)."""
+
+    async def _on_key(self, event) -> None:
+        event.came_from = self  # then textual runs the base classes' own key handlers, as ever
