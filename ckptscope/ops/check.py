@@ -582,10 +582,15 @@ def check_checkpoint(path: str | Path, iteration: Iteration | None = None) -> Ch
             reader.show_stored_quantization()  # storage is checked as stored: FP8 payloads and scales apart
             index = reader.index()
     except CkptError as exc:
-        # The format is recognised but a file of it does not parse (a rank file cut short mid-write):
-        # damage to report, like a short .distcp, not a path that is no checkpoint.
+        # The format is recognised but one file of a checkpoint dir does not parse (a rank file cut
+        # short mid-write): damage to report, like a short .distcp. A single file that does not
+        # parse is a path that cannot be read at all (exit 2), as before.
+        if target.is_file() or exc.path is None or Path(exc.path).resolve() == target.resolve():
+            raise
         report.format = reader.format_name
-        root = target if target.is_dir() else target.parent
+        if report.layout is None:
+            report.layout = describe_checkpoint(target, CheckpointIndex(path=str(target), format=reader.format_name))
+        root = target
         file = None
         if exc.path is not None:
             try:
