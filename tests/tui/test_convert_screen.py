@@ -363,3 +363,19 @@ async def test_default_target_is_what_merge_does_for_training_saves(in_repo, sou
         assert form.query_one("#convert-dst", Input).value.endswith(f"-{target}")
         if source.startswith("verl"):  # its HF config is in the save: the merge plan is made at once
             assert form.plan is not None and form.plan.target == "hf", text_of(form.query_one("#convert-status", Static))
+
+
+@sync
+async def test_verify_result_is_in_view_at_80_columns(tmp_path):
+    """At 80x24 the form is taller than the screen: the verify result is scrolled into view."""
+    src = tmp_path / "hf_llama_gqa"
+    shutil.copytree(SAMPLES / "hf_llama_gqa", src)
+    app = make_app(src, keymap={})
+    async with app.run_test(size=(80, 24)) as pilot:
+        form = await open_convert_form(pilot)
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        await pilot.pause(0.2)
+        assert form.verified is not None and form.verified.identical
+        shown = app.screen.find_widget(form.query_one("#convert-verify", Static)).visible_region
+        assert shown.height > 0 and 0 <= shown.y < 24, shown

@@ -524,7 +524,10 @@ class ConvertScreen(ModalScreen[str | None]):
 
     def _show_verify(self, content: Text | Group) -> None:
         self.query_one("#convert-verify", Static).update(content)
-        self.query_one("#convert-verify-box").display = True
+        box = self.query_one("#convert-verify-box")
+        box.display = True
+        # On a small terminal the form is taller than the screen: bring the result into view
+        self.call_after_refresh(lambda: box.scroll_visible(animate=False))
 
     # --- failures ----------------------------------------------------------------------------
 
