@@ -81,3 +81,19 @@ async def test_rows_at_80_columns_show_where_they_are_cut(in_repo):
         await pilot.hover(TensorTree, offset=(3, 0))
         await pilot.pause()
         assert tree.tooltip is None
+
+
+def test_detail_pane_shows_a_long_name_whole():
+    """At 80 columns the detail pane is ~46 wide: a long tensor name folds onto a second line instead
+    of ending in an ellipsis (the tree cuts it too, so it was shown whole nowhere)."""
+    from rich.console import Console
+
+    from ckptscope.core.tensor import raw_tensor
+    from ckptscope.tui.widgets.tensor_detail import facts
+
+    name = "model.layers.0.post_attention_layernorm.weight"
+    meta = raw_tensor(name, "bfloat16", (64,), "model-00001-of-00004.safetensors", 0, 128)
+    console = Console(width=40, record=True, color_system=None)
+    console.print(facts(meta))
+    text = console.export_text()
+    assert name in "".join(line.strip() for line in text.splitlines() if not line.startswith(("dtype", "shape")))

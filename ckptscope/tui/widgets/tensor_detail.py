@@ -26,7 +26,7 @@ def facts(meta: TensorMeta, entry: Entry | None = None) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
-    grid.add_row("name", Text(meta.name, style="bold"))
+    grid.add_row("name", Text(meta.name, style="bold", overflow="fold"))  # whole, over two lines if need be
     if entry is not None and entry.repeat > 1:
         grid.add_row("range", Text.assemble(
             (f"one of {entry.repeat} identical tensors", "magenta"), " in ", (entry.range_path, "bold magenta"),
