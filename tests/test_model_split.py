@@ -8,6 +8,7 @@ and check what comes out with independent loaders.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -226,3 +227,16 @@ def test_config_that_does_not_fit_the_tensors_is_refused(samples, tmp_path):
     assert result.code == 0, result.err
     _, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+
+
+def test_a_renamed_model_is_still_the_whole_model(samples, tmp_path):
+    """``rename --sub '^model\\.' 'backbone.'`` of an HF Llama: lm_head.weight alone still looks like HF,
+    the other names follow no family. The model is every tensor, not one tensor plus unknowns."""
+    out = tmp_path / "renamed"
+    assert run_cli("rename", str(samples["hf_llama_sharded"]), str(out), "--sub", r"^model\.", "backbone.").code == 0
+    result = run_cli("inspect", "--json", str(out))
+    assert result.code == 0, result.err
+    doc = json.loads(result.out)
+    roles = doc["metadata"]["roles"]
+    assert roles["unknown"] == [] and roles["model"]["tensors"] == len(doc["tensors"])
+    assert doc["metadata"]["num_params"] == sum(math.prod(t["shape"]) for t in doc["tensors"])

@@ -263,9 +263,10 @@ def _model_prefix(names: list[str]) -> tuple[str, str]:
             break
         head, rest = max(heads.items(), key=lambda kv: len(kv[1]))
         prefix, current = prefix + head + ".", rest
-    if best is not None:
+    if best is not None and 2 * best[0] >= len(names):
         return best[1], best[2]
-    # Nothing recognised: peel only wrappers that hold every name.
+    # Nothing recognised, or only a few names (an HF model renamed to backbone.layers...: lm_head alone
+    # still looks like HF): peel only wrappers that hold every name, and judge no name by a family.
     prefix = ""
     current = names
     while current:
