@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 def human_bytes(n: int) -> str:
     """``1536`` -> ``1.5 KiB`` (binary units, as ``du -h`` and most users' dashboards)."""
@@ -41,6 +43,30 @@ def middle_ellipsis(text: str, width: int, head: float = 0.5) -> str:
     room = width - 1
     start = max(0, min(room, round(room * head)))
     return text[:start] + "…" + (text[len(text) - (room - start):] if room > start else "")
+
+
+_INDEXED = re.compile(r"(?:^|\.)([A-Za-z_]+\.\d+\.)")
+
+
+def index_ellipsis(text: str, width: int) -> str:
+    """``…layers.1.self_attention.linear_qkv.layer_norm_weight``: like a tail cut, but the first
+    indexed component (``layers.1.``) stays, since in a list of per-layer names it is what tells the
+    rows apart; the middle after it is cut too when the end still does not fit. Names without an
+    index, or columns too narrow for one, get the tail cut."""
+    if len(text) <= width:
+        return text
+    found = _INDEXED.search(text)
+    if found is None:
+        return middle_ellipsis(text, width, head=0.0)
+    rest = text[found.end():]
+    index = found.group(1).split(".")[-2]
+    for anchor in ("…" + found.group(1), "…" + index + "."):  # then the index alone: …1.…norm_weight
+        if len(anchor) + len(rest) <= width:
+            return anchor + rest
+        room = width - len(anchor) - 1
+        if room >= 6:
+            return anchor + "…" + rest[len(rest) - room:]
+    return middle_ellipsis(text, width, head=0.0)
 
 
 def human_time(epoch: float | None) -> str:

@@ -97,3 +97,17 @@ def test_detail_pane_shows_a_long_name_whole():
     console.print(facts(meta))
     text = console.export_text()
     assert name in "".join(line.strip() for line in text.splitlines() if not line.startswith(("dtype", "shape")))
+
+
+def test_per_layer_names_stay_apart_when_cut():
+    """The timeline's tensor rows: two layers' copies of one long name must not both read
+    ``…_attention.linear_qkv.layer_norm_weight``; the layer index survives the cut."""
+    from ckptscope.core.units import index_ellipsis
+
+    names = [f"decoder.layers.{i}.self_attention.linear_qkv.layer_norm_weight" for i in (0, 1, 11)]
+    for width in range(10, 61):
+        cut = [index_ellipsis(n, width) for n in names]
+        assert all(len(c) <= width for c in cut), cut
+        assert len(set(cut)) == len(names), (width, cut)
+    assert index_ellipsis("embedding.word_embeddings", 40) == "embedding.word_embeddings"
+    assert index_ellipsis("embedding.word_embeddings", 12) == "…_embeddings"  # no index: the tail

@@ -198,7 +198,7 @@ class TimelineScreen(Screen[None]):
         flags.add_column("reason")
         for flag in result.flags:
             style = "bold red" if flag.kind in ("nan", "inf", "stale") else "yellow"
-            flags.add_row(Text(flag.kind, style=style), str(flag.iteration), NameCell(flag.subject, head=0.0), flag.reason)
+            flags.add_row(Text(flag.kind, style=style), str(flag.iteration), NameCell(flag.subject, head="index"), flag.reason)
         if not result.flags:
             flags.add_row(Text("none", style="green"), "", "nothing flagged", "")
         self._show_level()
@@ -218,7 +218,7 @@ class TimelineScreen(Screen[None]):
         for a, b in zip(result.iterations, result.iterations[1:]):
             heat.add_column(f"{a}→{b}", key=f"{a}-{b}", width=max(6, len(f"{a}→{b}")))
         for series in self.rows:
-            heat.add_row(NameCell(series.name, head=0.0), *(change_cell(c, series.nan[k + 1]) for k, c in enumerate(series.change)))
+            heat.add_row(NameCell(series.name, head="index"), *(change_cell(c, series.nan[k + 1]) for k, c in enumerate(series.change)))
         if self.rows and len(result.iterations) > 1:
             heat.move_cursor(row=0, column=1)
 

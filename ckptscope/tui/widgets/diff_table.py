@@ -20,7 +20,7 @@ from textual import events
 from textual.binding import BindingType
 from textual.widgets import DataTable
 
-from ckptscope.core.units import middle_ellipsis
+from ckptscope.core.units import index_ellipsis, middle_ellipsis
 from ckptscope.tui.diff_rows import COLUMNS, row_cells
 from ckptscope.tui.widgets.column_fit import fit_column
 from ckptscope.tui.widgets.row_fit import TAIL_ONLY_BELOW, shorten
@@ -53,14 +53,20 @@ class NameCell:
 
     __slots__ = ("name", "style", "head")
 
-    def __init__(self, name: str, style: str = "", head: float | None = None) -> None:
+    def __init__(self, name: str, style: str = "", head: float | str | None = None) -> None:
         self.name, self.style = name, style
         self.head = head
-        """Share of a cut name's room given to its start (0: only the end); None: ``shorten``'s."""
+        """Share of a cut name's room given to its start (0: only the end); None: ``shorten``'s;
+        ``"index"``: the end plus the first indexed component (``index_ellipsis``)."""
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
-        text = shorten(self.name, width) if self.head is None else middle_ellipsis(self.name, width, self.head)
+        if self.head is None:
+            text = shorten(self.name, width)
+        elif self.head == "index":
+            text = index_ellipsis(self.name, width)
+        else:
+            text = middle_ellipsis(self.name, width, float(self.head))
         yield Text(text, style=self.style, no_wrap=True, end="")
 
     def __str__(self) -> str:
