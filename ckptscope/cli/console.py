@@ -29,18 +29,10 @@ def report_width() -> int | None:
 
 def stdout_console() -> Console:
     """A console for reports on stdout: no highlighting (names are data), no soft wrap, ``report_width``.
-
-    A reader that stops early (``ckptscope diff A B | head``) closes the pipe: rich then exits with
-    status 1, which for ``diff`` means "different". Here the rest of the report goes to
-    /dev/null instead and the command ends with its own status."""
+    It writes through ``sys.stdout``, which a piped run wraps in ``PipeSafeStdout``."""
     from rich.console import Console
 
-    class _Report(Console):
-        def on_broken_pipe(self) -> None:
-            discard_stdout()
-            self.quiet = True
-
-    return _Report(highlight=False, soft_wrap=False, width=report_width())
+    return Console(highlight=False, soft_wrap=False, width=report_width())
 
 
 def discard_stdout() -> None:
@@ -85,4 +77,3 @@ class PipeSafeStdout:
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
-

@@ -267,7 +267,7 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
         qk_norm=arch in ("qwen3", "qwen3_moe", "gemma3"),
         swiglu=str(_first(text, "hidden_act", "hidden_activation") or "silu") == "silu",
         hidden_act=str(_first(text, "hidden_act", "hidden_activation") or "silu"),
-        sliding_window=_effective_window(text),
+        sliding_window=effective_window(text),
         num_experts=num_experts,
         moe_ffn_hidden_size=_first(text, "moe_intermediate_size") or (_first(text, "intermediate_size")
                                                                       if arch in EXPERT_FFN_IS_INTERMEDIATE else None),
@@ -463,13 +463,17 @@ flag: ``F.gelu``, the exact (erf) GELU, HF's ``gelu``."""
 _OTHER_ACTIVATIONS = ("openai_gelu", "squared_relu", "quick_geglu", "bias_swiglu_fusion_only")
 
 
-def _effective_window(text: dict[str, Any]) -> int | None:
-    """The sliding window a config's attention uses on every layer (Mistral, Mixtral; Qwen2/3 only with
-    ``use_sliding_window``), when shorter than the model's positions; None when it never applies."""
+def effective_window(text: dict[str, Any]) -> int | None:
+    """The sliding window a config's attention uses (Mistral, Mixtral; Qwen2/3 only with
+    ``use_sliding_window``), when shorter than the model's positions; None when it never applies
+    (no window, switched off, every ``layer_types`` entry full attention, or at least the positions)."""
     window = text.get("sliding_window")
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
         return None
     if "use_sliding_window" in text and not text.get("use_sliding_window"):
+        return None
+    layer_types = text.get("layer_types")
+    if isinstance(layer_types, list) and layer_types and all(t == "full_attention" for t in layer_types):
         return None
     limit = text.get("max_position_embeddings")
     return None if isinstance(limit, int) and window >= limit else window
@@ -489,30 +493,50 @@ def refuse_hf_window(cfg: ModelConfig, arch: str) -> None:
                         f"would attend to every position: not converted")
 
 
-def refuse_megatron_window(cfg: ModelConfig, arch: str) -> None:
-    """Megatron -> HF: a model trained with ``window_size`` would lose its window in a Llama-family
-    config. Refused."""
-    window = (cfg.megatron_facts or {}).get("window_size")
-    if window in (None, [], ()) or _carries_own_window(arch):
-        return
-    if isinstance(window, (list, tuple)) and all(w in (-1, None) for w in window):
-        return  # (-1, -1): unlimited, i.e. no window
-    raise CkptError(f"this Megatron model attends through a sliding window (window_size {window}); ckptscope "
-                    f"has no {arch} HF spelling for it: not exported")
+def megatron_activation(cfg: ModelConfig) -> str | None:
+    """The HF ``hidden_act`` of the MLP the Megatron args describe: ``silu`` for ``--swiglu``, ``gelu``
+    for a gated fc1 with Megatron's default (exact) GELU; None when it has no HF spelling here (not
+    gated, ``openai_gelu``, ``squared_relu`` ...)."""
+    facts = cfg.megatron_facts or {}
+    if cfg.swiglu is not False:
+        return "silu"
+    if any(facts.get(k) for k in _OTHER_ACTIVATIONS) or ("gated_linear_unit" in facts and not facts["gated_linear_unit"]):
+        return None
+    return MEGATRON_GELU
+
+
+def hf_export_problems(cfg: ModelConfig, arch: str) -> list[str]:
+    """Why a Megatron model (``cfg``: the HF config the export writes, merged over the Megatron args)
+    would compute something else as HF ``arch``, one line each; empty when it would not. Gemma and
+    GPT-OSS carry their own activation and window (hf_extra, ``MEGATRON_CHECKS``); the rest of the
+    family must be gated, SiLU or Megatron's GELU as its HF config says, with no sliding window."""
+    if _carries_own_window(arch):
+        return []
+    facts = cfg.megatron_facts or {}
+    problems = []
+    if "swiglu" in facts and not facts["swiglu"] and not facts.get("gated_linear_unit"):
+        problems.append(f"its MLP is not gated (args: swiglu=False, no gated_linear_unit: linear_fc1 is one GELU "
+                        f"projection) while every {arch} MLP has gate_proj + up_proj")
+    else:
+        act = megatron_activation(cfg)
+        if act is None:
+            others = ", ".join(k for k in _OTHER_ACTIVATIONS if facts.get(k))
+            problems.append(f"its MLP activation ({others}) has no {arch} hidden_act")
+        elif cfg.hidden_act is not None and cfg.hidden_act != act:
+            problems.append(f"its MLP computes {act} but the HF config says hidden_act {cfg.hidden_act!r}")
+    window = facts.get("window_size")
+    if window not in (None, [], ()) and not (isinstance(window, (list, tuple)) and all(w in (-1, None) for w in window)):
+        problems.append(f"it attends through a sliding window (window_size {window}), which a {arch} config "
+                        f"does not carry")
+    return problems
 
 
 def _hf_activation(cfg: ModelConfig, arch: str) -> str:
-    """The HF ``hidden_act`` of what the Megatron side computes: ``silu`` for ``--swiglu``, ``gelu`` for
-    a gated fc1 with Megatron's default GELU. Anything else has no spelling here: refused, not
-    written as silu."""
-    if cfg.swiglu is not False or arch in HF_EXTRA_KEYS or arch in HF_CONFIG_HOOKS:
-        return "silu"  # (Gemma spells its GeGLU in hf_extra; GPT-OSS's own hook and checks cover it)
-    facts = cfg.megatron_facts or {}
-    others = [k for k in _OTHER_ACTIVATIONS if facts.get(k)]
-    if others or ("gated_linear_unit" in facts and not facts["gated_linear_unit"]):
-        raise CkptError(f"this Megatron model's MLP activation ({', '.join(others) or 'not gated'}) has no "
-                        f"{arch} hidden_act in ckptscope: not exported")
-    return MEGATRON_GELU
+    """``hidden_act`` of a derived config: what the Megatron MLP computes (``hf_export_problems`` has
+    refused what has no spelling); Gemma spells its GeGLU in hf_extra, GPT-OSS in its own hook."""
+    if arch in HF_EXTRA_KEYS or arch in HF_CONFIG_HOOKS:
+        return "silu"
+    return megatron_activation(cfg) or "silu"
 
 
 def _megatron_swiglu(cfg: ModelConfig) -> bool:

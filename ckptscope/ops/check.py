@@ -590,13 +590,10 @@ def check_checkpoint(path: str | Path, iteration: Iteration | None = None) -> Ch
         report.format = reader.format_name
         if report.layout is None:
             report.layout = describe_checkpoint(target, CheckpointIndex(path=str(target), format=reader.format_name))
-        root = target
-        file = None
-        if exc.path is not None:
-            try:
-                file = prefix + Path(exc.path).resolve().relative_to(root.resolve()).as_posix()
-            except ValueError:
-                file = None
+        try:
+            file: str | None = prefix + Path(exc.path).resolve().relative_to(target.resolve()).as_posix()
+        except ValueError:  # a file outside the dir (a symlinked shard): named by the message itself
+            file = None
         problems.append(Problem("unreadable-file", file, (), exc.problem))
         return report
     report.format = index.format

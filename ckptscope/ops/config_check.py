@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptscope.mappings import rope as _rope
-from ckptscope.mappings.config import ARCH_BY_MODEL_TYPE
+from ckptscope.mappings.config import ARCH_BY_MODEL_TYPE, effective_window
 
 _DEFAULT_ACT = "silu"
 
@@ -27,20 +27,6 @@ def _text(config: dict[str, Any]) -> dict[str, Any]:
 
 def _first(config: dict[str, Any], *keys: str) -> Any:
     return next((config[k] for k in keys if config.get(k) is not None), None)
-
-
-def _window(config: dict[str, Any]) -> int | None:
-    """The sliding window every layer uses, or None (absent, off, or at least the model's positions)."""
-    window = config.get("sliding_window")
-    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
-        return None
-    if "use_sliding_window" in config and not config.get("use_sliding_window"):
-        return None
-    if "layer_types" in config and isinstance(config["layer_types"], list) and \
-            all(t == "full_attention" for t in config["layer_types"]):
-        return None
-    limit = config.get("max_position_embeddings")
-    return None if isinstance(limit, int) and window >= limit else window
 
 
 def _rope_theta(config: dict[str, Any]) -> float | None:
@@ -56,7 +42,7 @@ def facts(config: dict[str, Any]) -> dict[str, Any]:
     text = _text(config)
     model_type = str(text.get("model_type") or config.get("model_type") or "")
     arch = ARCH_BY_MODEL_TYPE.get(model_type, model_type)
-    window = _window(text)
+    window = effective_window(text)
     if arch == "mistral" and window is None:
         arch = "llama"  # Mistral without its window is Llama, module for module
     per_layer_rope = isinstance(text.get("rope_parameters"), dict) and text["rope_parameters"] and \

@@ -345,10 +345,11 @@ def tracker_gap(path: str | Path, found: list[IterationInfo], chosen: IterationI
         if not (root / TRACKER).is_file():
             return f"no {TRACKER} (the trainer resumes from what it names); using iteration {chosen.label}"
         named = read_tracker(root)
-        if named is not None and str(named) == chosen.label:
+        if named is None:
+            return f"{TRACKER} holds no iteration; using iteration {chosen.label}, the newest complete one"
+        if str(named) == chosen.label:
             return None
-        info = find_iteration(found, named) if named is not None else None
-        state = "which is incomplete" if info is not None else "which is not here"
+        state = "which is incomplete" if find_iteration(found, named) is not None else "which is not here"
         return (f"{TRACKER} names iteration {named}, {state}; using iteration {chosen.label}, the newest "
                 f"complete one (--iteration picks another)")
     if kind == "deepspeed":

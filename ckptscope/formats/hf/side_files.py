@@ -23,11 +23,25 @@ _CONFIG_FILES = ("config.json", "generation_config.json", "adapter_config.json")
 _TOKENIZER_HINTS = ("tokenizer", "vocab", "merges.txt", "special_tokens_map", "chat_template")
 TRAINER_STATE = "trainer_state.json"
 TRAINING_ARGS = "training_args.bin"
-_TRAINER_ROLES = {"optimizer.pt": "optimizer", "scheduler.pt": "scheduler", "scaler.pt": "scaler",
-                  TRAINING_ARGS: "args", TRAINER_STATE: "state"}
-"""transformers.trainer's file names (OPTIMIZER_NAME, SCHEDULER_NAME, SCALER_NAME, TRAINING_ARGS_NAME,
-TRAINER_STATE_NAME) and what each is for."""
+_TRAINER_ROLES = {TRAINING_ARGS: "args", TRAINER_STATE: "state"}
+"""transformers.trainer's TRAINING_ARGS_NAME and TRAINER_STATE_NAME, and what each is for."""
 _RNG_STATE = re.compile(r"^rng_state(_\d+)?\.pth$")
+_TRAINING_FILES = (
+    (re.compile(r"optimizer(_\d+)?\.(pt|bin)\Z"), "optimizer"),
+    (re.compile(r"scheduler(_\d+)?\.(pt|bin)\Z"), "scheduler"),
+    (re.compile(r"scaler\.pt\Z"), "scaler"),
+    (re.compile(r"sampler(_\d+)?\.bin\Z"), "sampler"),
+    (re.compile(r"(rng_state(_\d+)?\.pth|random_states_\d+\.pkl)\Z"), "rng"),
+)
+"""The training state trainers keep in files of their own: transformers.trainer's OPTIMIZER_NAME,
+SCHEDULER_NAME, SCALER_NAME and ``rng_state[_<rank>].pth``; accelerate's ``save_state`` names
+(``optimizer[_<i>].bin``, ``scheduler[_<i>].bin``, ``sampler[_<i>].bin``, ``random_states_<rank>.pkl``)."""
+
+
+def training_file_role(name: str) -> str | None:
+    """``optimizer``, ``scheduler``, ``scaler``, ``sampler`` or ``rng`` for a trainer's training-state
+    file name (``_TRAINING_FILES``), else None."""
+    return next((role for pattern, role in _TRAINING_FILES if pattern.match(name)), None)
 _TRAINER_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _TRAINER_SUBDIRS = re.compile(r"^(global_step\d+|optimizer_\d+)$")
 """DeepSpeed's ``global_stepN/`` (engine.save_checkpoint under the Trainer checkpoint) and the
@@ -67,8 +81,8 @@ def add_side_files(index: CheckpointIndex, root: Path) -> None:
             role = "config"
         elif name in _TRAINER_ROLES:
             role = _TRAINER_ROLES[name]
-        elif _RNG_STATE.match(name):
-            role = "rng"
+        elif (kind := training_file_role(name)) is not None:
+            role = kind
         elif trainer and name in ("latest", "zero_to_fp32.py"):
             role = "deepspeed"
         elif any(h in name for h in _TOKENIZER_HINTS):

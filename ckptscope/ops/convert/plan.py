@@ -28,10 +28,10 @@ from ckptscope.mappings.config import (
     ZERO_CENTRED_NORM,
     ModelConfig,
     from_hf_config,
+    hf_export_problems,
     hf_shape_problems,
     padded_vocab,
     parallel_problems,
-    refuse_megatron_window,
     to_hf_config,
     to_megatron_args,
 )
@@ -333,7 +333,6 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
 
     if to == "hf":
         if family == "mcore":
-            _check_gated_mlp(cfg, src_path)
             view = map_to_hf(shapes, cfg, arch)
             notes.append(f"Megatron-Core names mapped to HF ({view.arch})")
         elif family == "hf" and has_fused_experts(tensors) and stores_per_expert(arch or detect_arch(tensors, cfg)):
@@ -350,10 +349,9 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                             f"(first: {view.unmapped[0]}); pass --arch or report the layout")
         if family == "mcore":
             check_norm_convention(cfg, view.arch, src_path)
-            try:
-                refuse_megatron_window(cfg, view.arch)
-            except CkptError as exc:
-                raise CkptError(exc.problem, src_path) from None
+            problems = hf_export_problems(cfg, view.arch)
+            if problems:  # the args describe a model the HF config would not compute
+                raise CkptError(f"this Megatron model would not compute {view.arch}: " + "; ".join(problems), src_path)
         if hf_cfg_dict is None and cfg.vocab_size is None and cfg.padded_vocab_size:
             cfg = ModelConfig(**{**cfg.to_dict(), "vocab_size": cfg.padded_vocab_size})
             notes.append(f"the true vocabulary size is unknown (args have only padded_vocab_size): all "
@@ -470,18 +468,6 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                        ckpt_format=ckpt_format, tp=tp, pp=pp, ep=ep, spec=spec, iteration=iteration,
                        notes=notes + view_notes(view) + [f"vocabulary {cfg.vocab_size} padded to {padded} rows"],
                        dropped=split_dropped + view.ignored)
-
-
-def _check_gated_mlp(cfg: ModelConfig, src: Path) -> None:
-    """Refuse a Megatron model whose args say its MLP is not gated (GELU ``linear_fc1``, no
-    ``--swiglu``): every HF architecture mapped here has ``gate_proj`` / ``up_proj``, and splitting a
-    plain fc1 into two halves would export a different model (or fail later on shapes, with advice
-    that cannot help)."""
-    facts = cfg.megatron_facts or {}
-    if "swiglu" in facts and not facts.get("swiglu") and not facts.get("gated_linear_unit"):
-        raise CkptError("this Megatron model's MLP is not gated (its args say swiglu=False and no gated_linear_unit: "
-                        "linear_fc1 is one GELU projection); the HF architectures ckptscope maps all have a gated MLP "
-                        "(gate_proj + up_proj), so it has no HF mapping here", src)
 
 
 def check_norm_convention(cfg: ModelConfig, arch: str, src: Path) -> None:

@@ -20,13 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from ckptscope.core.index import CheckpointIndex
+from ckptscope.formats.hf.side_files import training_file_role
 
-_TRAINING_FILE = re.compile(
-    r"(optimizer(_\d+)?\.(pt|bin)|scheduler(_\d+)?\.(pt|bin)|sampler(_\d+)?\.bin|scaler\.pt"
-    r"|rng_state(_\d+)?\.pth|random_states_\d+\.pkl|optimizer_\d+)\Z")
-"""Trainer (optimizer.pt, scheduler.pt, scaler.pt, rng_state[_<rank>].pth) and accelerate
-(optimizer[_<i>].bin, scheduler[_<i>].bin, sampler[_<i>].bin, random_states_<rank>.pkl, FSDP's
-optimizer_<i>/ DCP directory) training-state files."""
+_OPTIMIZER_DIR = re.compile(r"optimizer_\d+\Z")
+"""accelerate's FSDP sharded optimizer, a DCP directory beside ``pytorch_model_fsdp_<i>/``."""
+
+
+def _is_training_file(name: str) -> bool:
+    """A trainer's own training-state file (the HF reader's roles, ``training_file_role``) or dir."""
+    return training_file_role(name) is not None or bool(_OPTIMIZER_DIR.match(name))
 
 
 @dataclass
@@ -48,7 +50,7 @@ def training_files(root: str | Path, index: CheckpointIndex) -> dict[str, Path]:
     directory = Path(root)
     if not directory.is_dir():
         return {}
-    candidates = sorted(entry for entry in directory.iterdir() if _TRAINING_FILE.match(entry.name))
+    candidates = sorted(entry for entry in directory.iterdir() if _is_training_file(entry.name))
     if not candidates:  # the usual model dir: no pass over the index's chunks
         return {}
     read = {chunk.file for meta in index.tensors.values() for chunk in meta.chunks}
