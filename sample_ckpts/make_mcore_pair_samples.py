@@ -191,6 +191,9 @@ def transformer_config(args: argparse.Namespace):
         params_dtype=args.params_dtype, bf16=args.bf16, fp16=args.fp16,
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         use_cpu_initialization=True, perform_initialization=False,
+        # sliding-window attention as the args say it (Mistral/Qwen exports); None: full causal attention
+        window_size=tuple(args.window_size) if getattr(args, "window_size", None) else None,
+        window_attn_skip_freq=getattr(args, "window_attn_skip_freq", None),
     )
 
 

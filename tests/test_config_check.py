@@ -28,7 +28,10 @@ def test_meaning_differences_are_reported(tmp_path):
         (transformers.Qwen3MoeConfig(**DIMS, num_experts=4, norm_topk_prob=True),
          transformers.Qwen3MoeConfig(**DIMS, num_experts=4), "norm_topk_prob"),
         (transformers.MistralConfig(**DIMS, sliding_window=8), transformers.MistralConfig(**DIMS, sliding_window=None),
-         ["architecture", "sliding_window"]),  # without its window a Mistral is a Llama
+         ["architecture", "sliding_window", "sliding_layers"]),  # without its window a Mistral is a Llama
+        (transformers.Qwen3Config(**DIMS, use_sliding_window=True, sliding_window=8, max_window_layers=0),
+         transformers.Qwen3Config(**DIMS, use_sliding_window=True, sliding_window=8, max_window_layers=1),
+         "sliding_layers"),  # one window, on other layers
         (transformers.LlamaConfig(**DIMS, rope_theta=500000.0), transformers.LlamaConfig(**DIMS), "rope_theta"),
     ]
     for i, (source, back, fact) in enumerate(pairs):

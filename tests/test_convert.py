@@ -244,12 +244,14 @@ def test_a_gelu_gated_llama_keeps_its_activation_or_is_refused(tmp_path, cli, hi
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("window, refused", [(4, True), (None, False), (4096, False)])
-def test_mistral_sliding_window_is_refused_where_it_applies(tmp_path, cli, window, refused):
-    """A window shorter than the model's positions changes what attention sees; ckptscope has no
-    Megatron carrier for it (Mistral's), so such a model is refused; no window, or one as long as the
-    positions, converts."""
+@pytest.mark.parametrize("window, written", [(4, [3, 0]), (None, None), (4096, None)])
+def test_mistral_sliding_window_is_written_where_it_applies(tmp_path, cli, window, written):
+    """A window shorter than the model's positions changes what attention sees: it becomes Megatron's
+    window_size (W - 1 before, 0 after; tests/test_sliding_window.py runs megatron-core on it); no
+    window, or one as long as the positions, writes none."""
     import transformers
+
+    from tests.mcore_reference import common_state, iteration_dir
 
     config = transformers.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
@@ -257,14 +259,14 @@ def test_mistral_sliding_window_is_refused_where_it_applies(tmp_path, cli, windo
     src = tmp_path / "src"
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(src)
     result = cli("convert", str(src), str(tmp_path / "mcore"), "--to", "mcore")
-    if refused:
-        assert result.code == 2 and "sliding window of 4" in result.err and not (tmp_path / "mcore").exists()
-    else:
-        assert result.code == 0, result.err
+    assert result.code == 0, result.err
+    args = common_state(iteration_dir(tmp_path / "mcore"))["args"]
+    assert (list(args.window_size) if getattr(args, "window_size", None) else None) == written
 
 
 def test_a_megatron_sliding_window_is_not_exported_as_full_attention(tmp_path, cli):
-    """Megatron args with window_size (the sample's own args, re-saved by torch with that field set)."""
+    """Megatron args with window_size (the sample's own args, re-saved by torch with that field set) and
+    no arch that spells a window: refused, with the archs that would carry it."""
     import shutil
 
     from dist_reference import MEGATRON_ITER
@@ -276,3 +278,8 @@ def test_a_megatron_sliding_window_is_not_exported_as_full_attention(tmp_path, c
     torch.save(common, iteration / "common.pt")
     result = cli("convert", str(iteration), str(tmp_path / "hf"), "--to", "hf")
     assert result.code == 2 and "window_size" in result.err and not (tmp_path / "hf").exists(), result.err
+    assert "--arch mistral" in result.err
+    result = cli("convert", str(iteration), str(tmp_path / "hf"), "--to", "hf", "--arch", "mistral")
+    assert result.code == 0, result.err
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (written["model_type"], written["sliding_window"]) == ("mistral", 4)

@@ -16,6 +16,8 @@ from typing import Any
 
 from ckptscope.core.errors import CkptError
 from ckptscope.mappings import rope as _rope
+from ckptscope.mappings import window as _window
+from ckptscope.mappings.window import effective_window
 
 ARCH_BY_MODEL_TYPE = {
     "llama": "llama",
@@ -135,6 +137,10 @@ def arch_facts(arch: str) -> list[str]:
     if arch in SQRT_HIDDEN_EMBEDDING:
         facts.append("the embedding output is multiplied by sqrt(hidden_size) (kept with the arch, no weight change)")
     facts += ARCH_FACTS.get(arch, [])
+    if arch in _window.WINDOW_ARCHS:
+        facts.append("a sliding window of W positions <-> window_size (W-1, 0)"
+                     + ("" if arch in _window.WINDOW_ON_EVERY_LAYER else
+                        "; the layers using it (layer_types) <-> window_attn_skip_freq as a per-layer list"))
     if arch not in ROPE_CARRIED_BY_ARCH:
         facts.append(_rope.fact(mla=arch in MLA_ARCHS))
     if arch in HF_EXTRA_KEYS:
@@ -184,6 +190,8 @@ class ModelConfig:
     sliding_window: int | None = None
     """An HF config's sliding attention window when it applies (Mistral's ``sliding_window``, Qwen's with
     ``use_sliding_window``) and is shorter than ``max_position_embeddings``; None otherwise."""
+    window_layers: tuple[bool, ...] | None = None
+    """Which layers use ``sliding_window`` (Llama family, ``mappings.window``); None outside it."""
     hidden_act: str | None = None
     """The HF config's MLP activation as it spells it (``silu``, ``gelu``, ``gelu_pytorch_tanh`` ...)."""
     norm_topk_prob: bool | None = None
@@ -268,6 +276,7 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
         swiglu=str(_first(text, "hidden_act", "hidden_activation") or "silu") == "silu",
         hidden_act=str(_first(text, "hidden_act", "hidden_activation") or "silu"),
         sliding_window=effective_window(text),
+        window_layers=_window.window_layers(text, arch or ""),
         num_experts=num_experts,
         moe_ffn_hidden_size=_first(text, "moe_intermediate_size") or (_first(text, "intermediate_size")
                                                                       if arch in EXPERT_FFN_IS_INTERMEDIATE else None),
@@ -390,6 +399,10 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
         scaling = cfg.rope_scaling if cfg.rope_scaling is not None else cfg.megatron_rope
         if _rope.kind(scaling) != "default":
             out["rope_scaling"] = dict(scaling)  # read by transformers 4 and 5 alike
+    if not _carries_own_window(arch):
+        window = _window.from_megatron(cfg.megatron_facts or {}, cfg.num_layers)
+        if window is not None:  # hf_export_problems has refused what the arch cannot spell
+            out.update(_window.hf_keys(arch, window[0], window[2]))
     if arch in HF_CONFIG_HOOKS:
         HF_CONFIG_HOOKS[arch](cfg, out)
     return out
@@ -398,7 +411,7 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
 def to_megatron_args(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1, ckpt_format: str = "torch_dist",
                      make_vocab_size_divisible_by: int = 128) -> dict[str, Any]:
     """The Megatron argument values a checkpoint of ``cfg`` carries (names as in arguments.py)."""
-    refuse_hf_window(cfg, cfg.arch or "llama")
+    window = megatron_window_args(cfg, cfg.arch or "llama")
     heads = cfg.require("num_attention_heads")
     kv = cfg.num_kv_heads or heads
     vocab = cfg.require("vocab_size")
@@ -432,8 +445,10 @@ def to_megatron_args(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1,
         "ckpt_format": ckpt_format,
         "bf16": cfg.dtype == "bfloat16",
         "fp16": cfg.dtype == "float16",
+        **window,
     }
-    if cfg.arch in HF_EXTRA_KEYS or cfg.hf_extra:  # the latter: an HF RoPE scaling dict, kept verbatim
+    # the latter: an HF RoPE scaling dict, kept verbatim; a window: its arch says how HF spells it
+    if cfg.arch in HF_EXTRA_KEYS or cfg.hf_extra or window:
         arch = cfg.arch or "llama"
         args["hf_config_extra"] = {**(cfg.hf_extra or {}), "model_type": HF_MODEL_TYPE_BY_ARCH.get(arch, arch)}
     if cfg.arch not in ROPE_CARRIED_BY_ARCH:
@@ -463,34 +478,24 @@ flag: ``F.gelu``, the exact (erf) GELU, HF's ``gelu``."""
 _OTHER_ACTIVATIONS = ("openai_gelu", "squared_relu", "quick_geglu", "bias_swiglu_fusion_only")
 
 
-def effective_window(text: dict[str, Any]) -> int | None:
-    """The sliding window a config's attention uses (Mistral, Mixtral; Qwen2/3 only with
-    ``use_sliding_window``), when shorter than the model's positions; None when it never applies
-    (no window, switched off, every ``layer_types`` entry full attention, or at least the positions)."""
-    window = text.get("sliding_window")
-    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
-        return None
-    if "use_sliding_window" in text and not text.get("use_sliding_window"):
-        return None
-    layer_types = text.get("layer_types")
-    if isinstance(layer_types, list) and layer_types and all(t == "full_attention" for t in layer_types):
-        return None
-    limit = text.get("max_position_embeddings")
-    return None if isinstance(limit, int) and window >= limit else window
-
-
 def _carries_own_window(arch: str) -> bool:
     """Gemma carries its window in hf_extra; GPT-OSS writes ``window_size`` itself."""
     return arch in HF_EXTRA_KEYS or arch in HF_CONFIG_HOOKS or arch in MEGATRON_ARGS_HOOKS
 
 
-def refuse_hf_window(cfg: ModelConfig, arch: str) -> None:
-    """HF -> Megatron: sliding-window attention has no carrier here for the Llama/Mistral/Qwen family;
-    converted, the model would attend to every position. Refused."""
-    if cfg.sliding_window is not None and not _carries_own_window(arch):
-        raise CkptError(f"the config's attention uses a sliding window of {cfg.sliding_window} positions; ckptscope "
-                        f"does not carry sliding-window attention for {arch} into Megatron, so the converted model "
-                        f"would attend to every position: not converted")
+def megatron_window_args(cfg: ModelConfig, arch: str) -> dict[str, Any]:
+    """HF -> Megatron: the ``window_size`` / ``window_attn_skip_freq`` args of a Llama-family sliding
+    window (``mappings.window``); none for Llama, which has no window, or for Gemma and GPT-OSS, which
+    carry theirs. Any other arch with a window is refused: converted, it would attend to every position."""
+    if cfg.sliding_window is None or _carries_own_window(arch) or arch == "llama":
+        return {}
+    if cfg.window_layers is not None:
+        return _window.to_megatron(cfg.sliding_window, cfg.window_layers)
+    if arch in _window.WINDOW_ARCHS:
+        return {}  # the window applies to no layer (window_layers found none)
+    raise CkptError(f"the config's attention uses a sliding window of {cfg.sliding_window} positions; ckptscope "
+                    f"does not carry sliding-window attention for {arch} into Megatron, so the converted model "
+                    f"would attend to every position: not converted")
 
 
 def megatron_activation(cfg: ModelConfig) -> str | None:
@@ -524,11 +529,25 @@ def hf_export_problems(cfg: ModelConfig, arch: str) -> list[str]:
             problems.append(f"its MLP activation ({others}) has no {arch} hidden_act")
         elif cfg.hidden_act is not None and cfg.hidden_act != act:
             problems.append(f"its MLP computes {act} but the HF config says hidden_act {cfg.hidden_act!r}")
-    window = facts.get("window_size")
-    if window not in (None, [], ()) and not (isinstance(window, (list, tuple)) and all(w in (-1, None) for w in window)):
-        problems.append(f"it attends through a sliding window (window_size {window}), which a {arch} config "
-                        f"does not carry")
+    try:
+        window = _window.from_megatron(facts, cfg.num_layers)
+    except ValueError as exc:
+        return problems + [f"its sliding window's {exc}"]
+    if window is not None:
+        hf_text = _window_text(cfg) if cfg.hf_model_type is not None else None
+        problems += _window.hf_problems(arch, window, hf_text)
+    elif cfg.hf_model_type is not None and cfg.window_layers:
+        problems.append(f"the HF config's attention uses a sliding window of {cfg.sliding_window} positions, "
+                        f"which its Megatron args (no window_size) do not")
     return problems
+
+
+def _window_text(cfg: ModelConfig) -> dict[str, Any]:
+    """The window keys of the HF config ``cfg`` was read from, as ``mappings.window`` reads them."""
+    if cfg.sliding_window is None or not cfg.window_layers:
+        return {}
+    return {"sliding_window": cfg.sliding_window, "num_hidden_layers": len(cfg.window_layers),
+            "layer_types": ["sliding_attention" if on else "full_attention" for on in cfg.window_layers]}
 
 
 def _hf_activation(cfg: ModelConfig, arch: str) -> str:

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ckptscope.mappings import rope as _rope
-from ckptscope.mappings.config import ARCH_BY_MODEL_TYPE, effective_window
+from ckptscope.mappings.config import ARCH_BY_MODEL_TYPE
+from ckptscope.mappings.window import WINDOW_ARCHS, effective_window, window_layers
 
 _DEFAULT_ACT = "silu"
 
@@ -42,7 +43,10 @@ def facts(config: dict[str, Any]) -> dict[str, Any]:
     text = _text(config)
     model_type = str(text.get("model_type") or config.get("model_type") or "")
     arch = ARCH_BY_MODEL_TYPE.get(model_type, model_type)
-    window = effective_window(text)
+    window = None if arch == "llama" else effective_window(text)  # transformers' Llama has no window
+    layers = window_layers(text, arch)
+    if layers is None and arch in WINDOW_ARCHS:
+        window = None  # the window applies to no layer
     if arch == "mistral" and window is None:
         arch = "llama"  # Mistral without its window is Llama, module for module
     per_layer_rope = isinstance(text.get("rope_parameters"), dict) and text["rope_parameters"] and \
@@ -66,6 +70,7 @@ def facts(config: dict[str, Any]) -> dict[str, Any]:
         "attention_bias": bool(text.get("attention_bias", False)),
         "mlp_bias": bool(text.get("mlp_bias", False)),
         "sliding_window": window,
+        "sliding_layers": [i for i, on in enumerate(layers) if on] if layers else None,
         "experts": _first(text, "num_local_experts", "num_experts", "n_routed_experts"),
         "experts_per_token": text.get("num_experts_per_tok"),
         "expert_size": text.get("moe_intermediate_size"),
