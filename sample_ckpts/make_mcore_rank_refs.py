@@ -42,6 +42,8 @@ CASES: tuple[dict, ...] = (
     {"name": "pp2_untied", "tied": False, "tp": 1, "pp": 2},
     {"name": "pp2_tied", "tied": True, "tp": 1, "pp": 2},
     {"name": "pp2_uneven", "tied": False, "tp": 1, "pp": 2, "args": {"num_layers_in_first_pipeline_stage": 1}},
+    # one query group on 2 TP ranks: megatron-core splits the fused QKV rows evenly, not by group
+    {"name": "tp2_mqa", "tied": False, "tp": 2, "pp": 1, "variant": "mqa", "args": {"num_query_groups": 1}},
 )
 
 
@@ -188,7 +190,7 @@ def _dense_case(case: dict, dist_dirs: dict[str, str]):
     args = tiny_args(case["tied"], tensor_model_parallel_size=case["tp"],
                      pipeline_model_parallel_size=case["pp"], **case.get("args", {}))
     prepare_parallel(case["tp"], case["pp"])
-    return args, build_rank_model(args), dist_dirs["tied" if case["tied"] else "untied"]
+    return args, build_rank_model(args), dist_dirs[case.get("variant") or ("tied" if case["tied"] else "untied")]
 
 
 def _references_rank(rank: int, world_size: int, out: str, init_file: str) -> None:

@@ -38,7 +38,8 @@ pytest.importorskip("megatron.core")
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "sample_ckpts"
-VARIANTS = ("untied", "tied")
+VARIANTS = ("untied", "tied", "mqa")
+"""The tiny GPT untied, tied, and untied with one query group (MQA: fewer groups than TP ranks at TP=2)."""
 # The OutTensor convention: per-layer norms under the TE names (ckptscope/mappings/schemas.py rule.mcore[0]).
 LOCAL_TO_TE = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_",
                "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
@@ -80,7 +81,7 @@ def models(refs):
     """variant -> (Megatron args, TP=1 state_dict_for_save_checkpoint() with random weights)."""
     out = {}
     for seed, variant in enumerate(VARIANTS):
-        args = refs.tiny_args(variant == "tied")
+        args = refs.tiny_args(variant == "tied", **({"num_query_groups": 1} if variant == "mqa" else {}))
         out[variant] = (args, refs.random_model_state(args, seed=seed))
     return out
 
@@ -217,7 +218,7 @@ def legacy(dist_dirs, models, refs, tmp_path_factory):
     references = refs.rank_references({v: dist_dirs[v][0] for v in VARIANTS}, root / "references")
     out = {}
     for case in refs.CASES:
-        args, state = models["tied" if case["tied"] else "untied"]
+        args, state = models[case.get("variant") or ("tied" if case["tied"] else "untied")]
         producer = Producer(state)
         iter_dir = root / case["name"] / "iter_0000003"
         full_args = writer_args(args, tensor_model_parallel_size=case["tp"], pipeline_model_parallel_size=case["pp"],
@@ -228,7 +229,7 @@ def legacy(dist_dirs, models, refs, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("case", ["tp2_untied", "tp2_tied", "pp2_untied", "pp2_tied", "pp2_uneven"])
+@pytest.mark.parametrize("case", ["tp2_untied", "tp2_tied", "pp2_untied", "pp2_tied", "pp2_uneven", "tp2_mqa"])
 def test_legacy_rank_files_equal_megatron_core_per_rank(legacy, refs, case):
     iter_dir, references, producer, spec, args = legacy[case]
     producer.check_streamed()

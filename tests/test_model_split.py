@@ -183,12 +183,38 @@ def test_dry_run_names_what_is_left_out(smuggled_hf, tmp_path):
     assert not any(t["name"].startswith(("optimizer", "ema")) for t in plan["tensors"])
 
 
-@pytest.mark.parametrize("tp, what", [(3, "4 attention heads"), (4, "2 query groups")])
+@pytest.mark.parametrize("tp, what", [(3, "4 attention heads"), (8, "8 does not divide the model's 4 attention")])
 def test_parallel_sizes_are_checked_before_anything_is_written(samples, tmp_path, tp, what):
     out = tmp_path / "out"
     result = run_cli("convert", str(samples["hf_llama_single"]), str(out), "--to", "mcore", "--tp", str(tp))
     assert result.code == 2 and what in result.err and result.err.count("\n") == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize("kv_heads, tp", [(1, 2), (2, 4), (1, 4)])
+def test_fewer_query_groups_than_tp_ranks_convert_as_megatron_core_splits_them(tmp_path, kv_heads, tp):
+    """megatron-core builds a model whose query groups divide TP (MQA at TP=2): each rank holds an even
+    1/TP of the fused QKV rows (tests/test_megatron_write.py's tp2_mqa case checks those rank files
+    against megatron-core's own). Per-rank files at that TP, and back to HF bit for bit."""
+    import transformers
+
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=kv_heads, vocab_size=256)
+    torch.manual_seed(0)
+    src = tmp_path / "src"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(src)
+    mcore, back = tmp_path / "mcore", tmp_path / "back"
+    result = run_cli("convert", str(src), str(mcore), "--to", "mcore", "--tp", str(tp), "--ckpt-format", "torch")
+    assert result.code == 0, result.err
+    ranks = sorted(p.name for p in next(mcore.glob("iter_*")).iterdir())
+    assert ranks == [f"mp_rank_{r:02d}" for r in range(tp)]
+    qkv = torch.load(next(mcore.glob("iter_*")) / "mp_rank_01" / "model_optim_rng.pt", weights_only=False)[
+        "model"]["decoder.layers.0.self_attention.linear_qkv.weight"]
+    assert qkv.shape[0] == (4 + 2 * kv_heads) * 16 // tp
+    result = run_cli("convert", str(mcore), str(back), "--to", "hf")
+    assert result.code == 0, result.err
+    result = run_cli("diff", str(src), str(back), "--json")
+    assert result.code == 0 and json.loads(result.out)["summary"]["different"] == 0, result.out[-500:]
 
 
 def test_diff_compares_models_and_training_state_only_on_request(samples, tmp_path):

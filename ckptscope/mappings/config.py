@@ -582,9 +582,21 @@ def parallel_problems(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1
     anything is written. Pipeline stages are checked by the layer split itself.
     """
     problems = []
+    groups = cfg.num_kv_heads
+    if tp > 1 and groups and groups < tp:
+        # megatron-core builds a model with fewer query groups than TP ranks when the groups divide TP:
+        # each rank holds an even 1/TP of the fused QKV rows (groups kept whole in the global tensor)
+        # and all-gathers them before attention (attention.py, num_query_groups < world_size)
+        rows = (cfg.num_attention_heads or 0) + 2 * groups
+        if tp % groups:
+            problems.append(f"--tp {tp} is neither a multiple nor a divisor of the model's {groups} query groups "
+                            f"(KV heads)")
+        elif cfg.head_dim and (rows * cfg.head_dim) % tp:
+            problems.append(f"--tp {tp} does not divide the fused QKV's {rows * cfg.head_dim} rows")
+        groups = None  # checked here
     checks = (
         ("attention heads", cfg.num_attention_heads, tp, "--tp"),
-        ("query groups (KV heads)", cfg.num_kv_heads, tp, "--tp"),
+        ("query groups (KV heads)", groups, tp, "--tp"),
         ("FFN hidden size", None if cfg.is_moe else cfg.ffn_hidden_size, tp, "--tp"),  # MoE: experts' own
         ("expert FFN hidden size", cfg.moe_ffn_hidden_size, tp, "--tp"),
         ("shared-expert FFN hidden size", cfg.shared_expert_ffn_hidden_size, tp, "--tp"),
