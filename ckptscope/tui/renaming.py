@@ -9,7 +9,7 @@ the rows a new rule changes, the conflicts among them, and per-module counts for
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
@@ -83,9 +83,12 @@ class PendingRenames:
     so the tree, the header and the dialogs all read the same one.
     """
 
-    def __init__(self, path: str, names: Sequence[str]) -> None:
+    def __init__(self, path: str, names: Sequence[str],
+                 checker: Callable[[NameChanges], str | None] | None = None) -> None:
         self.path = path
         self.names = list(names)
+        self._checker = checker
+        """What applying would refuse beyond the names (``ops.rename.engine.changes_checker``)."""
         self.rules: list[RenameRule] = []
         self.version = 0
         self._report: tuple[int, NameReport] | None = None
@@ -119,6 +122,11 @@ class PendingRenames:
             if version == self.version:
                 self._report = (version, report)
         return report
+
+    def apply_problem(self, report: NameReport) -> str | None:
+        """Why applying ``report``'s changes would be refused although its names are fine (a torch
+        file's tensor moved out of its dict); may read the checkpoint's files once: call off the UI thread."""
+        return self._checker(report.changes) if self._checker is not None else None
 
     def with_rule(self, rule: RenameRule) -> NameReport:
         """Report if ``rule`` were added (raises ``RenamePlanError`` for an invalid regex)."""

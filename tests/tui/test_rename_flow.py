@@ -400,3 +400,34 @@ async def test_quit_with_pending_renames_asks_first(tmp_path):
         await pilot.press("y")
         await settle(pilot)
     assert not app.is_running and app.return_code == 0
+
+
+@sync
+async def test_preview_refuses_moving_a_torch_files_tensor_out_of_its_dict(samples, tmp_path):
+    """A torch file keeps its tensors in nested dicts ({"model": {...}}): a new name outside the dict
+    cannot be written. The preview says so as the rule is typed, and enter does not add it (before, the
+    rule was accepted and only applying it failed)."""
+    src = tmp_path / "megatron_style.pt"
+    shutil.copy(samples["megatron_style.pt"], src)
+    before = tree_hashes(tmp_path)
+    app = make_app(src, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = app.screen
+        await cursor_to(pilot, "model  ")  # the module: the "model" dict's state dict
+        await pilot.press("r")
+        await settle(pilot)
+        dialog = app.screen
+        assert isinstance(dialog, RenameDialog)
+        await type_into(pilot, "net")
+        assert dialog.last.changed > 1 and "must keep the 'model' prefix" in dialog.last.error
+        assert "must keep the 'model' prefix" in text_of(dialog.query_one("#rename-status", Static))
+        await pilot.press("enter")
+        await settle(pilot)
+        assert app.screen is dialog and "not added" in text_of(dialog.query_one("#rename-status", Static))
+        await type_into(pilot, "model.net")  # new keys inside the same dict
+        assert dialog.last.changed > 1 and not dialog.last.error
+        await pilot.press("enter")
+        await settle(pilot)
+        assert app.screen is screen and len(screen.pending_renames()) == 1
+    assert tree_hashes(tmp_path) == before

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from ckptscope.formats import open_checkpoint
 from ckptscope.ops.atomic import atomic_output, check_destination, link_or_copy
 from ckptscope.ops.rename.dcp import DcpRenameWriter
 from ckptscope.ops.rename.files import FileAction, Progress, RenamePlan, RenameWriter
-from ckptscope.ops.rename.plan import compute_name_changes
+from ckptscope.ops.rename.plan import NameChanges, compute_name_changes
 from ckptscope.ops.rename.safetensors import SafetensorsRenameWriter
 from ckptscope.ops.rename.torch import TorchRenameWriter
 from ckptscope.ops.roots import save_state_model
@@ -57,6 +57,31 @@ def _writer_for(index: CheckpointIndex, src: Path) -> RenameWriter:
     supported = sorted({f for w in writers for f in w.formats})
     raise CkptError(f"rename does not support {index.format} checkpoints yet (supported: {', '.join(supported)})",
                     src)
+
+
+def changes_checker(index: CheckpointIndex, src: str | Path) -> Callable[[NameChanges], str | None]:
+    """For previews: what ``plan_rename`` would refuse of a set of changes beyond the names themselves
+    (a torch file's tensor moved out of its dict), as one line, or None. The writer is looked up and
+    its files read on the first call, so a UI can build this where it cannot block."""
+    checker: Callable[[NameChanges], str | None] | None = None
+    lock = threading.Lock()
+
+    def check(changes: NameChanges) -> str | None:
+        nonlocal checker
+        with lock:
+            if checker is None:
+                try:
+                    make = getattr(_writer_for(index, Path(src)), "changes_checker", None)
+                except CkptError as exc:  # a format rename cannot write: every rule is refused on apply
+                    message = str(exc)
+                    checker = lambda _changes: message  # noqa: E731
+                else:
+                    checker = make(index) if make is not None else (lambda _changes: None)
+            try:
+                return checker(changes)
+            except CkptError as exc:
+                return str(exc)
+    return check
 
 
 def plan_rename(src: str | Path, dst: str | Path, *, subs: Sequence[tuple[str, str]] = (),

@@ -46,6 +46,36 @@ def _child_key(container: Any, element: str, name: str) -> Any:
     raise CkptError(f"tensor {name!r} is not inside a dict; only dict keys can be renamed")
 
 
+def _move_problem(name: str, new: str, prefix: str) -> str | None:
+    """Why renaming ``name`` (held in the dict at dotted path ``prefix``) to ``new`` cannot be written."""
+    if prefix and not new.startswith(prefix + "."):
+        return (f"renaming {name!r} to {new!r} would move it out of {prefix!r}; in torch files a rename must keep "
+                f"the {prefix!r} prefix")
+    return None
+
+
+def container_paths(index: CheckpointIndex) -> dict[str, str]:
+    """Each tensor's enclosing dict as a dotted path (``model`` in ``{"model": {...}}``, "" at the top):
+    what a rename must keep (``rename_in_tree``). Reads each file's pickle once, no tensor bytes."""
+    root = Path(index.path)
+    paths: dict[str, str] = {}
+    for file in dict.fromkeys(meta.chunks[0].file for meta in index.tensors.values()):
+        for path, leaf in flatten_paths(_parse(root / file if root.is_dir() else root).obj):
+            if isinstance(leaf, TensorRef):
+                paths[".".join(path)] = ".".join(path[:-1])
+    return paths
+
+
+def container_problem(changes: NameChanges, paths: Mapping[str, str]) -> str | None:
+    """The first rename in ``changes`` that would move a tensor out of its dict (``container_paths``), as
+    ``plan_files`` refuses it; None when every one stays."""
+    for name, new in changes.renamed.items():
+        problem = _move_problem(name, new, paths.get(name, ""))
+        if problem:
+            return problem
+    return None
+
+
 def rename_in_tree(obj: Any, changes: NameChanges) -> Any:
     """Apply ``changes`` to the tensors of an unpickled torch object, in place; returns ``obj``."""
     edits: dict[int, _Edit] = {}
@@ -65,9 +95,9 @@ def rename_in_tree(obj: Any, changes: NameChanges) -> Any:
             edit.drops.add(key)
             continue
         prefix = ".".join(path[:-1])
-        if prefix and not new.startswith(prefix + "."):
-            raise CkptError(f"renaming {name!r} to {new!r} would move it out of {prefix!r}; in torch files a "
-                            f"rename must keep the {prefix!r} prefix")
+        problem = _move_problem(name, new, prefix)
+        if problem:
+            raise CkptError(problem)
         edit.renames[key] = new[len(prefix) + 1:] if prefix else new
     for edit in edits.values():
         items = list(edit.container.items())
@@ -94,6 +124,17 @@ class TorchRenameWriter:
         if odd:
             raise CkptError(f"rename cannot re-write tensor subclasses yet ({odd[0].name!r} is a "
                             f"{odd[0].attr('kind')})", src)
+
+    def changes_checker(self, index: CheckpointIndex) -> Callable[[NameChanges], str | None]:
+        """``container_problem`` of a set of changes, the files read on the first call (TUI previews)."""
+        paths: dict[str, str] | None = None
+
+        def check(changes: NameChanges) -> str | None:
+            nonlocal paths
+            if paths is None:
+                paths = container_paths(index)
+            return container_problem(changes, paths)
+        return check
 
     def plan_files(self, index: CheckpointIndex, changes: NameChanges) -> list[FileAction]:
         dropped = set(changes.dropped)

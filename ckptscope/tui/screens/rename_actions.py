@@ -48,7 +48,10 @@ class RenameActions:
         if self.index is None:
             return None
         if self._renames is None or self._renames.path != self.path:
-            self._renames = PendingRenames(self.path, list(self.index.tensors))
+            from ckptscope.ops.rename.engine import changes_checker  # the writers: only once renaming starts
+
+            self._renames = PendingRenames(self.path, list(self.index.tensors),
+                                           checker=changes_checker(self.index, self.path))
         return self._renames
 
     def on_index_loaded(self, message: IndexLoaded) -> None:

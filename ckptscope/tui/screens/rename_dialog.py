@@ -9,6 +9,7 @@ conflict, if any. The dialog dismisses with the rule only when the result is val
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar
 
 from rich.console import Group
@@ -179,7 +180,12 @@ class RenameDialog(ModalScreen[RenameRule | None]):
         except RenamePlanError as exc:
             self.post_message(RenamePreviewed(token, None, str(exc)))
             return
-        self.post_message(RenamePreviewed(token, preview(self.pending.names, base, candidate, PREVIEW_ROWS)))
+        result = preview(self.pending.names, base, candidate, PREVIEW_ROWS)
+        if not result.error and result.changed:
+            problem = self.pending.apply_problem(candidate)
+            if problem:
+                result = replace(result, error=problem)
+        self.post_message(RenamePreviewed(token, result))
 
     @on(RenamePreviewed)
     def _previewed(self, message: RenamePreviewed) -> None:
@@ -253,10 +259,13 @@ class RenameDialog(ModalScreen[RenameRule | None]):
             self.app.bell()
             return
         try:
-            error = self.pending.with_rule(rule).error()
+            report = self.pending.with_rule(rule)
         except RenamePlanError as exc:
-            error = exc
-        if error is not None:
+            error: object = exc
+        else:
+            # the preview of this very rule has read the files already: the check costs no I/O then
+            error = report.error() or self.pending.apply_problem(report)
+        if error:
             # (in a Group: a bare Text given to a Static wraps whatever its no_wrap says)
             status.update(Group(Text(f"✗ not added: {error}", style="bold red", no_wrap=True, overflow="ellipsis")))
             self.app.bell()
