@@ -29,6 +29,7 @@ from ckptscope.formats.pickles.torch_file import build_torch_index, is_torch_zip
 from ckptscope.formats.pickles.trusted import TrustedTorchFile
 from ckptscope.formats.registry import register_reader
 from ckptscope.formats.hf.side_files import add_side_files, load_json
+from ckptscope.formats.hf.quantization import unhandled_quantization
 from ckptscope.formats.safetensors.reader import SafetensorsHeader, parse_safetensors_header
 from ckptscope.formats.torch_save.legacy_reader import TorchLegacyReader, read_legacy
 
@@ -93,6 +94,11 @@ class HFDirReader(CheckpointReader):
             bin_index = _pick_index(self.path, BIN_INDEX, "pytorch_model.bin.index*.json")
             self._index_bins(index, bin_index, _bin_files(self.path))
         self._add_side_files(index)
+        config = next((o.value for o in index.objects if o.name == "config" and isinstance(o.value, dict)), None)
+        quantised = unhandled_quantization(config, index.tensors)
+        if quantised:
+            index.warnings.append(f"{quantised}: tensors are listed and compared as stored (packed words, codes "
+                                  f"and scales), not dequantised; parameter counts count stored elements")
         return index
 
     # --- weights ---------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.core.units import plural
 from ckptscope.formats.base import CheckpointReader
+from ckptscope.formats.hf.quantization import unhandled_quantization
 from ckptscope.formats.registry import open_checkpoint
 from ckptscope.mappings.config import (
     EXPORT_NOTES,
@@ -204,6 +205,10 @@ def _config_dirs(src: Path, index: CheckpointIndex, hf_config_dir: Path | None) 
     return [d for d in dirs if d.is_dir()]
 
 
+ACTIVATION_SCALE = ".activation_scale"
+"""transformers' static FP8 (``activation_scheme: static``) keeps one input scale per linear under this name."""
+
+
 def _dequantised(tensors: dict[str, TensorMeta], dtype: str, hf_cfg: dict | None,
                  src: Path) -> tuple[dict | None, list[str]]:
     """Block-scaled sources read as logical tensors are written dequantised, so a float ``--dtype`` is
@@ -220,6 +225,11 @@ def _dequantised(tensors: dict[str, TensorMeta], dtype: str, hf_cfg: dict | None
                         f"them dequantised, pass --dtype bfloat16 (or float32, float16); keeping the quantised "
                         f"blocks and scales is not supported", src)
     notes = [f"{plural(len(scaled), 'block-scaled tensor')} ({schemes}) dequantised exactly, then cast to {dtype}"]
+    static = [n for n in tensors if n.endswith(ACTIVATION_SCALE)]
+    for name in static:  # FP8 static activation scales: of no use to the dequantised model, unexpected keys in it
+        del tensors[name]
+    if static:
+        notes.append(f"{plural(len(static), 'FP8 activation scale')} ({static[0]} ...) left out with the quantisation")
     if hf_cfg and "quantization_config" in hf_cfg:
         hf_cfg = {k: v for k, v in hf_cfg.items() if k != "quantization_config"}
         notes.append("config.json written without quantization_config (the weights are no longer quantised)")
@@ -309,6 +319,11 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
     if not tensors:
         raise CkptError("no model tensors to convert", src_path)
     hf_cfg_dict = _hf_config_from(Path(hf_config)) if hf_config else _source_hf_config(index)
+    quantised = unhandled_quantization(_source_hf_config(index), tensors) or (
+        unhandled_quantization(hf_cfg_dict, ()) if hf_config else None)
+    if quantised:  # cast, mapped or re-laid out, packed words and codes would be written as weights
+        raise CkptError(f"{quantised}: ckptscope reads such checkpoints as stored but cannot dequantise them, so "
+                        f"an export would write the quantised values as weights; not converted", src_path)
     block = fp8_keep.config_block(hf_cfg_dict or _source_hf_config(index))
     if dtype == "keep" and {t.attr("quant_scheme") for t in tensors.values() if t.quantization} == {"fp8_block"}:
         reader.close()  # the logical index told us there is FP8 to keep: read it again as stored

@@ -72,6 +72,8 @@ class NameReport:
     clashes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """new name -> every old name that would end up with it (two or more; an untouched name
     collides with itself: it is listed as its own old name)."""
+    split_scales: tuple[tuple[str, str], ...] = ()
+    """(payload, scale) pairs of block-scaled weights the changes would part (``split_scale_pairs``)."""
 
     @property
     def unmatched_subs(self) -> tuple[int, ...]:
@@ -99,7 +101,45 @@ class NameReport:
             shown = [f"{', '.join(repr(o) for o in olds)} -> {new!r}" for new, olds in self.clashes.items()]
             more = f" and {len(shown) - _SHOW} more" if len(shown) > _SHOW else ""
             return RenamePlanError(f"names would collide: {'; '.join(shown[:_SHOW])}{more}")
+        if self.split_scales:
+            payload, scale = self.split_scales[0]
+            more = f" (and {len(self.split_scales) - 1} more)" if len(self.split_scales) > 1 else ""
+            return RenamePlanError(f"{scale!r} holds the block scales of {payload!r}: rename or drop them together "
+                                   f"(the scale's name must stay the weight's name + "
+                                   f"{'_scale_inv' if scale.endswith('_scale_inv') else '_scales for _blocks'}){more}")
         return None
+
+
+SCALE_SUFFIXES = (("_scale_inv", ""), ("_scales", "_blocks"))
+"""(scale suffix, payload suffix): FP8 blocks ``X`` + ``X_scale_inv``, MXFP4 ``X_blocks`` + ``X_scales``;
+readers pair a payload with its scales by these names (``formats.blockscaled``)."""
+
+
+def split_scale_pairs(names: Sequence[str], changes: NameChanges) -> tuple[tuple[str, str], ...]:
+    """(payload, scale) pairs that ``changes`` would part: one dropped and not the other, or renamed
+    so the scale's name no longer follows its payload's. Parted, the weight would read as its raw
+    quantised codes (FP8 without its scale) and the scale as a stray tensor."""
+    if "_scale" not in "\0".join(names):
+        return ()
+    known = set(names)
+    split = []
+    for scale in names:
+        for scale_suffix, payload_suffix in SCALE_SUFFIXES:
+            if not scale.endswith(scale_suffix):
+                continue
+            base = scale[: -len(scale_suffix)]
+            payload = base + payload_suffix
+            if payload not in known:
+                continue
+            new_payload, new_scale = changes.new_name(payload), changes.new_name(scale)
+            if new_payload is None or new_scale is None:
+                parted = (new_payload is None) != (new_scale is None)
+            else:
+                parted = not (new_payload.endswith(payload_suffix) and
+                              new_scale == new_payload[: len(new_payload) - len(payload_suffix)] + scale_suffix)
+            if parted:
+                split.append((payload, scale))
+    return tuple(split)
 
 
 def check_name_changes(names: Sequence[str], *, subs: Sequence[tuple[str, str]] = (), drops: Sequence[str] = (),
@@ -149,9 +189,11 @@ def check_name_changes(names: Sequence[str], *, subs: Sequence[tuple[str, str]] 
     for old, new in renamed.items():
         owners.setdefault(new, []).append(old)
     clashes = {new: tuple(olds) for new, olds in owners.items() if len(olds) > 1}
-    return NameReport(changes=NameChanges(renamed=renamed, dropped=tuple(dropped), untouched=tuple(untouched)),
+    changes = NameChanges(renamed=renamed, dropped=tuple(dropped), untouched=tuple(untouched))
+    return NameReport(changes=changes,
                       subs=tuple((p, r) for p, r in subs), drops=tuple(drops), sub_hits=tuple(sub_hits),
-                      drop_hits=tuple(drop_hits), unknown_keys=unknown_keys, empty=empty, clashes=clashes)
+                      drop_hits=tuple(drop_hits), unknown_keys=unknown_keys, empty=empty, clashes=clashes,
+                      split_scales=split_scale_pairs(names, changes) if renamed or dropped else ())
 
 
 def compute_name_changes(names: Sequence[str], *, subs: Sequence[tuple[str, str]] = (), drops: Sequence[str] = (),
