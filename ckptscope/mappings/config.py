@@ -101,7 +101,8 @@ MEGATRON_FACT_KEYS = ("softmax_type", "glu_linear_offset", "activation_func_clam
                       "add_bias_linear", "gated_linear_unit", "swiglu", "window_size", "window_attn_skip_freq",
                       "position_embedding_type", "rotary_interleaved", "qk_l2_norm", "no_rope_freq",
                       "moe_layer_freq", "moe_apply_probs_on_input", "moe_router_score_function", "rotary_percent",
-                      "moe_router_topk_scaling_factor")
+                      "moe_router_topk_scaling_factor", "moe_router_enable_expert_bias", "moe_shared_expert_gate",
+                      "moe_router_pre_softmax")
 """Megatron args that decide what a layer computes beyond the tensors (kept in ``megatron_facts``)."""
 MEGATRON_ARGS_HOOKS: dict[str, Callable[[ModelConfig, dict[str, Any]], None]] = {}
 """Arch -> edits of the Megatron args ``to_megatron_args`` writes (the arch's activation, attention)."""
@@ -515,10 +516,10 @@ def hf_export_problems(cfg: ModelConfig, arch: str) -> list[str]:
     would compute something else as HF ``arch``, one line each; empty when it would not. Gemma and
     GPT-OSS carry their own activation and window (hf_extra, ``MEGATRON_CHECKS``); the rest of the
     family must be gated, SiLU or Megatron's GELU as its HF config says, with no sliding window."""
+    problems = _llama_moe_problems(cfg, arch)
     if _carries_own_window(arch):
-        return []
+        return problems
     facts = cfg.megatron_facts or {}
-    problems = []
     if "swiglu" in facts and not facts["swiglu"] and not facts.get("gated_linear_unit"):
         problems.append(f"its MLP is not gated (args: swiglu=False, no gated_linear_unit: linear_fc1 is one GELU "
                         f"projection) while every {arch} MLP has gate_proj + up_proj")
@@ -539,6 +540,48 @@ def hf_export_problems(cfg: ModelConfig, arch: str) -> list[str]:
     elif cfg.hf_model_type is not None and cfg.window_layers:
         problems.append(f"the HF config's attention uses a sliding window of {cfg.sliding_window} positions, "
                         f"which its Megatron args (no window_size) do not")
+    return problems
+
+
+LLAMA_MOE_ARCHS = frozenset({"mixtral", "qwen2_moe", "qwen3_moe"})
+"""MoE archs whose HF model has a softmax router and no knob for the others Megatron has."""
+
+
+def _llama_moe_problems(cfg: ModelConfig, arch: str) -> list[str]:
+    """Why a Megatron MoE would route or mix differently as HF Mixtral / Qwen2-MoE / Qwen3-MoE, one line
+    each. Those models take a softmax over the experts, then the top-k, with no score bias and no
+    scaling; Mixtral renormalises the top-k weights (Qwen says so in ``norm_topk_prob``, carried); every
+    layer is MoE; only Qwen2-MoE has a shared expert, always behind a sigmoid gate. A fact the args do
+    not record is Megatron's default, which is what these models do."""
+    if arch not in LLAMA_MOE_ARCHS or not cfg.is_moe:
+        return []
+    facts = cfg.megatron_facts or {}
+    problems = []
+    score = facts.get("moe_router_score_function") or "softmax"
+    if score != "softmax":
+        problems.append(f"its router scores are {score} (moe_router_score_function), {arch}'s are a softmax")
+    if facts.get("moe_router_enable_expert_bias"):
+        problems.append(f"its router adds a per-expert bias (moe_router_enable_expert_bias), which {arch} has not")
+    scaling = facts.get("moe_router_topk_scaling_factor")
+    if scaling not in (None, 1, 1.0):
+        problems.append(f"its routing weights are scaled by {scaling} (moe_router_topk_scaling_factor), which "
+                        f"{arch} does not do")
+    if arch == "mixtral" and facts.get("moe_router_pre_softmax"):
+        problems.append("its top-k weights are not renormalised (moe_router_pre_softmax), Mixtral's always are")
+    if facts.get("moe_apply_probs_on_input"):
+        problems.append(f"it weights the experts' input, not their output (moe_apply_probs_on_input), unlike {arch}")
+    freq = facts.get("moe_layer_freq")
+    if not (freq in (None, 1) or (isinstance(freq, (list, tuple)) and all(f == 1 for f in freq))):
+        problems.append(f"not every layer is MoE (moe_layer_freq {freq!r}), every {arch} layer is")
+    shared = bool(cfg.shared_expert_ffn_hidden_size)
+    if arch == "qwen2_moe":
+        if not shared:
+            problems.append("it has no shared expert, every Qwen2-MoE layer has one")
+        elif "moe_shared_expert_gate" in facts and not facts["moe_shared_expert_gate"]:
+            problems.append("its shared expert has no gate (moe_shared_expert_gate=False), Qwen2-MoE's is "
+                            "always gated")
+    elif shared:
+        problems.append(f"it has a shared expert (moe_shared_expert_intermediate_size), which {arch} has not")
     return problems
 
 

@@ -91,9 +91,8 @@ def _hf_config(cfg: _config.ModelConfig, out: dict[str, Any]) -> None:
     for key in ("num_experts", "shared_expert_intermediate_size"):  # GLM spells them n_routed/n_shared_experts
         out.pop(key, None)
     out["model_type"] = ARCH
-    freq = facts.get("moe_layer_freq")
-    if isinstance(freq, list) and 1 in freq:
-        out.setdefault("first_k_dense_replace", freq.index(1))
+    # transformers' defaults (first_k_dense_replace=1, n_shared_experts=1) would make another model: both said
+    out.setdefault("first_k_dense_replace", _first_moe_layer(facts.get("moe_layer_freq")) or 0)
     out.setdefault("n_routed_experts", cfg.num_experts)
     out.setdefault("moe_intermediate_size", cfg.moe_ffn_hidden_size)
     if cfg.shared_expert_ffn_hidden_size and cfg.moe_ffn_hidden_size:
@@ -110,12 +109,29 @@ def _hf_config(cfg: _config.ModelConfig, out: dict[str, Any]) -> None:
                                   "partial_rotary_factor": facts.get("rotary_percent", DEFAULT_PARTIAL_ROTARY)}
 
 
+def _first_moe_layer(freq: Any) -> int | None:
+    """``first_k_dense_replace`` of a ``moe_layer_freq``: 0 when every layer is MoE (None, 1, all ones),
+    k for k dense layers then MoE ones; None for any other pattern (GLM-4.5 cannot spell it)."""
+    if freq in (None, 1):
+        return 0
+    if isinstance(freq, (list, tuple)) and 1 in freq:
+        k = list(freq).index(1)
+        if all(f == 0 for f in freq[:k]) and all(f == 1 for f in freq[k:]):
+            return k
+    return None
+
+
 def _megatron_problems(cfg: _config.ModelConfig) -> list[str]:
     """Why a Megatron checkpoint would not compute GLM-4.5 in transformers (one line each)."""
     wanted = (("moe_router_score_function", "sigmoid", "GLM-4.5's router scores are sigmoids"),
               ("rotary_interleaved", False, "GLM-4.5 rotates halves, not interleaved pairs"))
     problems = _config.fact_problems(cfg, wanted)
     facts = cfg.megatron_facts or {}
+    if _first_moe_layer(facts.get("moe_layer_freq")) is None:
+        problems.append(f"its MoE layers (moe_layer_freq {facts.get('moe_layer_freq')!r}) are not dense layers "
+                        f"followed by MoE ones, the only pattern GLM-4.5 spells (first_k_dense_replace)")
+    if cfg.is_moe and not cfg.shared_expert_ffn_hidden_size:
+        problems.append("it has no shared experts, while every GLM-4.5 MoE layer has them (n_shared_experts)")
     if "rotary_percent" in facts and cfg.hf_extra and float(facts["rotary_percent"]) != partial_rotary(cfg.hf_extra):
         problems.append(f"its Megatron args say rotary_percent={facts['rotary_percent']} but its HF config "
                         f"partial_rotary_factor={partial_rotary(cfg.hf_extra)}")
