@@ -183,12 +183,144 @@ def write_deepspeed_steps(out: Path) -> Path:
     return out / STEPS_DIR
 
 
+PIPELINE_DIR, MOE_DIR = "pipeline_zero1", "moe_zero0"
+
+
+def _run_unassembled_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    """Two layouts the reader does not assemble, each saved by DeepSpeed's engine on 2 ranks (this one
+    writes the first; ``_run_moe_rank`` the second):
+
+    * ``pipeline_zero1/``: a ``PipelineModule`` of 5 layers in 2 stages (pp=2, dp=1), bf16 ZeRO-1:
+      ``layer_0{0..4}-model_states.pt``, ``mp_rank_0{0,1}_model_states.pt`` and per-stage optim files;
+    * ``moe_zero0/``: ``deepspeed.moe.layer.MoE`` with 4 experts at ep_size=2 (fp32, ZeRO-0):
+      ``layer_0_expert_{0..3}_mp_rank_00_model_states.pt`` and ``expp_rank_{0,1}_mp_rank_00_optim_states.pt``
+      beside ``mp_rank_00_model_states.pt``."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+                       "LOCAL_WORLD_SIZE": str(world_size), "DS_ACCELERATOR": "cpu"})
+    _init_gloo(rank, world_size, init_file)
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from deepspeed.pipe import LayerSpec, PipelineModule
+
+    deepspeed.init_distributed(dist_backend="gloo")  # PipelineModule and MoE ask DeepSpeed's comm for groups
+    base = {"steps_per_print": 10**6, "zero_allow_untested_optimizer": True}
+    torch.manual_seed(3)
+    pipe = PipelineModule(layers=[LayerSpec(nn.Linear, 6, 10), LayerSpec(nn.ReLU), LayerSpec(nn.Linear, 10, 7),
+                                  LayerSpec(nn.LayerNorm, 7), LayerSpec(nn.Linear, 7, 5)],
+                          num_stages=2, loss_fn=nn.MSELoss(), partition_method="uniform")
+    config = {**base, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+              "bf16": {"enabled": True}, "zero_optimization": {"stage": 1},
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}}}
+    engine, *_ = deepspeed.initialize(model=pipe, model_parameters=list(pipe.parameters()), config=config,
+                                      dist_init_required=False)
+    gen = torch.Generator().manual_seed(10)
+
+    def batches():
+        while True:
+            yield (torch.randn(2, 6, generator=gen).bfloat16(), torch.randn(2, 5, generator=gen).bfloat16())
+
+    engine.train_batch(data_iter=batches())
+    engine.save_checkpoint(str(Path(out) / PIPELINE_DIR))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _run_moe_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    """``moe_zero0/`` (see ``_run_unassembled_rank``); its own spawn: DeepSpeed keeps the pipeline's groups."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+                       "LOCAL_WORLD_SIZE": str(world_size), "DS_ACCELERATOR": "cpu"})
+    _init_gloo(rank, world_size, init_file)
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from deepspeed.moe.layer import MoE
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    base = {"steps_per_print": 10**6, "zero_allow_untested_optimizer": True}
+
+    class WithExperts(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = nn.Linear(6, 8)
+            self.moe = MoE(hidden_size=8, expert=nn.Sequential(nn.Linear(8, 5), nn.ReLU(), nn.Linear(5, 8)),
+                           num_experts=4, ep_size=2, k=1, use_residual=False, min_capacity=0)
+            self.out = nn.Linear(8, 3)
+
+        def forward(self, x):
+            hidden, aux, _ = self.moe(self.inp(x))
+            return self.out(hidden), aux
+
+    torch.manual_seed(5)
+    net = WithExperts()
+    groups = split_params_into_different_moe_groups_for_optimizer({"params": list(net.parameters()), "name": "p"})
+    config = {**base, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+              "zero_optimization": {"stage": 0}}
+    engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.AdamW(groups, lr=1e-2), config=config,
+                                      dist_init_required=False)
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(20 + rank))
+    out_, aux = engine(x)
+    engine.backward(out_.square().mean() + aux)
+    engine.step()
+    engine.save_checkpoint(str(Path(out) / MOE_DIR))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def write_unassembled_samples(out: Path) -> tuple[Path, Path]:
+    """``out/pipeline_zero1`` and ``out/moe_zero0`` (see ``_run_unassembled_rank``)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    _spawn(_run_unassembled_rank, out, world_size=2)
+    _spawn(_run_moe_rank, out, world_size=2)
+    for name in (PIPELINE_DIR, MOE_DIR):  # DeepSpeed's helper script is its code, not data
+        for script in (out / name).glob("zero_to_*.py"):
+            script.unlink()
+    return out / PIPELINE_DIR, out / MOE_DIR
+
+
+UNIVERSAL = "universal_zero{}"
+
+
+def write_universal_samples(out: Path, stages: tuple[int, ...] = STAGES) -> dict[int, Path]:
+    """``out/universal_zero{S}/``: DeepSpeed's own ``ds_to_universal`` run on ``out/zero{S}/global_step2``
+    (``--inject_missing_state``, as its docs say for a plain ZeRO save): ``global_step2_universal/`` with
+    the model-states file(s) and ``zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt``, and
+    ``latest_universal``. Its ``fp32.pt`` masters equal the ``zero{S}.fp32_oracle.pt`` reconstruction."""
+    import subprocess
+
+    out = Path(out)
+    written = {}
+    for stage in stages:
+        target = out / UNIVERSAL.format(stage)
+        subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+                        "--input_folder", str(out / f"zero{stage}" / TAG),
+                        "--output_folder", str(target / f"{TAG}_universal"),
+                        "--num_extract_workers", "1", "--num_merge_workers", "1", "--inject_missing_state"],
+                       check=True, env={**os.environ, "DS_ACCELERATOR": "cpu"}, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        written[stage] = target
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         print(__doc__.strip().splitlines()[2].strip())
         return 2
     written = write_deepspeed_samples(Path(argv[0]))
+    write_universal_samples(Path(argv[0]))
+    write_unassembled_samples(Path(argv[0]))
     print(json.dumps({stage: str(path) for stage, path in written.items()}))
     return 0
 

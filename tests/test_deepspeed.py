@@ -400,3 +400,95 @@ def test_synthetic_layout_without_deepspeed(tmp_path, stage, world):
         box = (slice(1, 3), slice(2, 4), slice(1, 5))
         assert reader.read("block.w", box).tobytes() == want["block.w"][1:3, 2:4, 1:5].tobytes()
         assert reader.byte_span("running") is None  # stored as bf16, read as float32
+
+
+# --- universal checkpoints (ds_to_universal) ---------------------------------------------------------
+
+
+def universal(stage: int) -> Path:
+    """``ds_to_universal`` of the shipped ``zero{stage}`` save, written by DeepSpeed 0.19.8 itself
+    (``make_deepspeed_samples.write_universal_samples``) and shipped beside it."""
+    return SHIPPED / f"universal_zero{stage}"
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_universal_checkpoint_is_its_fp32_masters(stage, tmp_path):
+    """Before, the model-states file's bf16 module copy was shown (and merged) as the model and the
+    ``zero/`` tree ignored: values off by bf16 rounding, no warning. The fp32 masters in
+    ``zero/<param>/fp32.pt`` are DeepSpeed's ``zero_to_fp32`` result of the save converted, bit for bit;
+    the moments are DeepSpeed's own merge of them."""
+    import torch
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM
+
+    root = universal(stage)
+    want = {k: v for k, v in oracle(SHIPPED / f"zero{stage}").items() if v.dtype == np.float32}
+    for path in (root, root / f"{TAG}_universal"):  # the root through latest_universal, or the tag dir
+        assert detect_format(path) is DeepSpeedReader
+        with open_checkpoint(path) as reader:
+            index = reader.index()
+            assert index.metadata["deepspeed"]["universal"] and not index.issues
+            assert_bitwise(reader, want)
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert_bitwise(reader, {f"optimizer.state.{key}.{k}": v for k, v in shipped_moments(stage, key).items()})
+    out = tmp_path / "hf"
+    result = run_cli("merge", str(root), str(out), "--hf-config", str(SHIPPED / "hf_config"))
+    assert result.code == 0, result.err
+    stored = load_file(str(out / "model.safetensors"))
+    for name, value in want.items():
+        assert stored[name].dtype == np.float32 and stored[name].tobytes() == value.tobytes(), name
+    model, info = AutoModelForCausalLM.from_pretrained(str(out), output_loading_info=True, dtype=torch.float32)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+
+
+def test_universal_checkpoint_missing_a_master_is_damaged(tmp_path):
+    root = tmp_path / "u"
+    shutil.copytree(universal(2), root)
+    shutil.rmtree(root / f"{TAG}_universal" / "zero" / "lm_head.weight")
+    result = run_cli("check", str(root))
+    assert result.code == 1 and "lm_head.weight/fp32.pt" in result.out + result.err
+    result = run_cli("merge", str(root), str(tmp_path / "hf"), "--hf-config", str(SHIPPED / "hf_config"))
+    assert result.code == 2 and not (tmp_path / "hf").exists(), result.err
+
+
+def test_generator_writes_the_shipped_universal_layout(tmp_path):
+    pytest.importorskip("deepspeed")
+    shutil.copytree(SHIPPED, tmp_path, dirs_exist_ok=True)
+    for path in tmp_path.glob("universal_zero*"):
+        shutil.rmtree(path)
+    for stage, root in ds_generators().write_universal_samples(tmp_path).items():
+        fresh = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+        shipped = sorted(p.relative_to(universal(stage)).as_posix() for p in universal(stage).rglob("*") if p.is_file())
+        assert fresh == shipped
+
+
+# --- pipeline and MoE saves: not assembled, and said so -----------------------------------------------
+
+
+@pytest.mark.parametrize("name, files", [
+    ("pipeline_zero1", ["layer_03-model_states.pt", "mp_rank_01_model_states.pt"]),
+    ("moe_zero0", ["layer_0_expert_2_mp_rank_00_model_states.pt", "expp_rank_1_mp_rank_00_optim_states.pt"]),
+])
+def test_pipeline_and_moe_saves_are_flagged_and_not_exported(name, files, tmp_path):
+    """A PipelineModule save (pp=2) and an MoE save (4 experts, ep=2), written by DeepSpeed's engine
+    (``make_deepspeed_samples.write_unassembled_samples``, shipped). Their layer, expert and other
+    model-parallel rank files are not assembled: before, inspect showed stage 0 / no experts, check
+    said ok and nothing warned. Now check fails naming each file, inspect warns, exports refuse."""
+    save = SHIPPED / name
+    result = run_cli("check", str(save))
+    assert result.code == 1, result.out + result.err
+    for file in files:
+        assert f"unassembled-file: global_step1/{file}" in result.out, result.out
+    result = run_cli("inspect", "--json", str(save))
+    assert result.code == 0 and any("not assembled" in w for w in json.loads(result.out)["metadata"]["warnings"])
+    result = run_cli("merge", str(save), str(tmp_path / "hf"), "--hf-config", str(SHIPPED / "hf_config"))
+    assert result.code == 2 and "not assembled" in result.err and not (tmp_path / "hf").exists(), result.err
+
+
+def test_generator_writes_the_shipped_pipeline_and_moe_layouts(tmp_path):
+    pytest.importorskip("deepspeed")
+    for fresh in ds_generators().write_unassembled_samples(tmp_path):
+        names = sorted(p.relative_to(fresh).as_posix() for p in fresh.rglob("*") if p.is_file())
+        shipped = sorted(p.relative_to(SHIPPED / fresh.name).as_posix() for p in (SHIPPED / fresh.name).rglob("*")
+                         if p.is_file())
+        assert names == shipped

@@ -53,7 +53,7 @@ from typing import Any
 from ckptscope.core.dtypes import dtype_by_name
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
-from ckptscope.core.tensor import Chunk, TensorMeta
+from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
 from ckptscope.formats.base import CheckpointReader, Region
 from ckptscope.formats.pickles.safe import PickleStub, TensorRef, to_plain, type_name
 from ckptscope.formats.pickles.torch_file import (
@@ -66,8 +66,17 @@ from ckptscope.formats.pickles.torch_file import (
 from ckptscope.formats.registry import register_reader
 
 LATEST = "latest"
+LATEST_UNIVERSAL = "latest_universal"
+"""What ``ds_to_universal`` writes beside the ``<tag>_universal/`` dir it makes."""
+UNIVERSAL_DIR = "zero"
+UNIVERSAL_STATES = ("fp32", "exp_avg", "exp_avg_sq")
+"""Per-param files of a universal checkpoint: the fp32 master (the model) and the Adam moments."""
 MODEL_STATES = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
 OPTIM_STATES = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+UNASSEMBLED = re.compile(r"^(?:layer_\d+-model_states\.pt"  # PipelineModule: one file per layer
+                         r"|(?:layer_\d+_)?expert_\d+_mp_rank_\d+_model_states\.pt"  # MoE experts
+                         r"|expp_rank_\d+_mp_rank_\d+_optim_states\.pt)$")  # MoE expert-parallel optimizer
+"""DeepSpeed files of layouts this reader does not assemble (pipeline and MoE saves)."""
 _STEP = re.compile(r"global_step(\d+)$")
 LP_PREFIX = "lp_params."
 MOMENT_PREFIX = "optimizer.state."
@@ -172,6 +181,10 @@ class DsLayout:
     optim: dict[int, str] = field(default_factory=dict)
     bf16: bool = False
     other_mp: list[str] = field(default_factory=list)
+    unassembled: list[str] = field(default_factory=list)
+    """Pipeline layer files and MoE expert files (``UNASSEMBLED``): their tensors are not shown."""
+    universal: list[str] = field(default_factory=list)
+    """``zero/<param>/`` dirs of a universal checkpoint (``ds_to_universal``), each with ``fp32.pt``."""
 
 
 def ds_layout(tag_dir: Path) -> DsLayout | None:
@@ -185,7 +198,9 @@ def ds_layout(tag_dir: Path) -> DsLayout | None:
     for name in names:
         m = MODEL_STATES.match(name)
         o = OPTIM_STATES.match(name)
-        if m:
+        if UNASSEMBLED.match(name):
+            layout.unassembled.append(name)
+        elif m:
             found = True
             if int(m.group(2)) != 0:
                 layout.other_mp.append(name)
@@ -198,13 +213,29 @@ def ds_layout(tag_dir: Path) -> DsLayout | None:
             else:
                 layout.optim[int(o.group(2))] = name
                 layout.bf16 = layout.bf16 or bool(o.group(1))
+    if found:
+        layout.universal = _universal_params(tag_dir / UNIVERSAL_DIR)
     return layout if found else None
 
 
-def read_latest(root: Path) -> str | None:
-    """The tag named by ``root/latest`` when it is a dir beside it, else None. Never raises."""
+def _universal_params(zero_dir: Path) -> list[str]:
+    """The param dirs of a universal checkpoint's ``zero/`` (those holding ``fp32.pt``), sorted; [] for none."""
     try:
-        tag = (root / LATEST).read_text(encoding="utf-8").strip()
+        return sorted(p.name for p in zero_dir.iterdir() if (p / "fp32.pt").is_file())
+    except OSError:
+        return []
+
+
+def latest_file(root: Path) -> str:
+    """``latest``, or ``latest_universal`` for a save root holding only universal checkpoints."""
+    return LATEST if (root / LATEST).exists() or not (root / LATEST_UNIVERSAL).exists() else LATEST_UNIVERSAL
+
+
+def read_latest(root: Path) -> str | None:
+    """The tag named by ``root/latest`` (``latest_universal``) when it is a dir beside it, else None.
+    Never raises."""
+    try:
+        tag = (root / latest_file(root)).read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError):
         return None
     if not tag or "/" in tag or tag in (".", ".."):
@@ -285,16 +316,28 @@ class DeepSpeedReader(CheckpointReader):
             layout = ds_layout(tag_dir)
             if layout is None:
                 raise CkptError(f"'latest' names {tag}/, which holds no DeepSpeed rank files", self.path)
-            index.files.append(FileInfo(LATEST, (self.path / LATEST).stat().st_size, "metadata"))
+            latest = latest_file(self.path)
+            index.files.append(FileInfo(latest, (self.path / latest).stat().st_size, "metadata"))
         self._prefix = prefix
         info: dict[str, Any] = {"tag": tag_dir.name}
         index.metadata["deepspeed"] = info
         step = _STEP.search(tag_dir.name)
         if step:
             index.metadata["iteration"] = int(step.group(1))
-        if layout.other_mp:
-            index.warnings.append(f"model-parallel ranks other than 00 ({len(layout.other_mp)} files) are not "
-                                  "assembled; showing mp_rank_00 only")
+        # Model-parallel ranks (Megatron-DeepSpeed TP, pipeline stages), PipelineModule layer files and MoE
+        # expert files hold tensors shown nowhere: damage to what ckptscope shows, so check fails and exports
+        # refuse rather than write a model without them.
+        apart = layout.other_mp + layout.unassembled
+        summary = (f"{len(apart)} DeepSpeed files are not assembled (model-parallel ranks other than 00, pipeline "
+                   f"layer files, MoE expert files): the model shown lacks their tensors")
+        for name in layout.other_mp:
+            index.add_issue("unassembled-file", "a model-parallel rank other than 00: ckptscope does not assemble "
+                            "DeepSpeed model- or pipeline-parallel saves; its tensors are not shown",
+                            file=prefix + name, warning=summary)
+        for name in layout.unassembled:
+            what = "an MoE expert file" if "exp" in name else "a PipelineModule layer file"
+            index.add_issue("unassembled-file", f"{what}: ckptscope does not assemble DeepSpeed pipeline or MoE "
+                            "saves; its tensors are not shown", file=prefix + name, warning=summary)
 
         # model states: param shapes, buffers, frozen params, shared params
         main_model = layout.model.get(None) or (layout.model.get(0) if 0 in layout.model else None)
@@ -313,6 +356,11 @@ class DeepSpeedReader(CheckpointReader):
         model_obj = model_zip.obj if isinstance(model_zip.obj, dict) else {}
         if "param_shapes" not in model_obj and "module" not in model_obj:
             raise CkptError(f"{main_model} is not a DeepSpeed model-states file (no 'module')", tag_dir)
+
+        if layout.universal:
+            self._index_universal(index, tag_dir, prefix, layout, model_obj, model_zip, prefix + main_model,
+                                  parsed_models)
+            return index
 
         # optimizer partitions
         parsed_optim: dict[int, TorchZip] = {}
@@ -374,6 +422,49 @@ class DeepSpeedReader(CheckpointReader):
         self._finish(index, built, model_obj)
         self._optimizer_objects(index, first, parsed_optim[first_dp], files[first_dp], stage)
         return index
+
+    def _index_universal(self, index: CheckpointIndex, tag_dir: Path, prefix: str, layout: DsLayout, obj: dict,
+                         zip_: TorchZip, file: str, parsed_models: dict[int | None, TorchZip]) -> None:
+        """A universal checkpoint (``ds_to_universal``): each param's fp32 master in ``zero/<name>/fp32.pt``
+        (whole, ``{"param": tensor, "cat_dim": ...}``; flat 1-D when made from ZeRO-3, shaped here by
+        ``param_shapes``), its Adam moments beside it. The module copy in the model-states file is the
+        low-precision one, listed apart as in a ZeRO-1/2 save."""
+        shapes = [{name: s for name, value in _ordered(group).items() if (s := _shape(value)) is not None}
+                  for group in obj.get("param_shapes") or []]
+        expected = {name: shape for group in shapes for name, shape in group.items()}
+        per_rank = None not in layout.model
+        stage = 3 if per_rank else 2
+        world = obj.get("dp_world_size") if isinstance(obj.get("dp_world_size"), int) else max(len(layout.model), 1)
+        index.metadata["deepspeed"].update({"universal": True, "zero_stage": stage, "world_size": world})
+        built = _Built()
+        for name in layout.universal:
+            for state in UNIVERSAL_STATES:
+                path = tag_dir / UNIVERSAL_DIR / name / f"{state}.pt"
+                if not path.is_file():
+                    continue
+                rel = f"{prefix}{UNIVERSAL_DIR}/{name}/{state}.pt"
+                state_zip = read_torch_zip(path)
+                ref = state_zip.obj.get("param") if isinstance(state_zip.obj, dict) else state_zip.obj
+                if not isinstance(ref, TensorRef) or ref.storage is None:
+                    index.warnings.append(f"{rel}: no tensor under 'param'; skipped")
+                    continue
+                target = name if state == "fp32" else f"{MOMENT_PREFIX}{state}.{name}"
+                meta = tensor_meta(target, ref, rel, state_zip.storages.get(ref.storage.key),
+                                   big_endian=state_zip.big_endian, path=self.path)
+                shape = expected.get(name)
+                if shape is not None and meta.shape != shape:
+                    chunk = meta.chunks[0]
+                    if math.prod(shape) != meta.numel or chunk.encoding is not Encoding.RAW:
+                        raise CkptError(f"{rel}: {list(meta.shape)} does not hold {name} {list(shape)}", self.path)
+                    meta = replace(meta, shape=shape, chunks=(replace(chunk, offsets=(0,) * len(shape), shape=shape),))
+                built.tensors[target] = meta
+                index.files.append(FileInfo(rel, path.stat().st_size, "data" if state == "fp32" else "optimizer"))
+        for name in expected:
+            if name not in layout.universal:
+                index.add_issue("missing-file", f"missing: the universal checkpoint has no fp32 master of {name}",
+                                file=f"{prefix}{UNIVERSAL_DIR}/{name}/fp32.pt")
+        self._model_extras(index, built, obj, zip_, file, stage, world, parsed_models, layout, prefix, shapes)
+        self._finish(index, built, obj)
 
     @staticmethod
     def _stage_from_config(config: Any) -> int | None:
@@ -580,6 +671,8 @@ class DeepSpeedReader(CheckpointReader):
             fragments = _ordered(obj.get("frozen_param_fragments"))
             for name in frozen:
                 ref = fragments.get(name)
+                if name in built.tensors:  # (a universal checkpoint's own fp32 copy of it)
+                    continue
                 if isinstance(ref, TensorRef) and ref.storage is not None:
                     meta = tensor_meta(name, ref, file, zip_.storages.get(ref.storage.key),
                                        big_endian=zip_.big_endian, path=self.path)

@@ -314,6 +314,11 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
     src_path = Path(resolve_root(src))
     reader = open_checkpoint(src_path, trust_pickle=trust_pickle)
     index = reader.index()
+    apart = [i for i in index.issues if i.kind == "unassembled-file"]
+    if apart:  # files whose tensors the reader does not show: an export would silently lack them
+        raise CkptError(f"{plural(len(apart), 'file')} of this checkpoint {'is' if len(apart) == 1 else 'are'} not "
+                        f"assembled by ckptscope (first: {apart[0].file}, {apart[0].detail.split(':')[0]}); an export "
+                        f"would lack their tensors", src_path)
     entries = model_entries(index, logical=True)
     tensors = entries.tensors
     if not tensors:
