@@ -268,11 +268,73 @@ def write_accelerate_fsdp2(out: Path, *, reference: bool = False) -> Path:
     return out / "accelerate_fsdp2"
 
 
+def _fsdp1_local_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    """``Accelerator.save_state`` of an FSDP1 run with ``state_dict_type="LOCAL_STATE_DICT"``: accelerate
+    writes ``pytorch_model_fsdp_rank{r}.bin`` (each rank's flattened parameters as FSDP's local state
+    dict: a ShardedTensor per FlatParameter) and ``optimizer_0/``. The one liberty, as on CPU it must:
+    accelerate hands FSDP1 ``device_id`` ``cpu:0``, which FSDP1 rejects; it gets ``torch.device("cpu")``."""
+    import functools as _functools
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("accelerate").setLevel(logging.ERROR)
+    _init_gloo(rank, world_size, init_file)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1")
+    import torch
+    from accelerate import Accelerator, FullyShardedDataParallelPlugin
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType, set_seed
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    plain_init = FullyShardedDataParallel.__init__
+
+    def init(self, *args, **kwargs):
+        if str(kwargs.get("device_id")) in ("cpu", "cpu:0"):
+            kwargs["device_id"] = torch.device("cpu")  # (FSDP1 takes a device, not accelerate's "cpu:0")
+        plain_init(self, *args, **kwargs)
+
+    FullyShardedDataParallel.__init__ = init
+    torch.set_num_threads(1)
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=1, state_dict_type="LOCAL_STATE_DICT", use_orig_params=True, sync_module_states=False,
+        cpu_ram_efficient_loading=False,
+        auto_wrap_policy=_functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={LlamaDecoderLayer}))
+    accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
+    AcceleratorState._shared_state["fsdp_plugin"] = plugin
+    assert accelerator.distributed_type == DistributedType.FSDP and not accelerator.is_fsdp2
+    set_seed(0)
+    model = tiny_model(seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    ids = torch.randint(0, TINY_TRAINER_LLAMA["vocab_size"], (2, SEQ), generator=torch.Generator().manual_seed(rank))
+    accelerator.backward(model(input_ids=ids, labels=ids).loss)
+    optimizer.step()
+    accelerator.save_state(str(Path(out) / "accelerate_fsdp1_local"))
+    accelerator.wait_for_everyone()
+    torch.distributed.destroy_process_group()
+
+
+def write_accelerate_fsdp1_local(out: Path) -> Path:
+    """``Accelerator.save_state`` with FSDP1 LOCAL_STATE_DICT from 2 gloo ranks (``_fsdp1_local_rank``)."""
+    from make_trainer_samples import _fsdp1_local_rank as rank_fn
+
+    out.mkdir(parents=True, exist_ok=True)
+    _spawn(rank_fn, out, world_size=ACCELERATE_WORLD)
+    return out / "accelerate_fsdp1_local"
+
+
 WRITERS = {
     "hf_trainer_run": write_hf_trainer_run,
     "hf_tied_bin": write_hf_tied_bin,
     "hf_tied_safetensors": write_hf_tied_safetensors,
     "accelerate_fsdp2": write_accelerate_fsdp2,
+    "accelerate_fsdp1_local": write_accelerate_fsdp1_local,
 }
 
 

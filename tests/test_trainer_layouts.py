@@ -465,3 +465,20 @@ def test_check_and_rename_take_the_accelerate_save_state_dir(accelerate_run, tmp
     assert f"truncated: optimizer_0/{shard.name}" in result.out, result.out
     refused = run_cli("rename", str(accelerate_run), str(tmp_path / "out"), "--sub", "model", "m")
     assert refused.code == 2 and "pytorch_model_fsdp_0" in refused.err and not (tmp_path / "out").exists()
+
+
+def test_fsdp1_local_state_dict_is_refused_in_one_line(gen, tmp_path):
+    """accelerate's FSDP1 LOCAL_STATE_DICT save (written by accelerate + FSDP1 on 2 gloo ranks): each
+    rank's flattened parameters, no named weights. Before: an unpickler error about
+    ``Stub[__builtin__.getattr]``, and check called it an HF model dir. Now one line that names the
+    layout and what to save instead, for inspect, check and merge."""
+    save = gen.write_accelerate_fsdp1_local(tmp_path / "run")
+    assert sorted(p.name for p in save.glob("pytorch_model_fsdp_rank*.bin")) == [
+        "pytorch_model_fsdp_rank0.bin", "pytorch_model_fsdp_rank1.bin"]
+    for command in (["inspect", str(save)], ["check", str(save)],
+                    ["merge", str(save), str(tmp_path / "out"), "--hf-config", str(tmp_path)]):
+        result = run_cli(*command)
+        assert result.code == 2, (command, result.out, result.err)
+        assert "FSDP LOCAL_STATE_DICT" in result.err and "SHARDED_STATE_DICT" in result.err, result.err
+        assert result.err.count("\n") == 1 and "Unpickling" not in result.err
+    assert not (tmp_path / "out").exists()

@@ -17,6 +17,8 @@ and its ``latest`` tracker (and an FSDP ``optimizer_N/`` dir) are listed file by
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +41,18 @@ def _safetensors_files(path: Path) -> list[Path]:
     return sorted((p for p in path.glob("*.safetensors") if p.is_file()), key=lambda p: natural_key(p.name))
 
 
+FSDP_LOCAL_SHARD = re.compile(r"^pytorch_model_fsdp_rank\d+\.bin$")
+"""accelerate's FSDP1 ``LOCAL_STATE_DICT`` save: each rank's flat parameters (a ShardedTensor of the
+FlatParameter) in one file per rank: not a state dict of named weights."""
+
+
 def _bin_files(path: Path) -> list[Path]:
-    return sorted((p for p in path.glob("pytorch_model*.bin") if p.is_file()), key=lambda p: natural_key(p.name))
+    return sorted((p for p in path.glob("pytorch_model*.bin") if p.is_file() and not FSDP_LOCAL_SHARD.match(p.name)),
+                  key=lambda p: natural_key(p.name))
+
+
+def _fsdp_local_shards(path: Path) -> list[Path]:
+    return sorted(p for p in path.glob("pytorch_model_fsdp_rank*.bin") if FSDP_LOCAL_SHARD.match(p.name))
 
 
 def _pick_index(path: Path, canonical: str, pattern: str) -> Path | None:
@@ -77,7 +89,7 @@ class HFDirReader(CheckpointReader):
             return False
         return bool(
             (path / SAFETENSORS_INDEX).is_file() or _safetensors_files(path)
-            or (path / BIN_INDEX).is_file() or _bin_files(path)
+            or (path / BIN_INDEX).is_file() or _bin_files(path) or _fsdp_local_shards(path)
         )
 
     def _build_index(self) -> CheckpointIndex:
@@ -89,6 +101,10 @@ class HFDirReader(CheckpointReader):
             self._index_safetensors(index, st_index, st_files)
             if _bin_files(self.path):
                 index.warnings.append("pytorch_model*.bin files are present too; showing the safetensors weights")
+        elif _fsdp_local_shards(self.path) and not _bin_files(self.path):
+            raise CkptError(f"an accelerate FSDP LOCAL_STATE_DICT save ({_fsdp_local_shards(self.path)[0].name} ...: "
+                            f"each rank's flattened parameters, no named weights), which ckptscope does not read; "
+                            f"save with fsdp_state_dict_type SHARDED_STATE_DICT or FULL_STATE_DICT", self.path)
         else:
             index.metadata["weights"] = "pytorch_model.bin"
             bin_index = _pick_index(self.path, BIN_INDEX, "pytorch_model.bin.index*.json")
