@@ -507,3 +507,48 @@ def test_diff_include_of_one_megatron_layer_selects_its_per_layer_views(megatron
                   "--include", "decoder.layers.self_attention*", "--json")
     assert stacked.code == 0 and all(".layers.self_attention" in t["name"]
                                      for t in json.loads(stacked.out)["tensors"])
+
+
+def _accelerate_project(path: Path, saves: int = 3) -> Path:
+    """A project dir accelerate writes with ``ProjectConfiguration(automatic_checkpoint_naming=True)``:
+    ``checkpoints/checkpoint_{0..saves-1}/``, each a ``save_state`` dir (model.safetensors, optimizer.bin,
+    random_states_0.pkl), written by accelerate itself on CPU."""
+    import torch
+    import transformers
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration, set_seed
+
+    set_seed(0)
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=64)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    accelerator = Accelerator(cpu=True, project_config=ProjectConfiguration(
+        project_dir=str(path), automatic_checkpoint_naming=True))
+    model, optimizer = accelerator.prepare(model, optimizer)
+    for _ in range(saves):
+        ids = torch.randint(0, 64, (2, 8))
+        accelerator.backward(model(input_ids=ids, labels=ids).loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        accelerator.save_state()
+    return path
+
+
+def test_accelerate_project_dir_is_a_save_root(tmp_path, cli):
+    """accelerate's automatic checkpoint naming: the project dir (through checkpoints/) and checkpoints/
+    itself list the saves, open the newest, and timeline runs over them (before: "not a checkpoint").
+    A save without its rng states (save_state writes them after the model and optimizer) is incomplete."""
+    project = _accelerate_project(tmp_path / "proj")
+    for root in (project, project / "checkpoints"):
+        found = discover_iterations(root)
+        assert [(i.label, i.complete, i.kind) for i in found] == [
+            ("2", True, "accelerate"), ("1", True, "accelerate"), ("0", True, "accelerate")]
+        assert pick_iteration(root, found).path == str(project / "checkpoints" / "checkpoint_2")
+    (project / "checkpoints" / "checkpoint_2" / "random_states_0.pkl").unlink()
+    found = discover_iterations(project)
+    assert [(i.label, i.complete) for i in found][0] == ("2", False)
+    assert pick_iteration(project, found).path.endswith("checkpoint_1")
+    result = cli("timeline", str(project), "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["iterations"] == [0, 1]  # the incomplete save is left out

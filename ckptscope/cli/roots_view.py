@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # save-root code are imported when a command runs.
 Iteration = int | str
 
-ITERATION_HELP = ("On a save directory (iter_*, release, global_step_*, step-*, checkpoint-*): use iteration N "
+ITERATION_HELP = ("On a save directory (iter_*, release, global_step_*, step-*, checkpoint-*, checkpoint_*): use iteration N "
                   "(a number, 'release' or 'final') instead of the latest complete one.")
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -14,6 +14,10 @@ Trainers write one directory per save under a root, each with its own completene
   naming the newest tag, written after the tag's files; a tag is taken as whole when it has its
   model-states file and optimizer files of consecutive ranks from 0 (DeepSpeed writes no marker of
   its own; ``check`` on the tag compares the rank files with the world size they record).
+* accelerate: ``project_dir/checkpoints/checkpoint_3/`` (``ProjectConfiguration(automatic_checkpoint_naming=
+  True)``: one ``save_state`` dir per save, numbered by save, not by step), no tracker; whole when
+  ``random_states_0.pkl`` is there (``save_state`` writes the rng states after the model, optimizers,
+  schedulers and samplers); ``load_state`` resumes from the highest number, whole or not.
 * HF Trainer: ``output_dir/checkpoint-100/``, no tracker; a checkpoint is whole when
   ``trainer_state.json`` is there (``Trainer._save_checkpoint`` writes it after the model, optimizer,
   scheduler and rng files). A model that ``trainer.save_model()`` left in ``output_dir`` itself is
@@ -51,9 +55,10 @@ _VERL = re.compile(r"^global_step_(\d+)$")
 _TORCHTITAN = re.compile(r"^step-(\d+)$")
 _HF_TRAINER = re.compile(r"^checkpoint-(\d+)$")
 _DEEPSPEED = re.compile(r"^global_step(\d+)$")
+_ACCELERATE = re.compile(r"^checkpoint_(\d+)$")
 VERL_ROLES = ("actor", "critic")
 """The role dirs of a verl step, in the order opening prefers them."""
-KINDS = ("megatron", "verl", "torchtitan", "hf-trainer", "deepspeed")
+KINDS = ("megatron", "verl", "torchtitan", "hf-trainer", "deepspeed", "accelerate")
 """Root kinds, in the order a tie between them is broken."""
 TRACKED_KINDS = ("megatron", "verl")
 """Kinds whose trainer writes ``latest_checkpointed_iteration.txt``; the others have no tracker."""
@@ -146,6 +151,8 @@ def _is_complete(path: Path, kind: str = "") -> bool:
         return False
     if kind == "hf-trainer":  # Trainer._save_checkpoint writes trainer_state.json last
         return TRAINER_STATE in entries and (path / TRAINER_STATE).is_file()
+    if kind == "accelerate":  # save_state writes the rng states after the model and optimizer state
+        return ACCELERATE_RNG in entries
     if kind == "deepspeed":
         from ckptscope.formats.deepspeed.reader import ds_layout
 
@@ -205,6 +212,10 @@ def _root_has_model(root: Path) -> bool:
         return False
 
 
+ACCELERATE_FOLDER = "checkpoints"
+"""accelerate's automatic checkpoint naming puts its ``checkpoint_N`` dirs here, inside ``project_dir``."""
+ACCELERATE_RNG = "random_states_0.pkl"
+
 TORCHTITAN_FOLDER = "checkpoint"
 """torchtitan's default ``checkpoint.folder`` inside its dump folder (FORMATS.md §5.7)."""
 
@@ -238,11 +249,14 @@ def discover_iterations(path: str | Path) -> list[IterationInfo] | None:
             target, kind, iteration = entry, "hf-trainer", int(m.group(1))
         elif m := _DEEPSPEED.match(entry.name):
             target, kind, iteration = entry, "deepspeed", int(m.group(1))
+        elif (m := _ACCELERATE.match(entry.name)) and _is_save_state(entry):
+            target, kind, iteration = Path(save_state_model(entry) or entry), "accelerate", int(m.group(1))
         if target is None or iteration is None:
             continue
-        size, saved = _dir_stats(target)
+        whole = entry if kind == "accelerate" else target  # (its model may be one level down)
+        size, saved = _dir_stats(whole)
         found.append(IterationInfo(path=str(target), iteration=iteration, size=size, saved=saved,
-                                   complete=_is_complete(target, kind), latest=has_tracker and iteration == latest,
+                                   complete=_is_complete(whole, kind), latest=has_tracker and iteration == latest,
                                    kind=kind, roles=roles))
     if found and all(i.kind == "deepspeed" for i in found) and _root_has_model(root):
         return None  # an HF Trainer checkpoint-N with DeepSpeed's global_stepN inside: a checkpoint, not a root
@@ -252,6 +266,11 @@ def discover_iterations(path: str | Path) -> list[IterationInfo] | None:
         if folder.is_dir():
             inner = discover_iterations(folder)
             if inner and root_kind(inner) == "torchtitan":
+                return inner
+        folder = root / ACCELERATE_FOLDER  # accelerate's project_dir: its saves are in checkpoints/
+        if folder.is_dir():
+            inner = discover_iterations(folder)
+            if inner and root_kind(inner) == "accelerate":
                 return inner
         return None
     if found and root_kind(found) == "hf-trainer" and _root_has_model(root):
@@ -321,6 +340,16 @@ DCP dir of ``{"model": state_dict}``, beside ``optimizer_0/``, ``scheduler.bin``
 ``random_states_R.pkl`` (FORMATS.md §9.4)."""
 
 
+def _is_save_state(path: Path) -> bool:
+    """A dir ``Accelerator.save_state`` wrote, or began to: its model, optimizer or rng files."""
+    try:
+        names = {e.name for e in path.iterdir()}
+    except OSError:
+        return False
+    return bool(names & {ACCELERATE_FSDP_MODEL, "optimizer.bin", "optimizer_0", "model.safetensors",
+                         "pytorch_model.bin"}) or any(n.startswith("random_states_") for n in names)
+
+
 def save_state_model(path: str | Path) -> str | None:
     """The model inside an accelerate ``save_state`` dir (``pytorch_model_fsdp_0/``), or None.
 
@@ -388,7 +417,7 @@ def resolve_root(path: str | Path, iteration: Iteration | None = None) -> str:
     if found is None:
         if iteration is not None:
             raise CkptError(f"--iteration {iteration}: not a save directory with iterations "
-                            "(iter_*, release, global_step_*, step-*, checkpoint-*)", path)
+                            "(iter_*, release, global_step_*, step-*, checkpoint-*, checkpoint_*)", path)
         return model_dir_within(path) or str(path)
     if not found and iteration is None:
         return str(path)
@@ -401,7 +430,7 @@ def resume_target(found: list[IterationInfo]) -> IterationInfo | None:
     ``get_last_checkpoint`` takes the highest ``checkpoint-N``, whole or not (a final model in
     ``output_dir`` is not a checkpoint to resume from)."""
     kind = root_kind(found)
-    if kind == "hf-trainer":
+    if kind in ("hf-trainer", "accelerate"):
         return next((i for i in found if i.kind == kind and i.number is not None), None)
     return default_iteration(found) or (found[0] if found else None)
 
@@ -461,6 +490,9 @@ def describe_root(root: str | Path, found: list[IterationInfo]) -> str:
     if kind == "torchtitan":
         where = f"newest complete: {Path(newest.path).name}" if newest else "no complete step"
         return f"torchtitan checkpoint folder (DCP, {where})"
+    if kind == "accelerate":
+        where = f"newest complete: checkpoint_{newest.label}" if newest else "no complete save"
+        return f"accelerate checkpoints folder (save_state dirs numbered by save, {where})"
     steps = sum(1 for i in found if i.number is not None)
     if any(i.iteration == FINAL for i in found):
         return f"HF Trainer output dir (final model + {steps} checkpoint{'s' if steps != 1 else ''})"
