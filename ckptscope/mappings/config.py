@@ -515,7 +515,8 @@ def hf_export_problems(cfg: ModelConfig, arch: str) -> list[str]:
     """Why a Megatron model (``cfg``: the HF config the export writes, merged over the Megatron args)
     would compute something else as HF ``arch``, one line each; empty when it would not. Gemma and
     GPT-OSS carry their own activation and window (hf_extra, ``MEGATRON_CHECKS``); the rest of the
-    family must be gated, SiLU or Megatron's GELU as its HF config says, with no sliding window."""
+    family must be gated, SiLU or Megatron's GELU as its HF config says, with a sliding window only
+    where the arch spells it (``mappings.window``), and MoE routing its HF model computes."""
     problems = _llama_moe_problems(cfg, arch)
     if _carries_own_window(arch):
         return problems

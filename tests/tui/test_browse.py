@@ -652,3 +652,42 @@ async def test_keys_typed_at_once_after_slash_all_reach_the_filter(in_repo):
         await settle(pilot)
         assert app.screen is screen  # no rename dialog opened
         assert screen.query_one(FilterBar).value == "k_projrx"
+
+
+def test_value_cells_are_never_cut_by_their_column():
+    """The pager's columns are CELL wide: an int32 of 11 characters lost its last digit (-1533429141 read
+    as -153342914, a wrong number shown as right). Too long for the column, a value is written with an
+    exponent and fewer digits, never cut; shorter ones are exact."""
+    import numpy as np
+
+    from ckptscope.tui.widgets.values_view import CELL, cell_text
+
+    for value, shown in [(np.int32(-1533429141), "-1.533e+09"), (np.int32(1854673841), "1854673841"),
+                         (np.int64(-2**62), "-4.612e+18"), (np.float64(-1.2345678e-05), "-1.235e-05"),
+                         (np.float64(-1.5e300), "-1.5e+300"), (np.int8(-7), "-7")]:
+        assert cell_text(value) == shown and len(shown) <= CELL
+    assert float(cell_text(np.int32(-1533429141))) == pytest.approx(-1533429141, rel=1e-3)
+
+
+@sync
+async def test_escape_while_typing_a_filter_closes_it_and_gives_the_tree_the_keys(samples):
+    """esc in the filter field cleared the text but left the field open and focused (the close action
+    was a coroutine never awaited), so the next tree key (j, r ...) was typed in as a new filter."""
+    from ckptscope.tui.widgets.filter_bar import FilterBar
+
+    app = make_app(samples["hf_llama_sharded"], keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = browse(app)
+        await pilot.press("slash", *"norm")
+        await pilot.pause(0.3)
+        await settle(pilot)
+        assert "tensors match" in text_of(screen.query_one("#filter-status", Static))
+        await pilot.press("escape")
+        await settle(pilot)
+        bar = screen.query_one(FilterBar)
+        assert bar.value == "" and not bar.has_focus and not bar.display
+        assert isinstance(app.focused, TensorTree)
+        await pilot.press("j")
+        await settle(pilot)
+        assert bar.value == "" and "match" not in text_of(screen.query_one("#filter-status", Static))

@@ -20,6 +20,6 @@ class FilterBar(Input):
         super().__init__(placeholder="filter: substring or glob (*.mlp.*)  ·  enter: tree  ·  esc: clear",
                          id=id)
 
-    def action_dismiss_filter(self) -> None:
+    async def action_dismiss_filter(self) -> None:
         self.value = ""
-        self.screen.run_action("close_filter")
+        await self.screen.run_action("close_filter")  # (a coroutine: not awaited, it never ran)

@@ -43,8 +43,14 @@ def cell_text(value: object, bits: bool = False) -> str:
     if isinstance(value, bool) or type(value).__name__ == "bool_":
         return str(bool(value))
     if number.is_integer() and abs(number) < 1e15 and "int" in type(value).__name__:
-        return f"{int(number)}"
-    return f"{number:.4g}"
+        text = f"{int(number)}"
+    else:
+        text = f"{number:.4g}"
+    digits = 3
+    while len(text) > CELL and digits >= 0:  # never cut by the column: fewer digits, exponent kept
+        text = f"{number:.{digits}e}"
+        digits -= 1
+    return text
 
 
 class ValuesTable(DataTable):
