@@ -118,9 +118,57 @@ def write_gpt2_lora(out: Path) -> Path:
     return target
 
 
+GPT2_UNTIED_BASE = "peft_gpt2_untied_base"
+
+
+def write_gpt2_untied_base(out: Path) -> Path:
+    """GPT-2 with its own ``lm_head.weight`` (``tie_word_embeddings=False``), an ``nn.Linear`` beside the
+    ``Conv1D`` projections."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    target = out / GPT2_UNTIED_BASE
+    GPT2LMHeadModel(GPT2Config(**TINY_GPT2, tie_word_embeddings=False)).to(torch.float32).eval().save_pretrained(target)
+    return target
+
+
+def write_gpt2_mixed_lora(out: Path) -> Path:
+    """LoRA on GPT-2's square ``attn.c_proj`` (``Conv1D``) and on ``lm_head`` (``nn.Linear``), asked with
+    ``fan_in_fan_out=True``: PEFT sets the flag per module by type and the config keeps what the last
+    module wrapped (lm_head) left, ``false``, although ``c_proj`` is merged transposed."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(out / GPT2_UNTIED_BASE)
+    torch.manual_seed(301)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["attn.c_proj", "lm_head"],
+                                            lora_dropout=0.0, fan_in_fan_out=True))
+    generator = torch.Generator().manual_seed(401)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_B." in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+    target = out / "peft_gpt2_mixed_lora"
+    model.eval().save_pretrained(target, save_embedding_layers=False)
+    return target
+
+
+def write_alora(out: Path) -> Path:
+    """aLoRA (``alora_invocation_tokens``): plain LoRA tensors, but the update applies only after the
+    invocation tokens, so it has no merged form (PEFT's ``merge_and_unload`` raises)."""
+    target = out / "peft_alora"
+    lora_model(r=4, lora_alpha=8, alora_invocation_tokens=[5, 6]).save_pretrained(target)
+    return target
+
+
 WRITERS = {
     BASE: write_base,
     GPT2_BASE: write_gpt2_base,
+    GPT2_UNTIED_BASE: write_gpt2_untied_base,
+    "peft_gpt2_mixed_lora": write_gpt2_mixed_lora,
+    "peft_alora": write_alora,
     "peft_gpt2_lora": write_gpt2_lora,
     "peft_lora": write_lora,
     "peft_lora_rslora": write_lora_rslora,

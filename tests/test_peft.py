@@ -122,6 +122,9 @@ def _peft_merged_state(base: Path, adapter: Path) -> dict:
     ("peft_lora", "peft_llama_base", 6),  # q_proj, v_proj, down_proj in 2 layers: B was set non-zero
     ("peft_lora_rslora", "peft_llama_base", 6),
     ("peft_gpt2_lora", "peft_gpt2_base", 8),  # fan_in_fan_out Conv1D weights and their biases (lora_only + lora_bias)
+    # a square Conv1D (transposed) beside a Linear (not) while the saved config says fan_in_fan_out=false:
+    # before, c_proj was merged untransposed (exit 0, logits off by 1.75)
+    ("peft_gpt2_mixed_lora", "peft_gpt2_untied_base", 3),
 ])
 def test_merge_equals_peft_merge_and_unload_bitwise(peft_samples, tmp_path, adapter, base_name, n_changed):
     import torch
@@ -347,3 +350,12 @@ def test_convert_names_why_an_adapter_or_an_unmapped_architecture_does_not_conve
     gpt2 = run_cli("convert", str(peft_samples[module.GPT2_BASE]), str(tmp_path / "g"), "--to", "mcore")
     assert gpt2.code == 2 and "GPT2LMHeadModel" in gpt2.err and "ckptscope archs" in gpt2.err, gpt2.err
     assert not (tmp_path / "a").exists() and not (tmp_path / "g").exists()
+
+
+def test_alora_is_refused_as_peft_refuses_it(peft_samples, tmp_path):
+    """aLoRA's tensors are plain LoRA pairs; only its config says the update applies after the invocation
+    tokens. Merged as LoRA it was another model (exit 0); PEFT's own merge raises."""
+    assert json.loads((peft_samples["peft_alora"] / "adapter_config.json").read_text())["alora_invocation_tokens"]
+    result = run_cli("lora", "merge", str(peft_samples["peft_alora"]), str(peft_samples["peft_llama_base"]),
+                     str(tmp_path / "out"))
+    assert result.code == 2 and "aLoRA" in result.err and not (tmp_path / "out").exists(), result.err

@@ -8,8 +8,9 @@ instead: ``B A = Qb (Rb Ra^T) Qa^T`` has the singular values of the ``r x r`` co
 up to rounding, at a fraction of the cost.
 
 ``merge_lora`` writes the base HF model with ``W + scaling * (B @ A)`` applied to every adapted
-module (transposed for ``fan_in_fan_out``), exactly as PEFT's ``merge_and_unload()``: the update is
-computed by torch with PEFT's own expression, ``transpose(B @ A, fan_in_fan_out) * scaling``, in
+module (transposed into a transformers ``Conv1D``, whose weight is [in, out]: PEFT decides that per
+module by its type, not by the config's ``fan_in_fan_out``), exactly as PEFT's ``merge_and_unload()``:
+the update is computed by torch with PEFT's own expression, ``transpose(B @ A, fan_in_fan_out) * scaling``, in
 float32, and added in float32, so the result equals PEFT's bit for bit (tested in float32 and bfloat16). Saved biases
 (``bias="all"``/``"lora_only"``) replace the base's; ``lora_bias`` adds ``lora_B.bias * scaling``.
 Tensors are streamed one by one into safetensors shards named like the base's (unchanged tensors are
@@ -162,6 +163,8 @@ class MergeTensor:
     """The pair whose ``lora_B.bias * scaling`` is added to this bias."""
     replace_with: str | None = None
     """Adapter tensor that replaces this one (a bias saved with ``bias="all"``/``"lora_only"``)."""
+    transposed: bool = False
+    """The weight is a transformers ``Conv1D`` ([in, out]): PEFT merges ``(B @ A).T`` into it."""
 
     @property
     def nbytes(self) -> int:
@@ -230,6 +233,7 @@ def plan_merge(adapter: str | Path, base: str | Path, out: str | Path, *, dtype:
     check_destination(base, out, overwrite=overwrite)
     check_destination(adapter, out, overwrite=overwrite)
     plan = MergePlan(adapter, base, out, dtype, overwrite, fan_in_fan_out=bool(lora["fan_in_fan_out"]))
+    base_config = _read_config(base / "config.json") if (base / "config.json").is_file() else {}
     by_weight: dict[str, dict[str, Any]] = {}
     by_bias: dict[str, dict[str, Any]] = {}
     for pair in lora["pairs"]:
@@ -240,15 +244,21 @@ def plan_merge(adapter: str | Path, base: str | Path, out: str | Path, *, dtype:
     replaced = {n.removeprefix(PEFT_PREFIX).replace(".base_layer.", "."): n for n in lora["saved_biases"]}
     for target in [*by_weight, *by_bias, *replaced]:
         if target not in index.tensors:
+            if target == "lm_head.weight" and base_config.get("tie_word_embeddings"):
+                raise CkptError("the adapter changes lm_head, which this base ties to its input embedding "
+                                "(tie_word_embeddings: no lm_head.weight is stored); merging it would change the "
+                                "embedding too: not supported", adapter)
             raise CkptError(f"the adapter changes {target!r}, which the base model does not have "
                             f"(is this the adapter's base model?)", base)
+    transposed: dict[str, bool] = {}
     for name, pair in by_weight.items():
-        shape = index.tensors[name].shape
+        transposed[name] = _is_conv1d(base_config, name, tuple(index.tensors[name].shape), pair)
         want = (pair["out_features"], pair["in_features"])
-        want = want[::-1] if plan.fan_in_fan_out else want
-        if tuple(shape) != want:
-            raise CkptError(f"{name}: base shape {list(shape)} does not fit the LoRA pair ({pair['out_features']} x "
-                            f"{pair['in_features']}{', fan_in_fan_out' if plan.fan_in_fan_out else ''})", base)
+        want = want[::-1] if transposed[name] else want
+        if tuple(index.tensors[name].shape) != want:
+            raise CkptError(f"{name}: base shape {list(index.tensors[name].shape)} does not fit the LoRA pair "
+                            f"({pair['out_features']} x {pair['in_features']}"
+                            f"{', a Conv1D: in x out' if transposed[name] else ''})", base)
     for name, source in replaced.items():
         if adapter_tensors[source].shape != index.tensors[name].shape:
             raise CkptError(f"{name}: the adapter's saved bias has shape {list(adapter_tensors[source].shape)}, "
@@ -266,7 +276,8 @@ def plan_merge(adapter: str | Path, base: str | Path, out: str | Path, *, dtype:
         shard = _out_shard(meta.files[0])
         shards.setdefault(shard, []).append(name)
         plan.tensors.append(MergeTensor(name, out_dtype, tuple(meta.shape), shard, pair=by_weight.get(name),
-                                        lora_bias_of=by_bias.get(name), replace_with=replaced.get(name)))
+                                        lora_bias_of=by_bias.get(name), replace_with=replaced.get(name),
+                                        transposed=transposed.get(name, False)))
     by_name = {t.name: t for t in plan.tensors}
     starts = {n: index.tensors[n].chunks[0].byte_offset for n in index.tensors}
     plan.shards = [(shard, sorted(names, key=lambda n: starts[n])) for shard, names in shards.items()]
@@ -275,13 +286,33 @@ def plan_merge(adapter: str | Path, base: str | Path, out: str | Path, *, dtype:
         if info.role in ("config", "tokenizer") or info.path in ("generation_config.json", "chat_template.jinja"):
             if info.path != "config.json" and "/" not in info.path:
                 plan.copies.append((base / info.path, info.path))
-    config_path = base / "config.json"
-    if config_path.is_file():
-        try:
-            plan.config = json.loads(config_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise CkptError(f"cannot read config.json: {exc}", config_path) from None
+    plan.config = base_config or None
     return plan
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CkptError(f"cannot read config.json: {exc}", path) from None
+    return config if isinstance(config, dict) else {}
+
+
+CONV1D_ARCHS = frozenset({"gpt2", "openai-gpt", "decision_transformer", "imagegpt"})
+"""transformers models whose attention and MLP projections are ``Conv1D`` (weight stored [in, out])."""
+CONV1D_MODULES = frozenset({"c_attn", "q_attn", "c_proj", "c_fc"})
+
+
+def _is_conv1d(config: dict[str, Any], weight: str, shape: tuple[int, ...], pair: dict[str, Any]) -> bool:
+    """Whether PEFT merges into ``weight`` as a ``Conv1D``: it decides per module, by type (``Conv1D``:
+    fan_in_fan_out on; ``nn.Linear``: off), whatever ``adapter_config.json`` says (that flag is only what
+    the last module wrapped left in it). A non-square weight says it by its shape; a square one by
+    the base's architecture and the module's name."""
+    out, inp = pair["out_features"], pair["in_features"]
+    if out != inp:
+        return tuple(shape) == (inp, out)
+    model_type = str(config.get("model_type") or "")
+    return model_type in CONV1D_ARCHS and weight.removesuffix(".weight").rsplit(".", 1)[-1] in CONV1D_MODULES
 
 
 _TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "float64": "float64"}
@@ -344,7 +375,7 @@ def execute_merge(plan: MergePlan, progress: Callable[[str, int], None] | None =
                 for t in tensors:
                     weight_map[t.name] = filename
                     if t.pair or t.lora_bias_of or t.replace_with:
-                        data = _merged_bytes(t, base, adapter, plan.fan_in_fan_out)
+                        data = _merged_bytes(t, base, adapter, t.transposed)
                         handle.write(data)
                     else:
                         stored = base.meta(t.name).dtype

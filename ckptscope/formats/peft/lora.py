@@ -31,6 +31,19 @@ _LORA_KEY = re.compile(
 )
 
 
+UNMERGED_VARIANTS = (
+    ("alora_invocation_tokens", "aLoRA: it acts only after its invocation tokens, so no merged weight is it; "
+                                "PEFT's merge refuses it too"),
+    ("use_bdlora", "BD-LoRA (block-diagonal factors)"),
+    ("arrow_config", "Arrow routing over several adapters"),
+    ("velora_config", "VeLoRA"),
+    ("kasa_config", "KaSA"),
+    ("monteclora_config", "MonteCLoRA"),
+)
+"""LoRA variants PEFT 0.21 marks only in ``adapter_config.json``: merged as plain LoRA they would be
+another model (aLoRA has no tensor of its own to give it away)."""
+
+
 def pattern_value(patterns: Mapping[str, Any], module: str, default: Any) -> Any:
     """``rank_pattern`` / ``alpha_pattern`` lookup exactly as PEFT does it (``get_pattern_key``)."""
     for key in patterns:
@@ -174,6 +187,9 @@ def describe_lora(config: Mapping[str, Any], tensors: Mapping[str, TensorMeta]) 
         unsupported.append(("DoRA (use_dora)", None))
     if config.get("layer_replication"):
         unsupported.append(("layer_replication", None))
+    for key, what in UNMERGED_VARIANTS:
+        if config.get(key):
+            unsupported.append((f"{what} ({key})", None))
     peft_type = config.get("peft_type")
     if peft_type not in (None, "LORA"):
         unsupported.append((f"peft_type {peft_type} (only LORA is understood)", None))
