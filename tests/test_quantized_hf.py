@@ -188,17 +188,32 @@ def test_fp8_blocks_dequantised_leave_the_activation_scales_out(tmp_path):
 
 
 def test_rename_keeps_each_fp8_weight_with_its_scales(tmp_path):
+    """A rule on a block-scaled weight carries its scales along (the TUI renames the one logical tensor
+    it shows; before, the scale stayed behind and the weight read as its raw FP8 codes); a rule that
+    parts them itself (the scale alone dropped or renamed elsewhere) is refused."""
     from safetensors import safe_open
 
     src = _fp8_static_blocks(tmp_path)
-    parted = run_cli("rename", str(src), str(tmp_path / "a"), "--sub", r"\.weight$", ".w")
-    assert parted.code == 2 and "holds the block scales of" in parted.err and not (tmp_path / "a").exists()
-    orphan = run_cli("rename", str(src), str(tmp_path / "b"), "--drop", r"q_proj\.weight_scale_inv$")
-    assert orphan.code == 2 and "rename or drop them together" in orphan.err and not (tmp_path / "b").exists()
-    both = run_cli("rename", str(src), str(tmp_path / "c"), "--sub", "q_proj", "query")
-    assert both.code == 0, both.err
-    with safe_open(str(tmp_path / "c" / "model.safetensors"), "pt") as f:
-        names = set(f.keys())
-    assert {"model.layers.0.self_attn.query.weight", "model.layers.0.self_attn.query.weight_scale_inv"} <= names
-    dropped = run_cli("rename", str(src), str(tmp_path / "d"), "--drop", r"q_proj\.weight")  # weight and scale
+
+    def names(out):
+        with safe_open(str(out / "model.safetensors"), "pt") as f:
+            return set(f.keys())
+
+    carried = run_cli("rename", str(src), str(tmp_path / "a"), "--sub", r"\.weight$", ".w")
+    assert carried.code == 0, carried.err
+    assert {"model.layers.0.self_attn.q_proj.w", "model.layers.0.self_attn.q_proj.w_scale_inv"} <= names(tmp_path / "a")
+    assert not any(n.endswith(".weight_scale_inv") for n in names(tmp_path / "a"))
+    one = run_cli("rename", str(src), str(tmp_path / "b"), "--sub", r"^model\.layers\.0\.mlp\.down_proj\.weight$",
+                  "model.layers.0.mlp.down2.weight")  # what the TUI's rename of that tensor asks
+    assert one.code == 0, one.err
+    assert {"model.layers.0.mlp.down2.weight", "model.layers.0.mlp.down2.weight_scale_inv"} <= names(tmp_path / "b")
+    result = run_cli("inspect", "--json", str(tmp_path / "b"))
+    down2 = next(t for t in json.loads(result.out)["tensors"] if t["name"] == "model.layers.0.mlp.down2.weight")
+    assert down2["dtype"] == "float32" and down2["quantization"]["scheme"] == "fp8_block"  # still read dequantised
+    dropped = run_cli("rename", str(src), str(tmp_path / "c"), "--drop", r"q_proj\.weight$")
     assert dropped.code == 0, dropped.err
+    assert not any(n.endswith(("q_proj.weight", "q_proj.weight_scale_inv")) for n in names(tmp_path / "c"))
+    orphan = run_cli("rename", str(src), str(tmp_path / "d"), "--drop", r"q_proj\.weight_scale_inv$")
+    assert orphan.code == 2 and "rename or drop them together" in orphan.err and not (tmp_path / "d").exists()
+    elsewhere = run_cli("rename", str(src), str(tmp_path / "e"), "--sub", r"q_proj\.weight_scale_inv$", "q_proj.s")
+    assert elsewhere.code == 2 and "holds the block scales of" in elsewhere.err, elsewhere.err

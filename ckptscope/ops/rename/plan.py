@@ -115,30 +115,56 @@ SCALE_SUFFIXES = (("_scale_inv", ""), ("_scales", "_blocks"))
 readers pair a payload with its scales by these names (``formats.blockscaled``)."""
 
 
+def _scale_pairs(names: Sequence[str]) -> list[tuple[str, str, str, str]]:
+    """(payload, scale, payload suffix, scale suffix) of every block-scaled weight among ``names``."""
+    if "_scale" not in "\0".join(names):
+        return []
+    known = set(names)
+    pairs = []
+    for scale in names:
+        for scale_suffix, payload_suffix in SCALE_SUFFIXES:
+            if scale.endswith(scale_suffix) and (payload := scale[: -len(scale_suffix)] + payload_suffix) in known:
+                pairs.append((payload, scale, payload_suffix, scale_suffix))
+    return pairs
+
+
+def _carry_scales(names: Sequence[str], renamed: dict[str, str], dropped: list[str], untouched: list[str]) -> None:
+    """A rule that renames or drops a block-scaled weight carries its scales along when it leaves them
+    untouched (``X.weight`` -> ``Y.weight`` takes ``X.weight_scale_inv`` to ``Y.weight_scale_inv``): the
+    TUI renames the one logical tensor it shows, and a ``--sub`` on ``\.weight$`` means the weight with
+    its scales. A scale the rules changed themselves is left as they say (``split_scale_pairs`` judges it)."""
+    pairs = _scale_pairs(names)
+    if not pairs:
+        return
+    gone, still = set(dropped), set(untouched)
+    for payload, scale, payload_suffix, scale_suffix in pairs:
+        if scale not in still:
+            continue
+        if payload in gone:
+            dropped.append(scale)
+        elif payload in renamed and renamed[payload].endswith(payload_suffix):
+            new = renamed[payload]
+            renamed[scale] = new[: len(new) - len(payload_suffix)] + scale_suffix
+        else:
+            continue
+        still.discard(scale)
+    untouched[:] = [n for n in untouched if n in still]
+
+
 def split_scale_pairs(names: Sequence[str], changes: NameChanges) -> tuple[tuple[str, str], ...]:
     """(payload, scale) pairs that ``changes`` would part: one dropped and not the other, or renamed
     so the scale's name no longer follows its payload's. Parted, the weight would read as its raw
     quantised codes (FP8 without its scale) and the scale as a stray tensor."""
-    if "_scale" not in "\0".join(names):
-        return ()
-    known = set(names)
     split = []
-    for scale in names:
-        for scale_suffix, payload_suffix in SCALE_SUFFIXES:
-            if not scale.endswith(scale_suffix):
-                continue
-            base = scale[: -len(scale_suffix)]
-            payload = base + payload_suffix
-            if payload not in known:
-                continue
-            new_payload, new_scale = changes.new_name(payload), changes.new_name(scale)
-            if new_payload is None or new_scale is None:
-                parted = (new_payload is None) != (new_scale is None)
-            else:
-                parted = not (new_payload.endswith(payload_suffix) and
-                              new_scale == new_payload[: len(new_payload) - len(payload_suffix)] + scale_suffix)
-            if parted:
-                split.append((payload, scale))
+    for payload, scale, payload_suffix, scale_suffix in _scale_pairs(names):
+        new_payload, new_scale = changes.new_name(payload), changes.new_name(scale)
+        if new_payload is None or new_scale is None:
+            parted = (new_payload is None) != (new_scale is None)
+        else:
+            parted = not (new_payload.endswith(payload_suffix) and
+                          new_scale == new_payload[: len(new_payload) - len(payload_suffix)] + scale_suffix)
+        if parted:
+            split.append((payload, scale))
     return tuple(split)
 
 
@@ -182,6 +208,8 @@ def check_name_changes(names: Sequence[str], *, subs: Sequence[tuple[str, str]] 
         else:
             untouched.append(name)
 
+    if renamed or dropped:
+        _carry_scales(names, renamed, dropped, untouched)
     empty = tuple(old for old, new in renamed.items() if not new.strip())
     owners: dict[str, list[str]] = {}
     for old in untouched:
