@@ -114,3 +114,18 @@ def test_megatron_vocab_padding_rows_get_a_pair_of_their_own(tmp_path, cli):
         assert by[name + "[:250]"]["status"] == "equal"
         assert any(note.startswith(name + ": rows 250-255 are vocab padding") for note in doc["notes"])
     assert all(t["status"] == "equal" for n, t in by.items() if not n.startswith(("embedding.", "output_layer.")))
+
+
+def test_two_megatron_models_of_different_sizes_are_compared_each_with_its_own_config():
+    """Two Megatron saves of different models (the shipped torch_dist and legacy TP=2 samples): each
+    side's fused QKV is split with its own args. Before, A's config was applied to B and the diff
+    stopped with "fused QKV has 64 rows but ... 128" naming neither side (exit 2)."""
+    from tests.conftest import REPO, run_cli
+
+    result = run_cli("diff", "--json", str(REPO / "sample_ckpts" / "megatron_torch_dist"),
+                     str(REPO / "sample_ckpts" / "megatron_legacy_tp2"))
+    assert result.code == 1, result.err
+    report = json.loads(result.out)
+    assert report["summary"]["different"] > 0 and report["summary"]["equal"] == 0
+    assert any(t["status"] == "shape_mismatch" and t["name"] == "model.layers.0.self_attn.q_proj.weight"
+               for t in report["tensors"]), [t["status"] for t in report["tensors"]][:5]

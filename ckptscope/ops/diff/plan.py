@@ -126,6 +126,14 @@ def identity_recipes(tensors: dict) -> dict[str, Recipe]:
             for name, meta in tensors.items()}
 
 
+def _side_view(label: str, path: str | Path, tensors: dict, cfg: ModelConfig, arch: str | None):
+    """One Megatron side mapped to HF names; a mapping error says which side it is."""
+    try:
+        return to_hf(shapes_of(tensors), cfg, arch)
+    except CkptError as exc:
+        raise CkptError(f"{label}: {exc.problem}", exc.path or path) from None
+
+
 def _side_config(index: CheckpointIndex, tensors: dict) -> ModelConfig:
     return config_from_index(index).merged(config_from_names(shapes_of(tensors)))
 
@@ -213,13 +221,17 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
                         recipes_b, mapped_b = recipes, True
                     notes.append(f"{label}: transformers v5 fused expert tensors compared per expert ({fused_arch})")
         if {fam_a, fam_b} == {"hf", "mcore"} or (fam_a == fam_b == "mcore" and set(ta) != set(tb)):
-            cfg = _side_config(index_a, ta).merged(_side_config(index_b, tb))
+            # each side's own config first (two Megatron saves may be two models); the other's fills what
+            # one does not say (a Megatron save without args beside its HF source)
+            cfg_a = _side_config(index_a, ta).merged(_side_config(index_b, tb))
+            cfg_b = _side_config(index_b, tb).merged(_side_config(index_a, ta))
+            cfg = cfg_a if fam_a == "mcore" else cfg_b
             if fam_a == "mcore":
-                view = to_hf(shapes_of(ta), cfg, arch)
+                view = _side_view("A", path_a, ta, cfg_a, arch)
                 recipes_a, ignored_a, mapped_a = _with_unmapped(view, ta), view.ignored, True
                 notes += _view_notes("A", view)
             if fam_b == "mcore":
-                view = to_hf(shapes_of(tb), cfg, arch)
+                view = _side_view("B", path_b, tb, cfg_b, arch)
                 recipes_b, ignored_b, mapped_b = _with_unmapped(view, tb), view.ignored, True
                 notes += _view_notes("B", view)
             if view.arch in ZERO_CENTRED_NORM and cfg.zero_centered_norm is not True:
