@@ -552,3 +552,36 @@ def test_accelerate_project_dir_is_a_save_root(tmp_path, cli):
     result = cli("timeline", str(project), "--json")
     assert result.code == 0, result.err
     assert json.loads(result.out)["iterations"] == [0, 1]  # the incomplete save is left out
+
+
+def _nemo_checkpoint(path: Path, step: int) -> Path:
+    """A NeMo 2.0 checkpoint dir as NeMo's ModelCheckpoint names and lays it out: ``weights/`` a
+    Megatron-Core torch_dist save (here the shipped one, written by megatron-core; NeMo's own keys carry
+    a ``module.`` prefix, which the model split peels like any wrapper) beside ``context/`` (io.json,
+    model.yaml)."""
+    target = path / f"llama--reduced_train_loss=5.09-epoch=0-step={step}-consumed_samples={step * 8}.0"
+    shutil.copytree(MEGATRON_ITER, target / "weights")
+    (target / "context").mkdir()
+    (target / "context" / "io.json").write_text("{}")
+    (target / "context" / "model.yaml").write_text("_target_: nemo.collections.llm.gpt.model.llama.LlamaModel\n")
+    return target
+
+
+def test_nemo2_checkpoints_dir_and_one_checkpoint(tmp_path, cli):
+    """A NeMo run's checkpoints/ (step-named dirs and NeMo's -last copy of the newest) is a save root,
+    and one checkpoint dir stands for its weights/ (before: "not a checkpoint", for both)."""
+    root = tmp_path / "checkpoints"
+    for step in (9, 19):
+        newest = _nemo_checkpoint(root, step)
+    shutil.copytree(newest, root / (newest.name + "-last"))
+    found = discover_iterations(root)
+    assert [(i.label, i.kind, i.complete) for i in found] == [("19", "nemo", True), ("9", "nemo", True)]
+    assert pick_iteration(root, found).path == str(newest / "weights")
+    for target in (root, newest):
+        result = cli("inspect", "--json", str(target))
+        assert result.code == 0, result.err
+        assert json.loads(result.out)["format"] == "megatron_dist"
+    result = cli("check", str(newest))
+    assert result.code == 0 and "NeMo 2.0 checkpoint" in result.out, result.out + result.err
+    (newest / "weights" / ".metadata").unlink()  # a save cut short
+    assert [(i.label, i.complete) for i in discover_iterations(root)] == [("19", False), ("9", True)]

@@ -73,6 +73,7 @@ def resolve(path: str, iteration: Iteration | None = None) -> Resolved:
         describe_root,
         discover_iterations,
         pick_iteration,
+        nemo_weights,
         resolve_root,
         save_state_model,
         verl_step_role,
@@ -87,6 +88,9 @@ def resolve(path: str, iteration: Iteration | None = None) -> Resolved:
         role = verl_step_role(path)
         if role is not None:
             return Resolved(role, layout=f"verl step dir ({Path(role).name}/ of {Path(path).name})")
+        weights = nemo_weights(path)
+        if weights is not None:
+            return Resolved(weights, layout="NeMo 2.0 checkpoint (torch_dist weights/ beside context/)")
         return Resolved(path)
     chosen = pick_iteration(path, found, iteration)
     if iteration is None:

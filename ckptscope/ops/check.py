@@ -54,6 +54,8 @@ from ckptscope.ops.roots import (
     resolve_root,
     resume_target,
     root_kind,
+    NEMO_WEIGHTS,
+    nemo_weights,
     save_state_model,
     tracker_gap,
     verl_step_role,
@@ -559,6 +561,9 @@ def check_checkpoint(path: str | Path, iteration: Iteration | None = None) -> Ch
         if verl_step_role(given) is not None:  # a verl global_step_N dir: each role saved in it
             roles = [given / role for role in VERL_ROLES if (given / role).is_dir()]
             return _check_parts(given, roles, f"verl step dir ({', '.join(r.name for r in roles)})", roles[0].name)
+        if nemo_weights(given) is not None:  # a NeMo 2.0 checkpoint: its weights/ is the checkpoint
+            return _check_parts(given, [Path(nemo_weights(given))], "NeMo 2.0 checkpoint (weights/ + context/)",
+                                NEMO_WEIGHTS)
     target, problems, label, layout = _resolve_root(given, iteration)
     report = CheckReport(path=str(path), format=None, problems=problems, iteration=label, layout=layout)
     if target is None:

@@ -18,6 +18,9 @@ Trainers write one directory per save under a root, each with its own completene
   True)``: one ``save_state`` dir per save, numbered by save, not by step), no tracker; whole when
   ``random_states_0.pkl`` is there (``save_state`` writes the rng states after the model, optimizers,
   schedulers and samplers); ``load_state`` resumes from the highest number, whole or not.
+* NeMo 2.0: ``<run>/checkpoints/<name>--...-step=100-.../`` (and a ``...-last`` copy of the newest), each
+  a ``weights/`` torch_dist dir (model keys under ``module.``) beside ``context/``; no tracker; whole when
+  ``weights/`` has torch_dist's ``metadata.json`` and DCP's ``.metadata``.
 * HF Trainer: ``output_dir/checkpoint-100/``, no tracker; a checkpoint is whole when
   ``trainer_state.json`` is there (``Trainer._save_checkpoint`` writes it after the model, optimizer,
   scheduler and rng files). A model that ``trainer.save_model()`` left in ``output_dir`` itself is
@@ -56,9 +59,11 @@ _TORCHTITAN = re.compile(r"^step-(\d+)$")
 _HF_TRAINER = re.compile(r"^checkpoint-(\d+)$")
 _DEEPSPEED = re.compile(r"^global_step(\d+)$")
 _ACCELERATE = re.compile(r"^checkpoint_(\d+)$")
+_NEMO = re.compile(r"-step=(\d+)(?:-|$)")
+NEMO_WEIGHTS, NEMO_CONTEXT = "weights", "context"
 VERL_ROLES = ("actor", "critic")
 """The role dirs of a verl step, in the order opening prefers them."""
-KINDS = ("megatron", "verl", "torchtitan", "hf-trainer", "deepspeed", "accelerate")
+KINDS = ("megatron", "verl", "torchtitan", "hf-trainer", "deepspeed", "accelerate", "nemo")
 """Root kinds, in the order a tie between them is broken."""
 TRACKED_KINDS = ("megatron", "verl")
 """Kinds whose trainer writes ``latest_checkpointed_iteration.txt``; the others have no tracker."""
@@ -153,6 +158,8 @@ def _is_complete(path: Path, kind: str = "") -> bool:
         return TRAINER_STATE in entries and (path / TRAINER_STATE).is_file()
     if kind == "accelerate":  # save_state writes the rng states after the model and optimizer state
         return ACCELERATE_RNG in entries
+    if kind == "nemo":  # the weights dir: torch_dist's metadata.json and DCP's .metadata
+        return "metadata.json" in entries and ".metadata" in entries
     if kind == "deepspeed":
         from ckptscope.formats.deepspeed.reader import ds_layout
 
@@ -251,6 +258,10 @@ def discover_iterations(path: str | Path) -> list[IterationInfo] | None:
             target, kind, iteration = entry, "deepspeed", int(m.group(1))
         elif (m := _ACCELERATE.match(entry.name)) and _is_save_state(entry):
             target, kind, iteration = Path(save_state_model(entry) or entry), "accelerate", int(m.group(1))
+        elif (m := _NEMO.search(entry.name)) and nemo_weights(entry) is not None:
+            if entry.name.endswith("-last") and any(e.name == entry.name[:-5] for e in entries):
+                continue  # NeMo's copy of the newest save, listed once
+            target, kind, iteration = Path(nemo_weights(entry)), "nemo", int(m.group(1))
         if target is None or iteration is None:
             continue
         whole = entry if kind == "accelerate" else target  # (its model may be one level down)
@@ -403,10 +414,20 @@ def verl_step_role(path: str | Path) -> str | None:
     return next((str(path / role) for role in VERL_ROLES if (path / role).is_dir()), None)
 
 
+def nemo_weights(path: str | Path) -> str | None:
+    """The ``weights/`` torch_dist dir of a NeMo 2.0 checkpoint (``weights/`` + ``context/``), or None."""
+    path = Path(path)
+    weights = path / NEMO_WEIGHTS
+    if (path / NEMO_CONTEXT).is_dir() and (weights / "metadata.json").is_file():
+        return str(weights)
+    return None
+
+
 def model_dir_within(path: str | Path) -> str | None:
     """The checkpoint dir a user's dir stands for when the checkpoint is one level down: an
-    accelerate ``save_state`` dir's FSDP model, a verl step dir's actor. None otherwise."""
-    return save_state_model(path) or verl_step_role(path)
+    accelerate ``save_state`` dir's FSDP model, a verl step dir's actor, a NeMo 2.0 checkpoint's
+    ``weights/``. None otherwise."""
+    return save_state_model(path) or verl_step_role(path) or nemo_weights(path)
 
 
 def resolve_root(path: str | Path, iteration: Iteration | None = None) -> str:
@@ -493,6 +514,9 @@ def describe_root(root: str | Path, found: list[IterationInfo]) -> str:
     if kind == "accelerate":
         where = f"newest complete: checkpoint_{newest.label}" if newest else "no complete save"
         return f"accelerate checkpoints folder (save_state dirs numbered by save, {where})"
+    if kind == "nemo":
+        where = f"newest complete: step {newest.label}" if newest else "no complete checkpoint"
+        return f"NeMo 2.0 checkpoints dir (torch_dist weights/, {where})"
     steps = sum(1 for i in found if i.number is not None)
     if any(i.iteration == FINAL for i in found):
         return f"HF Trainer output dir (final model + {steps} checkpoint{'s' if steps != 1 else ''})"

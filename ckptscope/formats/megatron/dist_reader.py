@@ -112,11 +112,15 @@ class MegatronDistReader(DcpReader):
         except OSError:
             return False
         marker = read_marker(path)
-        # zarr (removed in core 0.16) has no .metadata: leave it to a reader that knows zarr.
-        return marker is not None and marker.get("sharded_backend") == "torch_dist"
+        # zarr (removed in core 0.16) is claimed too, to be refused by name rather than as "not a checkpoint"
+        return marker is not None and marker.get("sharded_backend") in ("torch_dist", "zarr")
 
     def _build_index(self) -> CheckpointIndex:
         marker = read_marker(self.path) or {}
+        if marker.get("sharded_backend") == "zarr":
+            raise CkptError("a Megatron-Core dist checkpoint in the zarr backend (metadata.json sharded_backend "
+                            "'zarr', removed in megatron-core 0.16), which ckptscope does not read; re-save it "
+                            "as torch_dist (Megatron-LM --ckpt-format torch_dist)", self.path)
         index = CheckpointIndex(path=str(self.path), format=self.format_name)
         index.metadata["megatron"] = dict(marker)
         contents: DcpContents | None = None

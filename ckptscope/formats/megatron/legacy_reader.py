@@ -508,10 +508,16 @@ class MegatronLegacyReader(CheckpointReader):
             match = _ITER_DIR.fullmatch(self.path.name)
             if match:
                 index.metadata["iteration"] = int(match.group(1))
-        version = index.metadata.get("checkpoint_version")
-        if isinstance(version, (int, float)) and version < 2.0:
-            index.warnings.append(f"checkpoint_version {version}: QKV rows use the pre-2.0 ordering "
-                                  "(Megatron permutes them on load)")
+        # Megatron-LM's fix_query_key_value_ordering permutes only the pre-mcore ``query_key_value`` /
+        # ``key_value`` rows of checkpoints older than 2.0 (a missing version reads as 0); mcore names never
+        version = index.metadata.get("checkpoint_version", 0)
+        if isinstance(version, (int, float)) and version < 2.0 and any(
+                n.endswith((".query_key_value.weight", ".query_key_value.bias", ".key_value.weight",
+                            ".key_value.bias")) for n in index.tensors):
+            said = f"checkpoint_version {version}" if "checkpoint_version" in index.metadata else \
+                "no checkpoint_version (read as 0)"
+            index.warnings.append(f"{said}: query_key_value rows use the pre-2.0 ordering (Megatron permutes them "
+                                  "on load); shown as stored")
 
 
 def _has_tensor(value: Any) -> bool:

@@ -183,6 +183,9 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
     index_a, index_b = reader_a.index(), reader_b.index()
     notes: list[str] = []
     for label, index in (("A", index_a), ("B", index_b)):
+        # what the reader said of a side (files it does not assemble, weights compared as stored codes,
+        # damage) qualifies every number below: said with the result, not only by inspect
+        notes += [f"{label}: {warning}" for warning in index.warnings]
         schemes = sorted({str(t.attr("quant_scheme")) for t in index.tensors.values() if t.attr("quant_scheme")})
         if schemes:
             notes.append(f"{label}: block-scaled tensors ({', '.join(schemes)}) are compared as their dequantised "
