@@ -102,7 +102,7 @@ MEGATRON_FACT_KEYS = ("softmax_type", "glu_linear_offset", "activation_func_clam
                       "position_embedding_type", "rotary_interleaved", "qk_l2_norm", "no_rope_freq",
                       "moe_layer_freq", "moe_apply_probs_on_input", "moe_router_score_function", "rotary_percent",
                       "moe_router_topk_scaling_factor", "moe_router_enable_expert_bias", "moe_shared_expert_gate",
-                      "moe_router_pre_softmax")
+                      "moe_router_pre_softmax", "moe_router_num_groups", "moe_router_group_topk")
 """Megatron args that decide what a layer computes beyond the tensors (kept in ``megatron_facts``)."""
 MEGATRON_ARGS_HOOKS: dict[str, Callable[[ModelConfig, dict[str, Any]], None]] = {}
 """Arch -> edits of the Megatron args ``to_megatron_args`` writes (the arch's activation, attention)."""
@@ -561,6 +561,10 @@ def _llama_moe_problems(cfg: ModelConfig, arch: str) -> list[str]:
     score = facts.get("moe_router_score_function") or "softmax"
     if score != "softmax":
         problems.append(f"its router scores are {score} (moe_router_score_function), {arch}'s are a softmax")
+    groups = facts.get("moe_router_num_groups")
+    if isinstance(groups, int) and groups > 1 and facts.get("moe_router_group_topk"):
+        problems.append(f"its router picks experts within {facts['moe_router_group_topk']} of {groups} groups "
+                        f"(moe_router_num_groups / moe_router_group_topk), {arch}'s routes over every expert")
     if facts.get("moe_router_enable_expert_bias"):
         problems.append(f"its router adds a per-expert bias (moe_router_enable_expert_bias), which {arch} has not")
     scaling = facts.get("moe_router_topk_scaling_factor")
