@@ -222,6 +222,13 @@ async def test_value_pager_steps_layers_of_a_stacked_tensor(in_repo):
         assert text_of(screen.query_one("#values-title", Static)).startswith(f"{name}[1, 0:")
 
 
+async def type_filter(pilot, text: str) -> None:
+    """``/`` then ``text``, and wait for the filter's debounce and the tree it shows."""
+    await pilot.press("slash", *text)
+    await pilot.pause(0.3)
+    await settle(pilot)
+
+
 @sync
 async def test_filter_narrows_live_and_jumps(in_repo):
     path = Path("sample_ckpts/hf_llama_sharded")
@@ -230,9 +237,7 @@ async def test_filter_narrows_live_and_jumps(in_repo):
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         screen = browse(app)
-        await pilot.press("slash", *"up_proj")
-        await pilot.pause(0.3)
-        await settle(pilot)
+        await type_filter(pilot, "up_proj")
         matching = [n for n in names if "up_proj" in n]
         status = text_of(screen.query_one("#filter-status", Static))
         assert status.startswith(f"{len(matching)} tensors match")
@@ -679,9 +684,7 @@ async def test_escape_while_typing_a_filter_closes_it_and_gives_the_tree_the_key
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         screen = browse(app)
-        await pilot.press("slash", *"norm")
-        await pilot.pause(0.3)
-        await settle(pilot)
+        await type_filter(pilot, "norm")
         assert "tensors match" in text_of(screen.query_one("#filter-status", Static))
         await pilot.press("escape")
         await settle(pilot)
