@@ -40,7 +40,8 @@ TRAINING_KINDS = ("optimizer", "lr_scheduler", "rng", "dataloader", "train_state
 _TRAINING_ROOTS: dict[str, str] = {
     **dict.fromkeys(("optimizer", "optimizers", "optim", "optim_state", "optimizer_state", "optimizer_states",
                      "optimizer_state_dict", "optim_state_dict", "distrib_optim", "fp32_from_fp16_params",
-                     "fp32_params", "master_params", "grad_scaler", "scaler"), "optimizer"),
+                     "fp32_params", "master_params", "grad_scaler", "scaler",
+                     "lp_params"), "optimizer"),  # (the DeepSpeed reader's name for the module's bf16 copies)
     **dict.fromkeys(("lr_scheduler", "lr_schedulers", "scheduler", "schedulers", "opt_param_scheduler"),
                     "lr_scheduler"),
     **dict.fromkeys(("rng_state", "rng_states", "rng", "random_rng_state", "np_rng_state", "torch_rng_state",

@@ -563,6 +563,12 @@ def describe_checkpoint(path: str | Path, index: CheckpointIndex, *, fallback: b
         return "accelerate FSDP sharded model (DCP)"
     if fmt == "dcp" and (m := _TORCHTITAN.match(name)):
         return f"torchtitan step dir (DCP, step {m.group(1)})"
+    if fmt == "deepspeed":
+        info = index.metadata.get("deepspeed") or {}
+        what = "DeepSpeed universal checkpoint (ds_to_universal)" if info.get("universal") else "DeepSpeed ZeRO save"
+        parts = [f"ZeRO-{info['zero_stage']}" if info.get("zero_stage") else None,
+                 f"tag {info['tag']}" if info.get("tag") else None]
+        return f"{what} ({', '.join(p for p in parts if p)})" if any(parts) else what
     if fmt.startswith("verl") and name in VERL_ROLES and (m := _VERL.match(path.parent.name)):
         backend = "Megatron" if fmt == "verl_megatron" else "FSDP"
         return f"verl {name} ({backend}, step {m.group(1)})"
