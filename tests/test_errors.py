@@ -182,3 +182,29 @@ def test_open_of_two_paths_checks_both_before_the_diff_screen(tmp_path):
     assert missing.code == 2 and "no/such/b: no such file or directory" in missing.err
     no_tty = run_cli("open", "sample_ckpts/hf_llama_single", "sample_ckpts/hf_llama_sharded")
     assert no_tty.code == 2 and "interactive terminal" in no_tty.err and "diff --json" in no_tty.err
+
+
+@pytest.mark.parametrize("sample, damage", [
+    ("megatron_legacy_tp2", "iter_0000020/mp_rank_01"),  # a TP rank: its shards read as zeros
+    ("hf_llama_sharded", "model-00002-of-00004.safetensors"),  # a shard: its tensors absent
+])
+def test_a_damaged_model_is_not_exported(tmp_path, sample, damage):
+    """Readers index what is there, for inspect and check to show; exporting that wrote a model with
+    half of every weight zero (a missing TP rank) or 13 of 39 tensors missing (a missing shard), exit 0,
+    and verify said "identical". Now convert, merge and verify refuse, naming the damage."""
+    import shutil
+
+    from tests.conftest import REPO, run_cli
+
+    src = tmp_path / sample
+    shutil.copytree(REPO / "sample_ckpts" / sample, src)
+    target = src / damage
+    shutil.rmtree(target) if target.is_dir() else target.unlink()
+    for command in (["convert", str(src), str(tmp_path / "out"), "--to", "hf"],
+                    ["convert", str(src), str(tmp_path / "out"), "--to", "mcore"],
+                    ["merge", str(src), str(tmp_path / "out")],
+                    ["verify", str(src)]):
+        result = run_cli(*command)
+        assert result.code == 2, (command, result.out, result.err)
+        assert "damaged" in result.err and result.err.count("\n") == 1, result.err
+        assert not (tmp_path / "out").exists()

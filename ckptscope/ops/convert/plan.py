@@ -269,6 +269,22 @@ def plan_convert(src: str | Path, dst: str | Path, **options: Any) -> ConvertPla
                         f"problem)", exc.path) from None
 
 
+def _refuse_damage(index: CheckpointIndex, entries: ModelEntries, src: Path) -> None:
+    """A damaged model is not exported: readers index what is there (a missing HF shard's tensors are
+    absent, a missing Megatron rank's shards read as zeros, for inspect and check to show), and an
+    export of that would be a smaller or zeroed model with exit 0. Damage confined to training state
+    (an optimizer rank file) does not touch the model and is let through."""
+    training = set(entries.training_tensors())
+    for issue in index.issues:
+        if issue.kind == "unassembled-file":
+            continue  # refused before, with its own reason
+        if issue.tensors and all(name in training for name in issue.tensors):
+            continue
+        where = f"{issue.file}: " if issue.file else ""
+        raise CkptError(f"the checkpoint is damaged ({where}{issue.detail}); an export would lack or zero what it "
+                        f"held: not converted (`ckptscope check` lists every problem)", src)
+
+
 def _damage(src: str | Path, trust_pickle: bool) -> str | None:
     """The first missing or unreadable file SRC's reader found, or None (or when SRC does not open)."""
     try:
@@ -320,6 +336,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                         f"assembled by ckptscope (first: {apart[0].file}, {apart[0].detail.split(':')[0]}); an export "
                         f"would lack their tensors", src_path)
     entries = model_entries(index, logical=True)
+    _refuse_damage(index, entries, src_path)
     tensors = entries.tensors
     if not tensors:
         raise CkptError("no model tensors to convert", src_path)
