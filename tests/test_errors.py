@@ -208,3 +208,91 @@ def test_a_damaged_model_is_not_exported(tmp_path, sample, damage):
         assert result.code == 2, (command, result.out, result.err)
         assert "damaged" in result.err and result.err.count("\n") == 1, result.err
         assert not (tmp_path / "out").exists()
+
+
+def test_destinations_that_are_never_written(tmp_path):
+    """--overwrite replaces a file or a dir, never a device or a FIFO (a probe's `convert ... /dev/null
+    --overwrite` as root replaced the device node); an output inside the save root the user named is the
+    source tree even when an iteration dir is what is read; a --map file is an input, not a destination."""
+    import os
+    import shutil
+
+    from tests.conftest import REPO, run_cli
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    result = run_cli("convert", str(REPO / "sample_ckpts" / "hf_llama_single"), str(fifo), "--to", "hf", "--overwrite")
+    assert result.code == 2 and "device, FIFO or socket" in result.err and fifo.is_fifo(), result.err
+    root = tmp_path / "root"
+    shutil.copytree(REPO / "sample_ckpts" / "megatron_torch_dist", root)
+    result = run_cli("merge", str(root), str(root / "merged"))
+    assert result.code == 2 and "inside" in result.err and not (root / "merged").exists(), result.err
+    table = tmp_path / "map.json"
+    table.write_text("{}")
+    result = run_cli("rename", str(REPO / "sample_ckpts" / "hf_llama_single"), str(table), "--map", str(table),
+                     "--overwrite")
+    assert result.code == 2 and table.read_text() == "{}", result.err
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path):
+    """Every command on a FIFO blocked for ever on its first read."""
+    import os
+
+    from tests.conftest import run_cli
+
+    fifo = tmp_path / "model.safetensors"
+    os.mkfifo(fifo)
+    for command in (["inspect", str(fifo)], ["check", str(fifo)], ["diff", str(fifo), str(fifo)],
+                    ["convert", str(fifo), str(tmp_path / "out"), "--to", "hf"]):
+        result = run_cli(*command)
+        assert result.code == 2 and "not a regular file or directory" in result.err, (command, result.err)
+
+
+@pytest.mark.parametrize("key, value, said", [("num_hidden_layers", 10**30, "up to 10,000"),
+                                              ("num_attention_heads", "4", "'4', not a positive integer"),
+                                              ("vocab_size", -5, "not a positive integer")])
+def test_implausible_config_sizes_are_refused(tmp_path, key, value, said):
+    """A layer count of 1e30 made convert loop for ever; a size spelled as a string ended in an internal
+    TypeError."""
+    import shutil
+
+    from tests.conftest import REPO, run_cli
+
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "sample_ckpts" / "hf_llama_single", src)
+    config = json.loads((src / "config.json").read_text())
+    config[key] = value
+    (src / "config.json").write_text(json.dumps(config))
+    for to in ("hf", "mcore"):
+        result = run_cli("convert", str(src), str(tmp_path / "out"), "--to", to)
+        assert result.code == 2 and said in result.err and result.err.count("\n") == 1, result.err
+
+
+def test_sigterm_removes_the_temporary_output(tmp_path):
+    """SIGTERM ended a convert at once and left its .<dst>.*.tmp (939 MB in the probe); it now unwinds
+    like an interrupt: exit 143, one line, no temp dir, no destination."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import data
+
+    data.llama_hf(path=str(tmp_path / "src"), gb=0.3)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "ckptscope", "convert", str(tmp_path / "src"),
+                             str(tmp_path / "out"), "--to", "hf", "--dtype", "float32"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".out.*.tmp")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if proc.poll() is not None:
+        pytest.skip("the conversion finished before it could be interrupted")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "terminated" in err and err.count("\n") == 1, err
+    assert not list(tmp_path.glob(".out.*")) and not (tmp_path / "out").exists()

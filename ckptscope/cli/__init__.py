@@ -209,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from ckptscope.cli import parallel
 
     parallel.ARGV = list(argv) if argv is not None else sys.argv[1:]
+    _unwind_on_sigterm(parallel.ARGV)
     if not sys.stdout.isatty() and not isinstance(sys.stdout, PipeSafeStdout):
         sys.stdout = PipeSafeStdout(sys.stdout)  # type: ignore[assignment]
     try:
@@ -217,6 +218,28 @@ def main(argv: Sequence[str] | None = None) -> None:
         parallel.leave(exc.code)
         raise
     parallel.leave(0)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: unwind like an interrupt, so temp output is removed on the way out."""
+
+
+def _unwind_on_sigterm(args: Sequence[str]) -> None:
+    """A killed convert left its ``.<dst>.*.tmp`` behind (SIGTERM's default ends the process at once).
+    Raised as ``Terminated`` instead, it unwinds through ``atomic_output``, which removes the temp dir.
+    Not for the TUI (Textual restores the terminal its own way) nor where another handler is set
+    (torchrun workers: ``ops.parallel.group``)."""
+    import signal
+    import threading
+
+    if (args[:1] == ["open"] or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        return
+
+    def stop(_signum, _frame):
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def _main(argv: Sequence[str] | None) -> None:
@@ -238,6 +261,9 @@ def _main(argv: Sequence[str] | None) -> None:
     except KeyboardInterrupt:
         click.echo("ckptscope: interrupted", err=True)
         sys.exit(130)
+    except Terminated:
+        click.echo("ckptscope: terminated (SIGTERM); nothing was left half-written", err=True)
+        sys.exit(143)
     except BrokenPipeError:  # the reader of our stdout stopped early (`| head`): not an error
         discard_stdout()
         sys.exit(0)

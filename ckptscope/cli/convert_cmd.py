@@ -69,6 +69,16 @@ def _source_text(source: dict) -> str:
     return source["source"] + "[" + ", ".join(f"{a}:{b}" for a, b in box) + "]"
 
 
+def _check_against_given(src: str, dst: str, overwrite: bool) -> None:
+    """The destination against the path the user named: a save root's iteration is what is read, but
+    writing into the root (``merge ROOT ROOT/merged``) would still put the output in the source tree."""
+    from pathlib import Path
+
+    from ckptscope.ops.atomic import check_destination
+
+    check_destination(Path(src), Path(dst), overwrite=overwrite)
+
+
 def run_convert(src: str, dst: str, *, to: str, tp: int = 1, pp: int = 1, ep: int = 1, spec: str = "local",
                 ckpt_format: str = "torch_dist",
                 dtype: str = "keep", hf_config: str | None = None, arch: str | None = None,
@@ -169,6 +179,7 @@ def convert(src, dst, to, tp, pp, ep, spec, ckpt_format, hf_experts, num_files, 
         raise CkptError("--tp/--pp/--ep/--spec only apply to --to mcore")
     if not dry_run:
         relaunch_if_asked(workers)
+        _check_against_given(src, dst, overwrite)
     run_convert(resolve_path(src, iteration), dst, to=to, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format,
                 dtype=dtype, hf_config=hf_config, arch=arch,
                 max_shard_size=max_shard_size, dry_run=dry_run, overwrite=overwrite, as_json=as_json,
@@ -187,6 +198,7 @@ def merge(src, dst, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, 
     torchrun (or with --workers P) the shards are shared out between the ranks."""
     if not dry_run:
         relaunch_if_asked(workers)
+        _check_against_given(src, dst, overwrite)
     run_convert(resolve_path(src, iteration), dst, to="hf", dtype=dtype, hf_config=hf_config, arch=arch,
                 max_shard_size=max_shard_size, dry_run=dry_run, overwrite=overwrite, as_json=as_json,
                 trust_pickle=trust_pickle, skip_unknown=skip_unknown)

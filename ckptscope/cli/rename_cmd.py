@@ -40,6 +40,12 @@ def rename(src: str, dst: str, subs: tuple[tuple[str, str], ...], drops: tuple[s
     from ckptscope.core.units import human_bytes
     from ckptscope.ops.rename.engine import execute_rename, plan_rename
 
+    if map_file:  # the table is read, never written over (--overwrite names the destination only)
+        from pathlib import Path
+
+        from ckptscope.ops.atomic import check_destination
+
+        check_destination(Path(src), Path(dst), overwrite=overwrite, inputs=(Path(map_file),))
     plan = plan_rename(src, dst, subs=subs, drops=drops, mapping=_load_map(map_file), overwrite=overwrite)
     if as_json:
         click.echo(json.dumps({**plan.to_json(), "dry_run": dry_run}))

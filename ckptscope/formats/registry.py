@@ -53,6 +53,8 @@ def detect_format(path: str | Path) -> type[CheckpointReader]:
             raise CkptError(f"cannot list directory: {exc.strerror or exc}", path) from None
         if not entries:
             raise UnknownFormat(path, [r.format_name for r in registered_readers()], "empty directory")
+    elif not path.is_file():  # a FIFO would block the first read forever; a device is no checkpoint
+        raise CkptError("not a regular file or directory (a FIFO, device or socket)", path)
     else:
         try:
             with open(path, "rb") as handle:

@@ -3,24 +3,38 @@
 from __future__ import annotations
 
 import os
+import stat
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from ckptscope.core.errors import CkptError
 
 
-def check_destination(src: Path, dst: Path, *, overwrite: bool) -> None:
-    """Refuse to write onto the source, inside it, or onto an existing path without ``overwrite``."""
-    src_r, dst_r = src.resolve(), dst.resolve()
-    if src_r == dst_r or src_r in dst_r.parents:
-        raise CkptError("the destination must not be the source or lie inside it", dst)
-    if dst_r in src_r.parents:
-        raise CkptError("the destination must not contain the source", dst)
+def check_destination(src: Path, dst: Path, *, overwrite: bool, inputs: Iterable[Path] = ()) -> None:
+    """Refuse to write onto the source, inside it, or onto an existing path without ``overwrite``.
+
+    ``inputs``: other paths the command reads (the save root the user named when ``src`` is one of its
+    iterations, a ``--map`` file): the destination may not be, hold or lie inside any of them either.
+    Whatever ``overwrite`` says, only a file, a directory or a symlink is ever replaced: never a device,
+    a FIFO or a socket (``--overwrite`` onto ``/dev/null`` would have replaced the device node)."""
+    dst_r = dst.resolve()
+    for given in (src, *inputs):
+        src_r = Path(given).resolve()
+        if src_r == dst_r or src_r in dst_r.parents:
+            raise CkptError("the destination must not be the source or lie inside it", dst)
+        if dst_r in src_r.parents:
+            raise CkptError("the destination must not contain the source", dst)
     if (dst.exists() or dst.is_symlink()) and not overwrite:
         raise CkptError("destination exists (--overwrite, or the overwrite box in the TUI, replaces it)", dst)
+    try:
+        mode = dst.lstat().st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+        raise CkptError("the destination is a device, FIFO or socket, not a file or directory: never replaced", dst)
     parent = dst.parent
     if not parent.is_dir():
         what = "is a file, not a directory" if parent.exists() else "does not exist"

@@ -269,6 +269,27 @@ def plan_convert(src: str | Path, dst: str | Path, **options: Any) -> ConvertPla
                         f"problem)", exc.path) from None
 
 
+_SIZES = (("num_layers", "num_hidden_layers / num_layers", 10_000), ("hidden_size", "hidden_size", 2**31),
+          ("ffn_hidden_size", "intermediate_size / ffn_hidden_size", 2**31),
+          ("num_attention_heads", "num_attention_heads", 2**20), ("num_kv_heads", "num_key_value_heads", 2**20),
+          ("head_dim", "head_dim / kv_channels", 2**20), ("vocab_size", "vocab_size", 2**31),
+          ("num_experts", "the expert count", 2**20), ("moe_ffn_hidden_size", "moe_intermediate_size", 2**31))
+"""Config sizes a plan loops over or multiplies: (field, how configs spell it, a bound no real model reaches)."""
+
+
+def _check_sizes(cfg: ModelConfig, src: Path) -> None:
+    """A config size that is not a plausible positive integer (``"4"``, ``1e30`` layers) is refused in one
+    line: left in, it would fail deep inside the mappings or loop for ever."""
+    for name, spelled, bound in _SIZES:
+        value = getattr(cfg, name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= bound:
+            raise CkptError(f"the model config's {spelled} is {value!r}, not a positive integer"
+                            f"{f' up to {bound:,}' if isinstance(value, int) and not isinstance(value, bool) else ''}",
+                            src)
+
+
 def _refuse_damage(index: CheckpointIndex, entries: ModelEntries, src: Path) -> None:
     """A damaged model is not exported: readers index what is there (a missing HF shard's tensors are
     absent, a missing Megatron rank's shards read as zeros, for inspect and check to show), and an
@@ -363,6 +384,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
     if hf_cfg_dict:
         cfg = from_hf_config(hf_cfg_dict).merged(cfg)
     cfg = cfg.merged(config_from_names(shapes_of(tensors)))
+    _check_sizes(cfg, src_path)
     family = naming_family(tensors)
     notes: list[str] = list(split_notes) + quant_notes
     iteration = index.iteration or 0
