@@ -359,3 +359,18 @@ def test_alora_is_refused_as_peft_refuses_it(peft_samples, tmp_path):
     result = run_cli("lora", "merge", str(peft_samples["peft_alora"]), str(peft_samples["peft_llama_base"]),
                      str(tmp_path / "out"))
     assert result.code == 2 and "aLoRA" in result.err and not (tmp_path / "out").exists(), result.err
+
+
+@pytest.mark.parametrize("change, said", [({"r": -4}, "no usable r/lora_alpha"), ({"lora_alpha": float("nan")}, "lora_alpha=nan"),
+                                          ({"r": 8}, "r=8 in adapter_config.json but lora_A has rank 4"),
+                                          ({"lora_alpha": "8"}, "no usable r/lora_alpha")])
+def test_adapter_config_values_that_would_change_the_merge_are_refused(peft_samples, tmp_path, change, said):
+    """A negative r flipped the update's sign, a NaN alpha made every merged weight NaN, an r other than
+    the stored rank merged with another scale (PEFT refuses to load such an adapter): all exit 0 before."""
+    adapter = tmp_path / "adapter"
+    shutil.copytree(peft_samples["peft_lora"], adapter)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config.update(change)
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    result = run_cli("lora", "merge", str(adapter), str(peft_samples["peft_llama_base"]), str(tmp_path / "out"))
+    assert result.code == 2 and said in result.err and not (tmp_path / "out").exists(), result.err

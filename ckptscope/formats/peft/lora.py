@@ -144,11 +144,17 @@ def describe_lora(config: Mapping[str, Any], tensors: Mapping[str, TensorMeta]) 
             unsupported.append(("lora_A/lora_B rank mismatch", module))
         if configured_r != stored_r:
             warnings.append(f"{module}: adapter_config.json says r={configured_r}, lora_A is stored with rank {stored_r}")
+            # the scale (alpha / r) would be another than the one trained with; PEFT refuses to load it
+            unsupported.append((f"r={configured_r!r} in adapter_config.json but lora_A has rank {stored_r}", module))
         try:
+            if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+                raise ValueError
             scaling = lora_scaling(float(alpha), int(configured_r), use_rslora)
+            if not math.isfinite(scaling) or configured_r <= 0:
+                raise ValueError
         except (TypeError, ValueError, ZeroDivisionError):
             scaling = float("nan")
-            unsupported.append(("no usable r/lora_alpha", module))
+            unsupported.append((f"no usable r/lora_alpha (r={configured_r!r}, lora_alpha={alpha!r})", module))
         entry.update(r=configured_r, lora_alpha=alpha, scaling=scaling,
                      in_features=a.shape[-1] if a.shape else None,
                      out_features=b.shape[0] if b.shape else None, dtype=a.dtype)
