@@ -113,3 +113,17 @@ def test_an_entry_that_is_not_an_object(written, tmp_path):
     header["a"] = [1, 2]
     with pytest.raises(CkptError, match="entry 'a' is not an object"):
         parse_safetensors_header(_write(tmp_path / "n.safetensors", header, data), "n")
+
+
+@pytest.mark.parametrize("header, said", [
+    ('{"a":{"dtype":"F32","shape":[1e400],"data_offsets":[0,4]}}', "not integers"),  # an infinite shape
+    ('{"a":{"dtype":"F32","shape":[' + "9" * 5000 + '],"data_offsets":[0,4]}}', "bad safetensors header JSON"),
+    ("[" * 200_000 + "]" * 200_000, "bad safetensors header JSON"),  # nesting past the recursion limit
+])
+def test_hostile_headers_are_bad_headers_not_internal_errors(tmp_path, header, said):
+    """These ended in ``internal error: OverflowError / ValueError / RecursionError`` (a fuzz probe)."""
+    raw = header.encode()
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 16)
+    with pytest.raises(CkptError, match=said):
+        parse_safetensors_header(path, path.name)

@@ -78,8 +78,8 @@ def parse_safetensors_header(path: Path, rel_name: str, *, allow_truncated: bool
         raise CkptError(f"cannot read: {exc.strerror or exc}", path) from None
     try:
         header = json.loads(raw.decode("utf-8").rstrip(" \x00"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CkptError(f"bad safetensors header JSON: {exc}", path) from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # (ValueError: JSONDecodeError, a 5,000-digit int)
+        raise CkptError(f"bad safetensors header JSON: {str(exc)[:200]}", path) from None
     if not isinstance(header, dict):
         raise CkptError("bad safetensors header: the JSON is not an object", path)
 
@@ -120,7 +120,7 @@ def _parse_entries(path: Path, header: dict[str, Any], data_start: int, data_siz
                     or (shape and min(shape) < 0)):
                 raise ValueError
             meta = raw_tensor(name, dtype, shape, rel_name, data_start + begin, end - begin)
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             begin, end, meta = _parse_entry(path, name, entry, data_start, rel_name, by_code)
             known.setdefault(entry["dtype"], (meta.dtype, by_code[entry["dtype"]].bits))
         if begin < previous_end:
@@ -170,8 +170,9 @@ def _parse_entry(path: Path, name: str, entry: Any, data_start: int, rel_name: s
         begin, end = map(int, entry["data_offsets"])
     except CkptError as exc:
         raise CkptError(f"bad safetensors header: tensor {name!r}: {exc.problem}", path) from None
-    except (KeyError, TypeError, ValueError):
-        raise CkptError(f"bad safetensors header: tensor {name!r} lacks dtype/shape/data_offsets", path) from None
+    except (KeyError, TypeError, ValueError, OverflowError):
+        raise CkptError(f"bad safetensors header: tensor {name!r} lacks dtype/shape/data_offsets (or they are not "
+                        f"integers)", path) from None
     if (shape and min(shape) < 0) or begin < 0 or end < begin:
         raise CkptError(f"bad safetensors header: tensor {name!r} has negative sizes or offsets", path)
     expected = dtype.nbytes(math.prod(shape))
