@@ -179,8 +179,10 @@ def convert(src, dst, to, tp, pp, ep, spec, ckpt_format, hf_experts, num_files, 
         raise CkptError("--tp/--pp/--ep/--spec only apply to --to mcore")
     if not dry_run:
         relaunch_if_asked(workers)
+    resolved = resolve_path(src, iteration)
+    if not dry_run:
         _check_against_given(src, dst, overwrite)
-    run_convert(resolve_path(src, iteration), dst, to=to, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format,
+    run_convert(resolved, dst, to=to, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format,
                 dtype=dtype, hf_config=hf_config, arch=arch,
                 max_shard_size=max_shard_size, dry_run=dry_run, overwrite=overwrite, as_json=as_json,
                 trust_pickle=trust_pickle, skip_unknown=skip_unknown, hf_experts=hf_experts, num_files=num_files)
@@ -198,8 +200,10 @@ def merge(src, dst, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, 
     torchrun (or with --workers P) the shards are shared out between the ranks."""
     if not dry_run:
         relaunch_if_asked(workers)
+    resolved = resolve_path(src, iteration)
+    if not dry_run:
         _check_against_given(src, dst, overwrite)
-    run_convert(resolve_path(src, iteration), dst, to="hf", dtype=dtype, hf_config=hf_config, arch=arch,
+    run_convert(resolved, dst, to="hf", dtype=dtype, hf_config=hf_config, arch=arch,
                 max_shard_size=max_shard_size, dry_run=dry_run, overwrite=overwrite, as_json=as_json,
                 trust_pickle=trust_pickle, skip_unknown=skip_unknown)
 

@@ -290,6 +290,9 @@ def _check_sizes(cfg: ModelConfig, src: Path) -> None:
                             src)
 
 
+_METADATA_SUFFIXES = (".yaml", ".yml", ".json", ".txt")
+
+
 def _refuse_damage(index: CheckpointIndex, entries: ModelEntries, src: Path) -> None:
     """A damaged model is not exported: readers index what is there (a missing HF shard's tensors are
     absent, a missing Megatron rank's shards read as zeros, for inspect and check to show), and an
@@ -301,6 +304,8 @@ def _refuse_damage(index: CheckpointIndex, entries: ModelEntries, src: Path) -> 
             continue  # refused before, with its own reason
         if issue.tensors and all(name in training for name in issue.tensors):
             continue
+        if not issue.tensors and issue.file and issue.file.endswith(_METADATA_SUFFIXES):
+            continue  # a config or tracker file: what it leaves unknown is refused where it is needed
         where = f"{issue.file}: " if issue.file else ""
         raise CkptError(f"the checkpoint is damaged ({where}{issue.detail}); an export would lack or zero what it "
                         f"held: not converted (`ckptscope check` lists every problem)", src)
