@@ -127,3 +127,15 @@ def test_hostile_headers_are_bad_headers_not_internal_errors(tmp_path, header, s
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 16)
     with pytest.raises(CkptError, match=said):
         parse_safetensors_header(path, path.name)
+
+
+def test_a_tensor_name_with_a_lone_surrogate_prints_escaped(tmp_path):
+    """JSON can spell a lone surrogate (\\ud800) that UTF-8 cannot: the human view ended in a two-line
+    internal UnicodeEncodeError; it now prints the name escaped."""
+    from tests.conftest import run_cli
+
+    raw = json.dumps({"a\ud800b": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 4)
+    result = run_cli("inspect", str(path))
+    assert result.code == 0 and "a\\ud800b" in result.out, result.err

@@ -210,6 +210,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     parallel.ARGV = list(argv) if argv is not None else sys.argv[1:]
     _unwind_on_sigterm(parallel.ARGV)
+    for stream in (sys.stdout, sys.stderr):  # a tensor name with a lone surrogate prints escaped, not as a crash
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     if not sys.stdout.isatty() and not isinstance(sys.stdout, PipeSafeStdout):
         sys.stdout = PipeSafeStdout(sys.stdout)  # type: ignore[assignment]
     try:
