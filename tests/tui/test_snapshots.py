@@ -30,6 +30,11 @@ def driver(*keys: str, pause_after_typing: bool = False):
         for _ in range(2):  # the filter's typing delay, then its worker (twice: a loaded CI machine is slow)
             await pilot.pause(0.3)
             await settle(pilot)
+        for _ in range(50):  # a worker still reading (the value pager's page) under load: wait it out
+            if not any(worker.is_running for worker in pilot.app.workers):
+                break
+            await pilot.pause(0.1)
+        await settle(pilot)
 
     return run_before
 

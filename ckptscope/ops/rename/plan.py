@@ -131,7 +131,7 @@ def _scale_pairs(names: Sequence[str]) -> list[tuple[str, str, str, str]]:
 def _carry_scales(names: Sequence[str], renamed: dict[str, str], dropped: list[str], untouched: list[str]) -> None:
     """A rule that renames or drops a block-scaled weight carries its scales along when it leaves them
     untouched (``X.weight`` -> ``Y.weight`` takes ``X.weight_scale_inv`` to ``Y.weight_scale_inv``): the
-    TUI renames the one logical tensor it shows, and a ``--sub`` on ``\.weight$`` means the weight with
+    TUI renames the one logical tensor it shows, and a ``--sub`` on ``\\.weight$`` means the weight with
     its scales. A scale the rules changed themselves is left as they say (``split_scale_pairs`` judges it)."""
     pairs = _scale_pairs(names)
     if not pairs:
