@@ -19,6 +19,15 @@ from ckptscope.tui.app import make_app
 SIZE = (140, 45)
 
 
+async def workers_done(pilot) -> None:
+    """Wait for running workers (the value pager reading its page): a key pressed before the page is
+    shown acts on the old one (``v`` then ``l``: the cursor move was lost under CI load)."""
+    for _ in range(50):
+        if not any(worker.is_running for worker in pilot.app.workers):
+            break
+        await pilot.pause(0.1)
+
+
 def driver(*keys: str, pause_after_typing: bool = False):
     async def run_before(pilot) -> None:
         await settle(pilot)
@@ -27,13 +36,13 @@ def driver(*keys: str, pause_after_typing: bool = False):
             if key == "enter" or pause_after_typing:
                 await pilot.pause(0.25)
             await settle(pilot, rounds=1)
+            if key == "v":
+                await workers_done(pilot)
+                await settle(pilot)
         for _ in range(2):  # the filter's typing delay, then its worker (twice: a loaded CI machine is slow)
             await pilot.pause(0.3)
             await settle(pilot)
-        for _ in range(50):  # a worker still reading (the value pager's page) under load: wait it out
-            if not any(worker.is_running for worker in pilot.app.workers):
-                break
-            await pilot.pause(0.1)
+        await workers_done(pilot)
         await settle(pilot)
 
     return run_before
