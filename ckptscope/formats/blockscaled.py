@@ -41,6 +41,9 @@ if TYPE_CHECKING:  # pragma: no cover
 FP8_PAYLOADS = ("float8_e4m3fn", "float8_e5m2")
 FP8_SCALES = ("float32", "bfloat16", "float16", "float8_e8m0fnu")
 DEFAULT_FP8_BLOCK = (128, 128)
+PAIR_SUFFIXES = (("_scale_inv", ""), ("_scales", "_blocks"))
+"""(scale suffix, payload suffix) by which a payload and its scales are paired: FP8 blocks ``X`` +
+``X_scale_inv``, MXFP4 ``X_blocks`` + ``X_scales`` (``fold_block_scaled``; rename keeps pairs whole)."""
 MX_GROUP = 32
 """Values per MXFP4 scale (16 bytes of two nibbles)."""
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ckptscope.formats.blockscaled import config_block_size
+
 PACKED_SUFFIXES = (
     ".qweight", ".qzeros", ".g_idx",  # GPTQ, AWQ
     ".SCB", ".weight_format",  # bitsandbytes 8-bit
@@ -39,10 +41,9 @@ def _dequantised_here(config: dict[str, Any]) -> bool:
     method = quantization_method(config)
     if method == "mxfp4":
         return True
-    if method == "fp8":
-        quant = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
-        size = quant.get("weight_block_size") if isinstance(quant, dict) else None
-        return isinstance(size, list) and len(size) == 2
+    if method == "fp8":  # FP8 with a 2-D block: the one FP8 layout formats.blockscaled reads dequantised
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+        return (config_block_size(config) or config_block_size(text)) is not None
     return False
 
 

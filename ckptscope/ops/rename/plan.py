@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ckptscope.core.errors import CkptError
+from ckptscope.formats.blockscaled import PAIR_SUFFIXES
 
 _SHOW = 5
 
@@ -110,11 +111,6 @@ class NameReport:
         return None
 
 
-SCALE_SUFFIXES = (("_scale_inv", ""), ("_scales", "_blocks"))
-"""(scale suffix, payload suffix): FP8 blocks ``X`` + ``X_scale_inv``, MXFP4 ``X_blocks`` + ``X_scales``;
-readers pair a payload with its scales by these names (``formats.blockscaled``)."""
-
-
 def _scale_pairs(names: Sequence[str]) -> list[tuple[str, str, str, str]]:
     """(payload, scale, payload suffix, scale suffix) of every block-scaled weight among ``names``."""
     if "_scale" not in "\0".join(names):
@@ -122,7 +118,7 @@ def _scale_pairs(names: Sequence[str]) -> list[tuple[str, str, str, str]]:
     known = set(names)
     pairs = []
     for scale in names:
-        for scale_suffix, payload_suffix in SCALE_SUFFIXES:
+        for scale_suffix, payload_suffix in PAIR_SUFFIXES:
             if scale.endswith(scale_suffix) and (payload := scale[: -len(scale_suffix)] + payload_suffix) in known:
                 pairs.append((payload, scale, payload_suffix, scale_suffix))
     return pairs
