@@ -9,7 +9,7 @@ import struct
 
 import pytest
 import torch
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 
 
 def assert_one_line_error(result, *fragments: str) -> None:
@@ -238,7 +238,7 @@ def test_a_fifo_is_refused_not_waited_on(tmp_path):
     """Every command on a FIFO blocked for ever on its first read."""
     import os
 
-    from tests.conftest import run_cli
+    from tests.conftest import REPO, run_cli
 
     fifo = tmp_path / "model.safetensors"
     os.mkfifo(fifo)
@@ -296,3 +296,37 @@ def test_sigterm_removes_the_temporary_output(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143 and "terminated" in err and err.count("\n") == 1, err
     assert not list(tmp_path.glob(".out.*")) and not (tmp_path / "out").exists()
+
+
+def test_config_vocab_that_disagrees_with_the_embedding_is_refused(tmp_path, cli):
+    """config.json says 64 more tokens than the embedding has (transformers refuses to load it): the
+    export padded the table on, and the way back gave a model with 64 zero rows, exit 0."""
+    src = tmp_path / "hf"
+    shutil.copytree(REPO / "sample_ckpts" / "hf_llama_gqa", src)
+    config = json.loads((src / "config.json").read_text())
+    rows = config["vocab_size"]
+    config["vocab_size"] = rows + 64
+    (src / "config.json").write_text(json.dumps(config))
+    assert_one_line_error(cli("convert", str(src), str(tmp_path / "out"), "--to", "mcore"),
+                          f"vocab_size is {rows + 64}", f"has {rows} rows")
+    assert not (tmp_path / "out").exists()
+
+
+def test_damaged_torch_dist_marker_is_reported_by_check(tmp_path, cli):
+    """metadata.json (Megatron-Core's completion marker) that is not JSON: the dir passed `check` as a
+    plain DCP dir; it is now a torch_dist save with an unreadable-file problem (exit 1)."""
+    root = tmp_path / "save"
+    shutil.copytree(REPO / "sample_ckpts" / "megatron_torch_dist", root)
+    step = root / "iter_0000010"
+    (step / "metadata.json").write_text("{not json")
+    result = cli("check", str(step))
+    assert result.code == 1, (result.out, result.err)
+    assert "torch_dist" in result.out.splitlines()[0]
+    assert "unreadable-file: metadata.json: not Megatron-Core's completion marker" in result.out
+    intact = cli("check", str(REPO / "sample_ckpts" / "megatron_torch_dist" / "iter_0000010"))
+    assert intact.code == 0, intact.out
+
+
+def test_diff_json_and_plain_together_are_refused(cli):
+    sample = str(REPO / "sample_ckpts" / "hf_llama_gqa")
+    assert_one_line_error(cli("diff", "--json", "--plain", sample, sample), "--json and --plain")

@@ -178,6 +178,8 @@ def diff(a: str, b: str, as_json: bool, plain: bool, mapping: str, atol: float, 
     sides that are roots) / --iteration-b N (B). `diff ROOT ROOT --iteration 10 --iteration-b 20`
     compares two iterations of one run. Under torchrun (or with --workers P) the pairs are shared
     out between the ranks; rank 0 prints the same report and every rank exits with the same code."""
+    if as_json and plain:
+        raise click.UsageError("--json and --plain ask for two different outputs; give one")
     if atol < 0 or rtol < 0 or math.isnan(atol) or math.isnan(rtol):
         raise CkptError("--atol and --rtol must be non-negative numbers")
     a, b = resolve_sides(a, b, iteration, iteration_b)

@@ -111,6 +111,10 @@ def _vocab_shapes(cfg, mcore, hf):
             raise CkptError(f"the vocabulary has {vocab} rows but the Megatron table only {mcore[0]}")
         return tuple(mcore), [(vocab,) + tuple(mcore[1:])]
     vocab = hf[0][0]
+    if cfg.vocab_size and vocab != cfg.vocab_size:
+        # transformers refuses such a model (size mismatch); padded on, its rows past the table would
+        # come back as zero rows of a model that seems whole
+        raise CkptError(f"the config's vocab_size is {cfg.vocab_size} but the embedding/output table has {vocab} rows")
     padded = cfg.padded_vocab_size or vocab
     return (padded,) + tuple(hf[0][1:]), [tuple(hf[0])]
 

@@ -50,6 +50,15 @@ def read_marker(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and "sharded_backend" in data else None
 
 
+def _damaged_marker(path: Path) -> bool:
+    """A torch_dist save (``common.pt`` beside DCP's ``.metadata``) whose ``metadata.json`` is there but
+    unreadable: claimed, so ``check`` reports the damaged marker instead of it passing as plain DCP."""
+    try:
+        return all((path / name).is_file() for name in (MARKER_FILE, COMMON_FILE, METADATA_FILE))
+    except OSError:
+        return False
+
+
 def stacked_view_name(name: str) -> tuple[str, str] | None:
     """Split a stacked key at its ``layers`` segment: ``(before + "layers", after)``, or None when
     the segment after ``layers`` is already a layer number (a per-layer key)."""
@@ -112,11 +121,14 @@ class MegatronDistReader(DcpReader):
         except OSError:
             return False
         marker = read_marker(path)
+        if marker is None:
+            return _damaged_marker(path)
         # zarr (removed in core 0.16) is claimed too, to be refused by name rather than as "not a checkpoint"
-        return marker is not None and marker.get("sharded_backend") in ("torch_dist", "zarr")
+        return marker.get("sharded_backend") in ("torch_dist", "zarr")
 
     def _build_index(self) -> CheckpointIndex:
-        marker = read_marker(self.path) or {}
+        found = read_marker(self.path)
+        marker = found or {}
         if marker.get("sharded_backend") == "zarr":
             raise CkptError("a Megatron-Core dist checkpoint in the zarr backend (metadata.json sharded_backend "
                             "'zarr', removed in megatron-core 0.16), which ckptscope does not read; re-save it "
@@ -129,6 +141,9 @@ class MegatronDistReader(DcpReader):
         else:  # an incomplete save: common.pt (args, iteration) is still worth showing
             self.index_without_metadata(index)
         index.files.append(FileInfo(MARKER_FILE, (self.path / MARKER_FILE).stat().st_size, "metadata"))
+        if found is None:
+            index.add_issue("unreadable-file", "not Megatron-Core's completion marker (not JSON, or no "
+                            "sharded_backend): the save may not have finished; read as torch_dist", file=MARKER_FILE)
         self._add_common(index, contents)
         add_run_config(index, self.path)  # Megatron-Bridge's saves: the model config (no args in common.pt)
         if "iteration" not in index.metadata and (iteration := iteration_of_dir(self.path)) is not None:
