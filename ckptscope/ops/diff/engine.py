@@ -208,26 +208,35 @@ def read_piece(side: DiffSide, piece: Piece, box: Box, *, mapped: bool = False):
 # --- the engine ------------------------------------------------------------------------------------
 
 
+AUTO_CUDA_BYTES = 32 << 30
+"""``--device auto`` takes up the GPU once the pairs that need decoding hold this many bytes (both
+sides); below it the diff stays on the CPU. Measured on an H200 machine (bench/gpu_diff.py): torch's
+import and CUDA's start cost ~3.5 s; with them, ``--device cuda`` made a diff of 3 changed tensors
+5.7x slower than the CPU (3.9 s against 0.7 s), and a diff where every value of 2 x 2.5 GB differs
+1.09x slower (the crossover is near 5 GB decoded); an auto that switched at 4 GiB came out 1.24x
+slower there, as the start competed with the CPU's decoding. Past the crossover the GPU's ~0.25 s
+per GB decoded beats the CPU's ~0.9: 32 GiB leaves a wide margin."""
+
+
+def _has_nvidia_device() -> bool:
+    """An NVIDIA device node or driver, looked for without importing torch (2 s on a CPU box)."""
+    return os.path.exists("/dev/nvidia0") or os.path.exists("/proc/driver/nvidia/version")
+
+
 def _pick_device(device: str) -> str:
+    """``cpu`` or ``cuda`` to start with: ``auto`` starts on the CPU (``DiffEngine`` may take up
+    the GPU later, see ``AUTO_CUDA_BYTES``); ``cuda`` is checked now, as the user asked for it."""
     if device not in ("auto", "cpu", "cuda"):
         raise CkptError(f"--device must be auto, cpu or cuda, not {device!r}")
-    if device == "cpu":
-        return "cpu"
-    # Look for a GPU before importing torch (2 s here): auto on a CPU box must stay fast.
-    has_gpu = os.path.exists("/dev/nvidia0") or os.path.exists("/proc/driver/nvidia/version")
-    if device == "auto" and not has_gpu:
+    if device in ("auto", "cpu"):
         return "cpu"
     try:
         import torch
     except ImportError:
-        if device == "cuda":
-            raise CkptError("--device cuda needs torch with CUDA") from None
-        return "cpu"
-    if torch.cuda.is_available():
-        return "cuda"
-    if device == "cuda":
+        raise CkptError("--device cuda needs torch with CUDA") from None
+    if not torch.cuda.is_available():
         raise CkptError("--device cuda: no CUDA device is available")
-    return "cpu"
+    return "cuda"
 
 
 class DiffEngine:
@@ -247,10 +256,29 @@ class DiffEngine:
         self._read_since_release = 0
         self.bytes_read = 0
         self._cuda = None
+        self._cuda_candidate = self.options.device == "auto" and _has_nvidia_device()
+        """auto on a machine with a GPU: ``_take_up_cuda`` runs once enough values need decoding."""
+        self._taking_up: threading.Thread | None = None
         if self.device == "cuda":
             from ckptscope.ops.diff.cuda import CudaComparer
 
             self._cuda = CudaComparer(self.options.block_bytes)
+
+    def _take_up_cuda(self) -> None:
+        """``auto``'s switch to the GPU, on a thread of its own while the CPU goes on decoding: blocks
+        started after it completes run on the GPU (same formulas; a pair's CPU and GPU sums merge),
+        and the report then says ``cuda``. A torch without CUDA leaves the diff on the CPU."""
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                return
+            from ckptscope.ops.diff.cuda import CudaComparer
+
+            comparer = CudaComparer(self.options.block_bytes)
+        except Exception:  # noqa: BLE001 - auto means "the GPU if it works": any failure leaves the CPU
+            return
+        self._cuda = comparer
 
     # -- per block --------------------------------------------------------------------------
 
@@ -282,13 +310,15 @@ class DiffEngine:
             self._count(2 * pos)
 
     def _values_task(self, box: Box, pa: Piece, pb: Piece) -> Accumulator:
-        mapped = self._cuda is None  # the GPU path hands arrays to torch, which wants them writable
+        cuda = self._cuda  # read once: auto may take up the GPU while this block runs
+        mapped = cuda is None  # the GPU path hands arrays to torch, which wants them writable
         a = read_piece(self.plan.a, pa, box, mapped=mapped)
         b = read_piece(self.plan.b, pb, box, mapped=mapped)
         self._count(a.nbytes + b.nbytes)
         origin = tuple(lo for lo, _ in box)
-        if self._cuda is not None:
-            return self._cuda.compare(a, b, origin, atol=self.options.atol, rtol=self.options.rtol)
+        if cuda is not None:
+            self.device = "cuda"  # auto's report names the GPU once a block ran there
+            return cuda.compare(a, b, origin, atol=self.options.atol, rtol=self.options.rtol)
         return compare_block(a, b, origin, atol=self.options.atol, rtol=self.options.rtol)
 
     # -- per pair ---------------------------------------------------------------------------
@@ -430,6 +460,17 @@ class DiffEngine:
         inflight: dict[Future, tuple[int, str]] = {}
         pending_retry: list[int] = []
         preparing = False
+        value_bytes = 0
+
+        def needs_values(pair: DiffPair) -> None:
+            """Count a pair bound for decoding; past ``AUTO_CUDA_BYTES``, auto takes up the GPU."""
+            nonlocal value_bytes
+            value_bytes += sum(r.numel * _itemsize(r.dtype) for r in (pair.a, pair.b) if r is not None)
+            if self._cuda_candidate and value_bytes >= AUTO_CUDA_BYTES:
+                # on a thread of its own: a pool worker would stop decoding for the seconds it takes
+                self._cuda_candidate = False
+                self._taking_up = threading.Thread(target=self._take_up_cuda, name="ckptscope-diff-cuda")
+                self._taking_up.start()
 
         def bytes_done(i: int) -> None:
             nonlocal preparing
@@ -440,6 +481,7 @@ class DiffEngine:
             # the other pairs' bytes are compared)
             state[i] = {"mode": "values", "left": 0, "acc": Accumulator()}
             pending_retry.append(i)
+            needs_values(pairs[i])
             if not preparing and not self._blas_taken:
                 preparing = True
                 inflight[pool.submit(self._prepare_values)] = (-1, "prepare")
@@ -452,6 +494,7 @@ class DiffEngine:
                 return iter(byte_units)
             units = self._value_units(pair)
             state[i] = {"mode": "values", "left": len(units), "acc": Accumulator()}
+            needs_values(pair)
             return iter(units)
 
         def queue() -> Iterator[tuple[int, tuple]]:
@@ -525,6 +568,9 @@ class DiffEngine:
                             future.cancel()
                         break
         finally:
+            if self._taking_up is not None:  # never left importing torch while the interpreter exits
+                self._taking_up.join()
+                self._taking_up = None
             self._blas.close()
             self._blas_taken = False
             self._bytes.close()
