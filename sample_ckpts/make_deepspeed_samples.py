@@ -313,6 +313,55 @@ def write_universal_samples(out: Path, stages: tuple[int, ...] = STAGES) -> dict
     return written
 
 
+TRAINER_ZERO3 = "trainer_zero3"
+
+_TRAINER_SCRIPT = r"""
+import json, os, sys
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM, Trainer, TrainingArguments
+out = sys.argv[1]
+
+class Batches(torch.utils.data.Dataset):
+    def __init__(self):
+        self.x = torch.randint(0, 127, (8, 16), generator=torch.Generator().manual_seed(1))
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        return {"input_ids": self.x[i], "labels": self.x[i]}
+
+torch.manual_seed(0)
+model = Qwen2ForCausalLM(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, vocab_size=128, max_position_embeddings=64,
+                                     tie_word_embeddings=True))
+ds = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "bf16": {"enabled": False},
+      "zero_optimization": {"stage": 3}, "zero_allow_untested_optimizer": True}
+args = TrainingArguments(output_dir=out, max_steps=2, save_steps=2, per_device_train_batch_size=4, report_to="none",
+                         learning_rate=1e-2, deepspeed=ds)
+Trainer(model=model, args=args, train_dataset=Batches()).train()
+from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+state = get_fp32_state_dict_from_zero_checkpoint(os.path.join(out, "checkpoint-2"))
+torch.save({k: v.clone().contiguous() for k, v in state.items()}, out + ".fp32_oracle.pt")
+"""
+
+
+def write_trainer_zero3_sample(out: Path) -> Path:
+    """``out/trainer_zero3/``: the transformers Trainer's ``output_dir`` after two steps under DeepSpeed
+    ZeRO-3 (one gloo rank, fp32: the Trainer refuses bf16 on CPU), a tied Qwen2. Its ``checkpoint-2/``
+    holds ``config.json``, ``latest``, ``global_step2/zero_pp_rank_0_mp_rank_00_{model,optim}_states.pt``
+    and the Trainer's side files, but no HF weights: under ZeRO-3 (without
+    ``stage3_gather_16bit_weights_on_model_save``) the Trainer saves none. Oracle: DeepSpeed's
+    ``get_fp32_state_dict_from_zero_checkpoint`` of ``checkpoint-2``, in ``out/trainer_zero3.fp32_oracle.pt``."""
+    import subprocess
+
+    target = Path(out) / TRAINER_ZERO3
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29547", "DS_ACCELERATOR": "cpu",
+           "ACCELERATE_USE_DEEPSPEED": "true"}
+    subprocess.run([sys.executable, "-c", _TRAINER_SCRIPT, str(target)], check=True, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return target
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
@@ -321,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     written = write_deepspeed_samples(Path(argv[0]))
     write_universal_samples(Path(argv[0]))
     write_unassembled_samples(Path(argv[0]))
+    write_trainer_zero3_sample(Path(argv[0]))
     print(json.dumps({stage: str(path) for stage, path in written.items()}))
     return 0
 

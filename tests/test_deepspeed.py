@@ -492,3 +492,30 @@ def test_generator_writes_the_shipped_pipeline_and_moe_layouts(tmp_path):
         shipped = sorted(p.relative_to(SHIPPED / fresh.name).as_posix() for p in (SHIPPED / fresh.name).rglob("*")
                          if p.is_file())
         assert names == shipped
+
+
+@pytest.mark.parametrize("source", ["trainer_zero3", "trainer_zero3/checkpoint-2", "trainer_zero3/checkpoint-2/global_step2"])
+def test_trainer_zero3_checkpoint_converts_with_the_config_beside_it(source, tmp_path):
+    """The transformers Trainer under ZeRO-3 saves no HF weights, only ``config.json`` beside
+    ``global_step2/`` (shipped: written by Trainer + DeepSpeed 0.19.8, ``write_trainer_zero3_sample``).
+    convert said "no HF config.json ... pass --hf-config" from the output dir, the checkpoint dir and
+    the tag dir alike; it now reads that config. Checked against DeepSpeed's zero_to_fp32 oracle with
+    transformers: no missing keys, the tied lm_head re-tied, the same logits."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out = tmp_path / "hf"
+    result = run_cli("convert", str(SHIPPED / source), str(out), "--to", "hf")
+    assert result.code == 0, result.err
+    model, info = AutoModelForCausalLM.from_pretrained(str(out), output_loading_info=True, dtype=torch.float32)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    config = AutoConfig.from_pretrained(str(SHIPPED / "trainer_zero3" / "checkpoint-2"))
+    assert config.tie_word_embeddings
+    reference = AutoModelForCausalLM.from_config(config).float()
+    state = torch.load(str(SHIPPED / "trainer_zero3.fp32_oracle.pt"), weights_only=True)
+    missing, unexpected = reference.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    reference.tie_weights()
+    tokens = torch.arange(24).reshape(2, 12) % config.vocab_size
+    with torch.no_grad():
+        assert torch.equal(model(tokens).logits, reference(tokens).logits)

@@ -44,6 +44,7 @@ naming it. Tensor-parallel saves (``mp_rank_01``...) are not assembled: rank 00 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field, replace
@@ -276,6 +277,26 @@ def _ordered(value: Any) -> dict[str, Any]:
 # --- the reader -------------------------------------------------------------------------------------
 
 
+def _add_trainer_config(index: CheckpointIndex, save_dir: Path, prefix: str) -> None:
+    """The HF ``config.json`` the transformers Trainer writes beside ``global_stepN/`` (its
+    ``checkpoint-N/``), as an object: under ZeRO-3 the Trainer saves no HF weights, so that config is
+    all that says what the reassembled model is (convert and merge need it). Listed as a file when the
+    save dir itself was opened; a config.json that is not a model config is left alone."""
+    path = save_dir / "config.json"
+    try:
+        if not path.is_file():
+            return
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        index.warnings.append(f"{path.name} beside the DeepSpeed save: unreadable ({exc}); not used")
+        return
+    if not isinstance(config, dict) or "model_type" not in config:
+        return
+    index.objects.append(ObjectEntry("config", "json", config))
+    if prefix:
+        index.files.append(FileInfo("config.json", path.stat().st_size, "config"))
+
+
 @register_reader
 class DeepSpeedReader(CheckpointReader):
     """A DeepSpeed ZeRO tag dir (``global_stepN/``), or its save dir through ``latest``."""
@@ -319,6 +340,7 @@ class DeepSpeedReader(CheckpointReader):
             latest = latest_file(self.path)
             index.files.append(FileInfo(latest, (self.path / latest).stat().st_size, "metadata"))
         self._prefix = prefix
+        _add_trainer_config(index, tag_dir.parent, prefix)
         info: dict[str, Any] = {"tag": tag_dir.name}
         index.metadata["deepspeed"] = info
         step = _STEP.search(tag_dir.name)
