@@ -362,6 +362,23 @@ def write_trainer_zero3_sample(out: Path) -> Path:
     return target
 
 
+ZERO2_FP32_BIN = "zero2_fp32_bin"
+
+
+def write_zero_to_fp32_bin(out: Path) -> Path:
+    """``out/zero2_fp32_bin/pytorch_model.bin``: DeepSpeed's ``convert_zero_checkpoint_to_fp32_state_dict``
+    (what its ``zero_to_fp32.py`` runs) on ``out/zero2`` with ``safe_serialization=False``. Every tensor
+    in it is a view of one flat fp32 storage per param group, as DeepSpeed reconstructs them."""
+    import subprocess
+
+    target = Path(out) / ZERO2_FP32_BIN
+    code = ("import sys; from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict as c; "
+            "c(sys.argv[1], sys.argv[2], safe_serialization=False)")
+    subprocess.run([sys.executable, "-c", code, str(Path(out) / "zero2"), str(target)], check=True,
+                   env={**os.environ, "DS_ACCELERATOR": "cpu"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return target
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
@@ -371,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     write_universal_samples(Path(argv[0]))
     write_unassembled_samples(Path(argv[0]))
     write_trainer_zero3_sample(Path(argv[0]))
+    write_zero_to_fp32_bin(Path(argv[0]))
     print(json.dumps({stage: str(path) for stage, path in written.items()}))
     return 0
 

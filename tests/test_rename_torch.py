@@ -145,3 +145,29 @@ def test_source_untouched_and_copy_identical_without_changes(samples, tmp_path):
     execute_rename(plan)
     assert sha(src) == before
     assert "extras.transposed_view" in open_checkpoint(tmp_path / "out.pt").index().tensors
+
+
+def test_drop_blanks_the_bytes_of_a_view_into_a_shared_storage(tmp_path):
+    """DeepSpeed's zero_to_fp32 ``.bin`` (shipped, written by DeepSpeed) keeps every tensor as a slice of
+    one flat storage, which rename copies whole: a dropped tensor's values stayed in the file. They
+    are now zeros there; what is kept reads back (torch.load) equal to the source."""
+    from tests.conftest import run_cli
+
+    src = Path(__file__).resolve().parents[1] / "sample_ckpts" / "deepspeed_zero" / "zero2_fp32_bin"
+    out = tmp_path / "renamed"
+    result = run_cli("rename", str(src), str(out), "--drop", r"layers\.1\.mlp")
+    assert result.code == 0, result.err
+    before = torch.load(str(src / "pytorch_model.bin"), weights_only=True)
+    after = torch.load(str(out / "pytorch_model.bin"), weights_only=True)
+    dropped = [n for n in before if "layers.1.mlp" in n]
+    assert len(dropped) == 3 and set(after) == set(before) - set(dropped)
+    for name, value in after.items():
+        assert torch.equal(value, before[name]), name
+    for name in dropped:
+        ref = before[name]
+        # a kept tensor of the same flat storage (one per DeepSpeed param group) carries it into the output
+        sharer = next(n for n in after if before[n].untyped_storage().data_ptr() == ref.untyped_storage().data_ptr())
+        flat = bytes(after[sharer].untyped_storage())
+        size = ref.element_size()
+        assert ref.abs().sum() > 0
+        assert not any(flat[ref.storage_offset() * size:(ref.storage_offset() + ref.numel()) * size]), name

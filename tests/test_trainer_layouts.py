@@ -482,3 +482,22 @@ def test_fsdp1_local_state_dict_is_refused_in_one_line(gen, tmp_path):
         assert "FSDP LOCAL_STATE_DICT" in result.err and "SHARDED_STATE_DICT" in result.err, result.err
         assert result.err.count("\n") == 1 and "Unpickling" not in result.err
     assert not (tmp_path / "out").exists()
+
+
+def test_accelerate_save_model_of_a_tied_model_in_bin_shards(tmp_path, gen):
+    """accelerate's ``save_model(safe_serialization=False, max_shard_size=...)`` of a tied model writes
+    the shared storage once and says so in ``total_size``; inspect warned that total_size disagreed
+    (it summed the tied pair twice)."""
+    from accelerate import Accelerator
+
+    model = gen.tied_model()
+    out = tmp_path / "saved"
+    Accelerator(cpu=True).save_model(model, str(out), max_shard_size="20KB", safe_serialization=False)
+    model.config.save_pretrained(str(out))
+    index = json.loads((out / "pytorch_model.bin.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1  # sharded, as the layout under test
+    result = run_cli("inspect", "--json", str(out))
+    ok(result, "inspect")
+    data = json.loads(result.out)
+    assert not [w for w in data["metadata"]["warnings"] if "total_size" in w], data["metadata"]["warnings"]
+    assert data["metadata"]["num_params"] == sum(p.numel() for p in model.parameters())

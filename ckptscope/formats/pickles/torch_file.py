@@ -194,20 +194,36 @@ def tensor_meta(name: str, ref: TensorRef, file: str, placement: StoragePlacemen
 
 
 def mark_shared_storages(tensors: dict[str, TensorMeta]) -> dict[str, TensorMeta]:
-    """Annotate tensors that are views of the same storage (tied weights, slices of one buffer)."""
-    by_storage: dict[tuple[str, str], list[str]] = {}
+    """Annotate tensors whose bytes overlap on one storage (tied weights): ``shares_storage_with``.
+
+    Views of one storage that do not overlap are separate data and stay unmarked: DeepSpeed's
+    ``save_16bit_model`` / ``zero_to_fp32`` ``.bin`` files and Megatron's DDP param buffers keep every
+    parameter as a slice of one flat storage, and marking those as shared counted 1,184 of a model's
+    19,936 parameters (each tensor after the first taken for a tied alias)."""
+    by_storage: dict[tuple[str, str], list[TensorMeta]] = {}
     for meta in tensors.values():
         key = meta.attr("storage")
         if key is not None:
-            by_storage.setdefault((meta.chunks[0].file, key), []).append(meta.name)
+            by_storage.setdefault((meta.chunks[0].file, key), []).append(meta)
     out = dict(tensors)
-    for names in by_storage.values():
-        if len(names) > 1:
-            for name in names:
-                others = ",".join(n for n in names if n != name)
-                meta = out[name]
-                out[name] = TensorMeta(meta.name, meta.dtype, meta.shape, meta.chunks,
-                                       meta.attrs + (("shares_storage_with", others),))
+    for metas in by_storage.values():
+        if len(metas) < 2:
+            continue
+        overlapping: dict[str, list[str]] = {}
+        active: list[tuple[int, str]] = []  # (end, name) of spans not yet passed
+        for start, end, name in sorted((m.chunks[0].byte_offset, m.chunks[0].byte_offset + m.chunks[0].byte_length,
+                                        m.name) for m in metas):
+            active = [(e, n) for e, n in active if e > start]
+            for _, other in active:
+                overlapping.setdefault(name, []).append(other)
+                overlapping.setdefault(other, []).append(name)
+            if end > start:
+                active.append((end, name))
+        for meta in metas:
+            others = overlapping.get(meta.name)
+            if others:
+                out[meta.name] = TensorMeta(meta.name, meta.dtype, meta.shape, meta.chunks,
+                                            meta.attrs + (("shares_storage_with", ",".join(sorted(others))),))
     return out
 
 

@@ -21,8 +21,10 @@ from ckptscope.formats.pickles.safe import TensorRef
 from ckptscope.formats.pickles.torch_file import StoragePlacement
 
 
-def write_torch_zip(obj: Any, src: Path, placements: dict[str, StoragePlacement], dst: Path) -> int:
-    """Write ``obj`` as a torch.save zip; storage bytes come verbatim from ``src``. Returns bytes copied."""
+def write_torch_zip(obj: Any, src: Path, placements: dict[str, StoragePlacement], dst: Path,
+                    blank: dict[str, list[tuple[int, int]]] | None = None) -> int:
+    """Write ``obj`` as a torch.save zip; storage bytes come verbatim from ``src``, except the byte
+    ranges ``blank`` names per storage (within it), written as zeros. Returns bytes copied."""
     import numpy as np
     import torch
 
@@ -43,6 +45,8 @@ def write_torch_zip(obj: Any, src: Path, placements: dict[str, StoragePlacement]
                 raise CkptError(f"storage {key} is referenced but not stored", src)
             if placement.length and source is not None:
                 view = source[placement.offset:placement.offset + placement.length]
+                for start, end in (blank or {}).get(key, ()):
+                    view[start:end] = 0  # the private copy-on-write page, never the source
                 storage = torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
                 writer.write_record(f"data/{key}", storage, placement.length)
             else:

@@ -156,10 +156,15 @@ class TorchRenameWriter:
     def write_file(self, plan: RenamePlan, action: FileAction, src: Path, out: Path,
                    advance: Callable[[int], None]) -> dict[str, str]:
         parsed = _parse(src)
+        before = _tensor_refs(parsed.obj)  # rename_in_tree edits the tree in place
         tree = rename_in_tree(parsed.obj, _restrict(plan.changes, _tensor_names(parsed.obj)))
+        blank = dropped_bytes(before, _tensor_refs(tree))
         if parsed.sys_info is None:
-            copied = write_torch_zip(tree, src, parsed.placements, out)
+            copied = write_torch_zip(tree, src, parsed.placements, out, blank=blank)
         else:
+            if blank:
+                raise CkptError("--drop of a tensor that shares its storage with kept tensors in a legacy "
+                                "(pre-1.6) torch file: its bytes would stay in the file; convert it first", src)
             copied = write_torch_legacy(tree, src, parsed.placements, out, parsed.sys_info, copy_range)
         advance(min(copied, action.nbytes))
         return {name: action.path for name in _tensor_names(tree)}
@@ -187,6 +192,38 @@ def _parse(path: Path) -> _Parsed:
     if big_endian:
         raise CkptError("rename of big-endian torch files is not supported", path)
     return parsed
+
+
+def _byte_span(ref: TensorRef) -> tuple[int, int]:
+    """Bytes of its storage a tensor reads: from its first element to one past its last."""
+    size = max(1, ref.dtype.bits // 8)
+    if not ref.numel:
+        return 0, 0
+    last = ref.storage_offset + sum((n - 1) * st for n, st in zip(ref.shape, ref.stride))
+    return ref.storage_offset * size, (last + 1) * size
+
+
+def _tensor_refs(obj: Any) -> list[TensorRef]:
+    return [leaf for _, leaf in flatten_paths(obj) if isinstance(leaf, TensorRef) and leaf.storage is not None]
+
+
+def dropped_bytes(before: list[TensorRef], after: list[TensorRef]) -> dict[str, list[tuple[int, int]]]:
+    """Per storage key, the byte ranges only dropped tensors read, in storages that kept tensors
+    still use: a storage is copied whole, and without blanking them the dropped weights would stay
+    in the file (a DeepSpeed ``zero_to_fp32`` ``.bin`` keeps every tensor in one flat storage).
+    Ranges a kept tensor also reads (a tied alias) are left alone."""
+    kept: dict[str, list[tuple[int, int]]] = {}
+    for ref in after:
+        kept.setdefault(ref.storage.key, []).append(_byte_span(ref))
+    kept_ids = {id(ref) for ref in after}
+    blank: dict[str, list[tuple[int, int]]] = {}
+    for ref in before:
+        if id(ref) in kept_ids or ref.storage.key not in kept:
+            continue  # kept, or its whole storage goes (not written at all)
+        start, end = _byte_span(ref)
+        if end > start and not any(s < end and start < e for s, e in kept[ref.storage.key]):
+            blank.setdefault(ref.storage.key, []).append((start, end))
+    return blank
 
 
 def _tensor_names(obj: Any) -> set[str]:
