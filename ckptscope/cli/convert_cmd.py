@@ -124,6 +124,9 @@ def run_convert(src: str, dst: str, *, to: str, tp: int = 1, pp: int = 1, ep: in
     elif not quiet:
         from ckptscope.core.units import human_bytes, plural
 
+        for caveat in plan.caveats:
+            click.echo(f"warning: {caveat}", err=True)
+
         click.echo(f"wrote {dst}: {plural(len(plan.tensors), 'tensor')}, {human_bytes(plan.total_bytes)} ({plan.target}, "
                    f"{plan.ckpt_format if plan.target == 'mcore' else 'safetensors'})")
 

@@ -9,6 +9,8 @@ One neutral record lets the transforms stay free of either spelling, and derived
 
 from __future__ import annotations
 
+import math
+
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
@@ -72,6 +74,23 @@ HF_EXTRA_KEYS: dict[str, tuple[str, ...]] = {
 its per-layer pattern, local/global RoPE, the attention scale). They travel verbatim in the Megatron
 args under ``hf_config_extra`` so a round trip HF -> Megatron -> HF gives the same model."""
 
+_GEMMA_UNCARRIED = {"query_pre_attn_scalar": "the attention scale", "attn_logit_softcapping": "attention soft-capping",
+                    "final_logit_softcapping": "logit soft-capping", "sliding_window": "the sliding window",
+                    "hidden_activation": "the tanh GELU", "rope_local_base_freq": "the local layers' RoPE base",
+                    "use_bidirectional_attention": "bidirectional attention"}
+
+
+def _gemma_export_notes(cfg: "ModelConfig") -> list[str]:
+    """What a Gemma 2/3 Megatron export carries only in ``hf_config_extra``: a probe found pairs of models
+    whose logits differ by 0.6-4.0 written with the same Megatron args, so say it after every export."""
+    extra = cfg.hf_extra or {}
+    missing = [what for key, what in _GEMMA_UNCARRIED.items() if extra.get(key) not in (None, False)]
+    if not missing:
+        return []
+    return [f"{cfg.arch}: {', '.join(missing)} travel only in hf_config_extra (for the way back to HF); the "
+            f"Megatron args do not describe them, so a megatron-core GPTModel built from these args alone "
+            f"computes another model (Megatron-Bridge's Gemma providers add them)"]
+
 
 HF_EXTRA_REQUIRED = frozenset({"gemma2", "gemma3"})
 """Archs whose config.json cannot be derived from Megatron args alone: their models compute with facts only
@@ -102,14 +121,15 @@ MEGATRON_FACT_KEYS = ("softmax_type", "glu_linear_offset", "activation_func_clam
                       "position_embedding_type", "rotary_interleaved", "qk_l2_norm", "no_rope_freq",
                       "moe_layer_freq", "moe_apply_probs_on_input", "moe_router_score_function", "rotary_percent",
                       "moe_router_topk_scaling_factor", "moe_router_enable_expert_bias", "moe_shared_expert_gate",
-                      "moe_router_pre_softmax", "moe_router_num_groups", "moe_router_group_topk")
+                      "moe_router_pre_softmax", "moe_router_num_groups", "moe_router_group_topk", "softmax_scale")
 """Megatron args that decide what a layer computes beyond the tensors (kept in ``megatron_facts``)."""
 MEGATRON_ARGS_HOOKS: dict[str, Callable[[ModelConfig, dict[str, Any]], None]] = {}
 """Arch -> edits of the Megatron args ``to_megatron_args`` writes (the arch's activation, attention)."""
 HF_READ_HOOKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 """Arch -> ``ModelConfig`` fields read from its config.json where the generic reading is wrong."""
-EXPORT_NOTES: dict[str, Callable[[ModelConfig], list[str]]] = {}
-"""Arch -> what a Megatron-Core export cannot carry (said in the convert notes)."""
+EXPORT_NOTES: dict[str, Callable[[ModelConfig], list[str]]] = {"gemma2": _gemma_export_notes,
+                                                                "gemma3": _gemma_export_notes}
+"""Arch -> what a Megatron-Core export cannot carry (said in the convert notes and after the export)."""
 HF_CONFIG_HOOKS: dict[str, Callable[[ModelConfig, dict[str, Any]], None]] = {}
 """Arch -> edits of the config.json ``to_hf_config`` derives."""
 MEGATRON_CHECKS: dict[str, Callable[[ModelConfig], list[str]]] = {}
@@ -254,7 +274,8 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
         shared_experts = text["n_shared_experts"] * text["moe_intermediate_size"]  # DeepSeek: n copies, one MLP
     rope = text.get("rope_parameters")  # transformers >= 5 keeps rope_theta there (flat for one RoPE)
     rope_theta = _first(text, "rope_theta") or (rope.get("rope_theta") if isinstance(rope, dict) else None)
-    qkv_bias = _first(text, "attention_bias")
+    # Qwen2-MoE spells it qkv_bias (default true), the rest attention_bias
+    qkv_bias = _first(text, "qkv_bias") if arch == "qwen2_moe" else _first(text, "attention_bias")
     hf_extra = {k: text[k] for k in HF_EXTRA_KEYS[arch] if k in text} if arch in HF_EXTRA_KEYS else None
     found = _rope.hf_rope(text)
     if hf_extra is None and found and _rope.kind(found[1]) != "default":
@@ -370,6 +391,8 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
     }
     if arch in ("llama", "mistral"):
         out["attention_bias"] = bool(cfg.qkv_bias)
+    if arch == "qwen2_moe":
+        out["qkv_bias"] = cfg.qkv_bias is not False  # Qwen2-MoE's default: q/k/v biases
     if cfg.dtype:
         set_config_dtype(out, cfg.dtype)
     if cfg.is_moe:
@@ -521,6 +544,7 @@ def hf_export_problems(cfg: ModelConfig, arch: str) -> list[str]:
     if _carries_own_window(arch):
         return problems
     facts = cfg.megatron_facts or {}
+    problems += _llama_attention_problems(cfg, arch, facts)
     if "swiglu" in facts and not facts["swiglu"] and not facts.get("gated_linear_unit"):
         problems.append(f"its MLP is not gated (args: swiglu=False, no gated_linear_unit: linear_fc1 is one GELU "
                         f"projection) while every {arch} MLP has gate_proj + up_proj")
@@ -541,6 +565,39 @@ def hf_export_problems(cfg: ModelConfig, arch: str) -> list[str]:
     elif cfg.hf_model_type is not None and cfg.window_layers:
         problems.append(f"the HF config's attention uses a sliding window of {cfg.sliding_window} positions, "
                         f"which its Megatron args (no window_size) do not")
+    return problems
+
+
+def _llama_attention_problems(cfg: ModelConfig, arch: str, facts: dict[str, Any]) -> list[str]:
+    """Megatron attention and MLP variants a Llama-family HF model has no knob for, one line each: the
+    HF model would compute plain RoPE attention over the whole head, a vanilla softmax scaled by
+    1/sqrt(head_dim), and an unclamped GLU. (A probe found each of these exported with exit 0, the
+    logits then off by 0.7-3.8 against megatron-core's forward.)"""
+    problems = []
+    position = facts.get("position_embedding_type")
+    if position not in (None, "rope", "yarn"):
+        problems.append(f"its positions are {position!r} (position_embedding_type), {arch}'s are RoPE")
+    percent = facts.get("rotary_percent")
+    if percent is not None and percent != 1:
+        problems.append(f"it rotates {percent:g} of each head (rotary_percent), {arch} rotates all of it")
+    if facts.get("rotary_interleaved"):
+        problems.append(f"its RoPE rotates interleaved pairs (rotary_interleaved), {arch}'s rotates halves")
+    if facts.get("qk_l2_norm"):
+        problems.append(f"it L2-normalises queries and keys (qk_l2_norm), which {arch} does not")
+    if facts.get("no_rope_freq"):
+        problems.append(f"some of its layers have no RoPE (no_rope_freq), every {arch} layer has")
+    if facts.get("softmax_type") not in (None, "vanilla"):
+        problems.append(f"its attention softmax is {facts['softmax_type']!r} (softmax_type), {arch}'s is vanilla")
+    if facts.get("glu_linear_offset") not in (None, 0, 0.0):
+        problems.append(f"its GLU adds {facts['glu_linear_offset']} to the linear half (glu_linear_offset), "
+                        f"{arch}'s does not")
+    if facts.get("activation_func_clamp_value") is not None:
+        problems.append(f"its activations are clamped at {facts['activation_func_clamp_value']} "
+                        f"(activation_func_clamp_value), {arch}'s are not")
+    scale = facts.get("softmax_scale")
+    if scale is not None and not (cfg.head_dim and math.isclose(scale, cfg.head_dim ** -0.5, rel_tol=1e-6)):
+        problems.append(f"its attention scores are scaled by {scale} (softmax_scale), {arch}'s by "
+                        f"1/sqrt(head_dim){f' = {cfg.head_dim ** -0.5:.6g}' if cfg.head_dim else ''}")
     return problems
 
 
@@ -658,6 +715,12 @@ def parallel_problems(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1
                         f"pass --hf-config DIR")
     if pp > 1 and cfg.num_layers is not None and pp > cfg.num_layers:
         problems.append(f"--pp {pp} is more pipeline stages than the model's {cfg.num_layers} layers")
+    renormalised = cfg.arch == "mixtral" or (cfg.arch in RENORMALISED_TOPK_ARCHS and cfg.norm_topk_prob)
+    if cfg.is_moe and cfg.moe_router_topk == 1 and cfg.arch in LLAMA_MOE_ARCHS and renormalised:
+        # megatron-core refuses top-1 softmax routing without moe_router_pre_softmax, which weights each
+        # token's expert by its softmax probability instead of the renormalised 1.0 (logits off by 0.6-2.7)
+        problems.append("its router sends each token to 1 expert with weight 1.0 (top-1, renormalised), which "
+                        "megatron-core does not build (top-1 needs moe_router_pre_softmax: the softmax weight)")
     return problems
 
 

@@ -159,6 +159,9 @@ def _megatron_args(cfg, args: dict) -> None:
     TransformerConfig and Megatron-Bridge's GPT-OSS provider spell them (gpt_oss_provider.py)."""
     extra = cfg.hf_extra or {}
     alpha, limit = extra.get("swiglu_alpha", QUICK_GELU_ALPHA), extra.get("swiglu_limit", 7.0)
+    if cfg.qkv_bias is False:
+        raise CkptError("GPT-OSS with attention_bias false: Megatron's add_bias_linear gives the attention "
+                        "output and the experts biases alike, so it cannot leave only the attention's out")
     if float(alpha) != QUICK_GELU_ALPHA:
         raise CkptError(f"GPT-OSS swiglu_alpha={alpha}: Megatron's quick_gelu has 1.702 built in, so a Megatron "
                         "model would compute a different activation")

@@ -140,6 +140,9 @@ class ConvertPlan:
     """Files copied verbatim (tokenizer, generation config): (source path, destination name)."""
     notes: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    caveats: list[str] = field(default_factory=list)
+    """What the written checkpoint does not carry for a model built from it alone (also in ``notes``):
+    the CLI says these after a real conversion too, where notes are shown only by --dry-run / --json."""
 
     @property
     def total_bytes(self) -> int:
@@ -517,8 +520,8 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
     args["iteration"] = iteration
     if arch_name in MLA_ARCHS or view.arch in MLA_ARCHS:  # MLA's down projections split by spec (legacy_layout)
         args["transformer_impl"] = "local" if spec == "local" else "transformer_engine"
-    if view.arch in EXPORT_NOTES:
-        notes += EXPORT_NOTES[view.arch](cfg_out)
+    caveats = EXPORT_NOTES[view.arch](cfg_out) if view.arch in EXPORT_NOTES else []
+    notes += caveats
     recipes = view.recipes
     if fp8:
         recipes = fp8_keep.with_scales(recipes, fp8, fp8_metas, block)
@@ -531,6 +534,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
     return ConvertPlan(str(src), str(dst), "mcore", reader, out, cfg_out, view.arch, megatron_args=args,
                        ckpt_format=ckpt_format, tp=tp, pp=pp, ep=ep, spec=spec, iteration=iteration,
                        notes=notes + view_notes(view) + [f"vocabulary {cfg.vocab_size} padded to {padded} rows"],
+                       caveats=caveats,
                        dropped=split_dropped + view.ignored)
 
 
