@@ -249,7 +249,6 @@ class DiffEngine:
         self.workers = self.options.workers or max(2, min(4, os.cpu_count() or 1))
         self._bytes = ByteReader()
         self._blas, self._blas_taken = contextlib.ExitStack(), False
-        self._prepare_lock = threading.Lock()
         """Holds ``single_threaded_blas`` from the first pair decoded to the end of ``compare``: an
         all-equal diff never imports numpy, so the limit is taken only once values are needed."""
         self._read_lock = threading.Lock()
@@ -337,17 +336,10 @@ class DiffEngine:
                 units.append((self._bytes_task, path_a, ca.byte_offset + pos, path_b, cb.byte_offset + pos, n))
         return units
 
-    def _prepare_values(self) -> None:
-        """numpy's import and the BLAS thread limit (~50 ms), once, before the first block is decoded.
-        ``compare`` runs it on a worker when the first pair's bytes differ, so the byte comparison of
-        the other pairs goes on meanwhile instead of waiting for the import."""
-        with self._prepare_lock:
-            if not self._blas_taken:
-                self._blas.enter_context(single_threaded_blas())
-                self._blas_taken = True
-
     def _value_units(self, pair: DiffPair) -> list[tuple]:
-        self._prepare_values()
+        if not self._blas_taken:
+            self._blas.enter_context(single_threaded_blas())
+            self._blas_taken = True
         itemsize = max(_itemsize(pair.a.dtype), _itemsize(pair.b.dtype))
         max_elems = max(1, min(VALUE_BLOCK_ELEMS, self.options.block_bytes // itemsize))
         units = []
@@ -459,7 +451,6 @@ class DiffEngine:
         window = 2 * self.workers
         inflight: dict[Future, tuple[int, str]] = {}
         pending_retry: list[int] = []
-        preparing = False
         value_bytes = 0
 
         def needs_values(pair: DiffPair) -> None:
@@ -473,18 +464,12 @@ class DiffEngine:
                 self._taking_up.start()
 
         def bytes_done(i: int) -> None:
-            nonlocal preparing
             if state[i]["equal"]:
                 emit(i, self._finish(pairs[i], None, True))
-                return
-            # bytes differ: decode for metrics, once numpy is in (imported on a worker, meanwhile
-            # the other pairs' bytes are compared)
-            state[i] = {"mode": "values", "left": 0, "acc": Accumulator()}
-            pending_retry.append(i)
-            needs_values(pairs[i])
-            if not preparing and not self._blas_taken:
-                preparing = True
-                inflight[pool.submit(self._prepare_values)] = (-1, "prepare")
+            else:  # bytes differ: decode for metrics
+                state[i] = {"mode": "values", "left": 0, "acc": Accumulator()}
+                pending_retry.append(i)
+                needs_values(pairs[i])
 
         def units_for(i: int) -> Iterator[tuple]:
             pair = pairs[i]
@@ -526,15 +511,6 @@ class DiffEngine:
                 source = queue()
                 exhausted = False
                 while True:
-                    # A differing pair's value blocks go before further byte blocks: its result
-                    # comes early, and the decoding overlaps the byte comparison instead of
-                    # trailing it on one core.
-                    while pending_retry and self._blas_taken and len(inflight) < window:
-                        i = pending_retry.pop(0)
-                        for unit in self._value_units(pairs[i]):
-                            fn, *args = unit
-                            inflight[pool.submit(fn, *args)] = (i, "values")
-                            state[i]["left"] += 1
                     while not exhausted and len(inflight) < window:
                         try:
                             i, unit = next(source)
@@ -543,6 +519,12 @@ class DiffEngine:
                             break
                         fn, *args = unit
                         inflight[pool.submit(fn, *args)] = (i, state[i]["mode"])
+                    if pending_retry and len(inflight) < window:
+                        i = pending_retry.pop(0)
+                        for unit in self._value_units(pairs[i]):
+                            fn, *args = unit
+                            inflight[pool.submit(fn, *args)] = (i, "values")
+                            state[i]["left"] += 1
                     if not inflight:
                         if exhausted and not pending_retry:
                             break
@@ -551,8 +533,6 @@ class DiffEngine:
                     for future in finished:
                         i, mode = inflight.pop(future)
                         value = future.result()
-                        if mode == "prepare":
-                            continue
                         st = state[i]
                         st["left"] -= 1
                         if mode == "bytes":
