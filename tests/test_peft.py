@@ -374,3 +374,34 @@ def test_adapter_config_values_that_would_change_the_merge_are_refused(peft_samp
     (adapter / "adapter_config.json").write_text(json.dumps(config))
     result = run_cli("lora", "merge", str(adapter), str(peft_samples["peft_llama_base"]), str(tmp_path / "out"))
     assert result.code == 2 and said in result.err and not (tmp_path / "out").exists(), result.err
+
+
+def test_lora_commands_on_a_trainer_root_of_peft_checkpoints(tmp_path):
+    """The transformers Trainer over a PEFT model writes ``checkpoint-N/adapter_*`` under its output dir:
+    inspect and diff took the root for its newest checkpoint, ``lora stats`` / ``lora merge`` said "not a
+    checkpoint". They now do the same; the merge equals PEFT's merge_and_unload of the trained model."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from safetensors.numpy import load_file
+    from transformers import Trainer, TrainingArguments
+
+    gen = load_sample_module("make_trainer_samples")
+    base = tmp_path / "base"
+    gen.tiny_model(seed=0).save_pretrained(str(base))
+    model = get_peft_model(gen.tiny_model(seed=0), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    batch = torch.randint(0, 100, (8, 16), generator=torch.Generator().manual_seed(1))
+    data = [{"input_ids": row, "labels": row} for row in batch]
+    args = TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=4, save_steps=2, per_device_train_batch_size=4,
+                             report_to="none", use_cpu=True, learning_rate=1e-2)
+    Trainer(model=model, args=args, train_dataset=data).train()
+    assert (tmp_path / "run" / "checkpoint-4" / "adapter_config.json").is_file()
+    stats = run_cli("lora", "stats", "--json", str(tmp_path / "run"))
+    assert stats.code == 0 and "checkpoint-4" in stats.err, stats.err
+    assert len(json.loads(stats.out)["pairs"]) == 4
+    merged = tmp_path / "merged"
+    result = run_cli("lora", "merge", str(tmp_path / "run"), str(base), str(merged))
+    assert result.code == 0, result.err
+    want = {k: v.detach().numpy() for k, v in model.merge_and_unload().state_dict().items()}
+    got = load_file(str(merged / "model.safetensors"))
+    for name, value in got.items():
+        np.testing.assert_allclose(value, want[name], rtol=0, atol=1e-6, err_msg=name)

@@ -501,3 +501,28 @@ def test_accelerate_save_model_of_a_tied_model_in_bin_shards(tmp_path, gen):
     data = json.loads(result.out)
     assert not [w for w in data["metadata"]["warnings"] if "total_size" in w], data["metadata"]["warnings"]
     assert data["metadata"]["num_params"] == sum(p.numel() for p in model.parameters())
+
+
+def test_accelerate_save_state_of_two_models(tmp_path, gen):
+    """accelerate's ``save_state`` with two prepared models writes ``model.safetensors`` and
+    ``model_1.safetensors`` side by side: read as shards of one model, every command stopped at "tensor
+    ... is stored in both". The first model is shown (the other named), exports refuse the dir, and
+    each model opens by its file."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    first, second = accelerator.prepare(gen.tiny_model(seed=1), gen.tiny_model(seed=2))
+    out = tmp_path / "state"
+    accelerator.save_state(str(out))
+    assert (out / "model.safetensors").is_file() and (out / "model_1.safetensors").is_file()
+    result = run_cli("inspect", "--json", str(out))
+    ok(result, "inspect")
+    data = json.loads(result.out)
+    assert data["metadata"]["num_params"] == sum(p.numel() for p in first.parameters())
+    assert any("model_1.safetensors" in w for w in data["metadata"]["warnings"])
+    assert run_cli("check", str(out)).code == 0
+    assert run_cli("diff", str(out), str(out / "model.safetensors")).code == 0
+    refused = run_cli("convert", str(out), str(tmp_path / "hf"), "--to", "hf")
+    assert refused.code == 2 and "2 models" in refused.err and refused.err.count("\n") == 1, refused.err
+    other = json.loads(run_cli("inspect", "--json", str(out / "model_1.safetensors")).out)
+    assert other["metadata"]["num_params"] == sum(p.numel() for p in second.parameters())

@@ -9,6 +9,27 @@ import click
 from ckptscope.core.units import plural
 
 
+def _adapter_of(path: str) -> str:
+    """A Trainer output dir of PEFT checkpoints (``checkpoint-N/adapter_config.json``) stands for its
+    newest complete checkpoint, as it does for inspect and diff; said on stderr."""
+    from pathlib import Path
+
+    from ckptscope.core.errors import CkptError
+    from ckptscope.ops.roots import resolve_root
+
+    given = Path(path)
+    if not given.is_dir() or (given / "adapter_config.json").is_file():
+        return path
+    try:
+        chosen = Path(resolve_root(given))
+    except CkptError:
+        return path
+    if chosen != given and (chosen / "adapter_config.json").is_file():
+        click.echo(f"{path}: using {chosen.name}, its newest complete checkpoint", err=True)
+        return str(chosen)
+    return path
+
+
 @click.group()
 def lora() -> None:
     """PEFT LoRA adapters: effective rank of each A/B pair, merge into the base model."""
@@ -24,6 +45,7 @@ def stats(adapter: str, as_json: bool, rtol: float | None) -> None:
     """Singular values and numerical rank of B @ A (float64 SVD) for every LoRA pair."""
     from ckptscope.ops.lora import SV_SHOWN, lora_stats
 
+    adapter = _adapter_of(adapter)
     summary, pairs = lora_stats(adapter, rtol=rtol)
     if as_json:
         click.echo(json.dumps({"path": adapter, **summary, "pairs": [p.to_json() for p in pairs]}))
@@ -55,7 +77,7 @@ def merge(adapter: str, base: str, out: str, dtype: str, overwrite: bool, as_jso
     from ckptscope.core.units import human_bytes
     from ckptscope.ops.lora import execute_merge, plan_merge
 
-    plan = plan_merge(adapter, base, out, dtype=dtype, overwrite=overwrite)
+    plan = plan_merge(_adapter_of(adapter), base, out, dtype=dtype, overwrite=overwrite)
     execute_merge(plan)
     if as_json:
         click.echo(json.dumps(plan.to_json()))

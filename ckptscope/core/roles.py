@@ -49,7 +49,9 @@ _TRAINING_ROOTS: dict[str, str] = {
     **dict.fromkeys(("dataloader", "data_loader", "dataloaders", "sampler", "data_sampler"), "dataloader"),
     **dict.fromkeys(("train_state", "trainer_state", "num_floating_point_operations_so_far", "consumed_samples",
                      "consumed_train_samples", "consumed_valid_samples", "global_step", "step", "epoch",
-                     "checkpoint_version", "ntokens_seen", "log_steps"), "train_state"),
+                     "checkpoint_version", "ntokens_seen", "log_steps",
+                     # Lightning's callback states and fit loops; nanoGPT's iteration and best loss
+                     "callbacks", "loops", "iter_num", "best_val_loss"), "train_state"),
     **dict.fromkeys(("args", "config", "training_args", "run_config", "hyper_parameters", "hparams"), "args"),
     **dict.fromkeys(("iteration",), "iteration"),
 }

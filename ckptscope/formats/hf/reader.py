@@ -51,6 +51,19 @@ def _bin_files(path: Path) -> list[Path]:
                   key=lambda p: natural_key(p.name))
 
 
+ACCELERATE_MORE_MODELS = re.compile(r"^(?:model|pytorch_model)_(\d+)\.(?:safetensors|bin)$")
+"""accelerate's ``save_state`` with several prepared models: ``model.safetensors`` (or ``pytorch_model.bin``)
+for the first, ``model_1.safetensors`` ... for the others (sharded HF files are ``model-00001-of-...``)."""
+
+
+def _accelerate_models(files: list[Path], first: str) -> tuple[list[Path], list[Path]]:
+    """``files`` without the other models of an accelerate multi-model ``save_state``, and those."""
+    more = [p for p in files if ACCELERATE_MORE_MODELS.match(p.name)]
+    if not more or not any(p.name == first for p in files):
+        return files, []
+    return [p for p in files if p not in more], more
+
+
 def _fsdp_local_shards(path: Path) -> list[Path]:
     return sorted(p for p in path.glob("pytorch_model_fsdp_rank*.bin") if FSDP_LOCAL_SHARD.match(p.name))
 
@@ -98,6 +111,9 @@ class HFDirReader(CheckpointReader):
         st_index = _pick_index(self.path, SAFETENSORS_INDEX, "*.safetensors.index*.json")
         if st_files or st_index:
             index.metadata["weights"] = "safetensors"
+            if st_index is None:
+                st_files, more = _accelerate_models(st_files, "model.safetensors")
+                self._note_more_models(index, "model.safetensors", more)
             self._index_safetensors(index, st_index, st_files)
             if _bin_files(self.path):
                 index.warnings.append("pytorch_model*.bin files are present too; showing the safetensors weights")
@@ -108,7 +124,11 @@ class HFDirReader(CheckpointReader):
         else:
             index.metadata["weights"] = "pytorch_model.bin"
             bin_index = _pick_index(self.path, BIN_INDEX, "pytorch_model.bin.index*.json")
-            self._index_bins(index, bin_index, _bin_files(self.path))
+            bins = _bin_files(self.path)
+            if bin_index is None:
+                bins, more = _accelerate_models(bins, "pytorch_model.bin")
+                self._note_more_models(index, "pytorch_model.bin", more)
+            self._index_bins(index, bin_index, bins)
         self._add_side_files(index)
         config = next((o.value for o in index.objects if o.name == "config" and isinstance(o.value, dict)), None)
         quantised = unhandled_quantization(config, ())  # by config only: no per-name pass on 100k-tensor indexes
@@ -116,6 +136,16 @@ class HFDirReader(CheckpointReader):
             index.warnings.append(f"{quantised}: tensors are listed and compared as stored (packed words, codes "
                                   f"and scales), not dequantised; parameter counts count stored elements")
         return index
+
+    def _note_more_models(self, index: CheckpointIndex, first: str, more: list[Path]) -> None:
+        """An accelerate ``save_state`` of several models shows its first; the others are named (each
+        opens as its own file), and exports refuse the dir (``accelerate_models``)."""
+        if not more:
+            return
+        names = [first] + [p.name for p in more]
+        index.metadata["accelerate_models"] = names
+        index.warnings.append(f"accelerate save_state of {len(names)} models: showing the first ({first}); open "
+                              f"{', '.join(p.name for p in more)} by file for the other{'s' if len(more) > 1 else ''}")
 
     # --- weights ---------------------------------------------------------------------------
 

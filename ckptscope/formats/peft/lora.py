@@ -187,6 +187,14 @@ def describe_lora(config: Mapping[str, Any], tensors: Mapping[str, TensorMeta]) 
         unsupported.append((f"modules_to_save {list(modules_to_save)} (full copies of modules)", None))
     if config.get("trainable_token_indices"):
         unsupported.append(("trainable_token_indices (trainable tokens)", None))
+    base_copies = [n for n in others if n.endswith(".base_layer.weight")]
+    if base_copies and not modules_to_save:
+        # PEFT's save_embedding_layers ("auto" by default when lm_head or the embedding is a target) stores
+        # the module's full base weight, which PEFT loads over the base model's before merging
+        unsupported.append((f"full base weights saved with the adapter ({len(base_copies)}, first: {base_copies[0]}; "
+                            f"PEFT save_embedding_layers): save the adapter with save_embedding_layers=False, or "
+                            f"merge with PEFT", None))
+        others = [n for n in others if n not in base_copies]
     if others and not modules_to_save:
         unsupported.append((f"{len(others)} tensors that are no LoRA pair (first: {others[0]})", None))
     if use_dora and not any(u[0].startswith("DoRA") for u in unsupported):

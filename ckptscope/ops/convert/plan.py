@@ -366,6 +366,10 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                         f"would lack their tensors", src_path)
     entries = model_entries(index, logical=True)
     _refuse_damage(index, entries, src_path)
+    several = index.metadata.get("accelerate_models")
+    if several:  # exporting the first alone would drop the others without a word
+        raise CkptError(f"an accelerate save_state of {len(several)} models ({', '.join(several)}): convert one "
+                        f"of them by its file, e.g. {src_path / several[1]}", src_path)
     tensors = entries.tensors
     if not tensors:
         raise CkptError("no model tensors to convert", src_path)
