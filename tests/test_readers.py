@@ -187,3 +187,15 @@ def test_trusted_and_safe_reads_agree_on_bin_shards(samples):
     for name in safe.index().tensors:
         assert safe.read(name).tobytes() == trusted.read(name).tobytes()
         assert safe.read(name, (slice(1, 2),)).tobytes() == trusted.read(name, (slice(1, 2),)).tobytes()
+
+
+def test_views_that_do_not_overlap_are_not_shared(tmp_path):
+    """Slices of one flat buffer (DeepSpeed's zero_to_fp32, Megatron's DDP param buffers) are separate
+    data: only tensors whose bytes overlap are marked as sharing a storage (tied)."""
+    flat = torch.randn(30)
+    torch.save({"a": flat[:10].view(2, 5), "b": flat[10:30], "tied_b": flat[10:30], "tail": flat[25:]},
+               tmp_path / "flat.pt")
+    tensors = open_checkpoint(tmp_path / "flat.pt").index().tensors
+    assert tensors["a"].attr("shares_storage_with") is None
+    assert tensors["b"].attr("shares_storage_with") == "tied_b,tail"
+    assert tensors["tail"].attr("shares_storage_with") == "b,tied_b"

@@ -219,11 +219,13 @@ def mark_shared_storages(tensors: dict[str, TensorMeta]) -> dict[str, TensorMeta
                 overlapping.setdefault(other, []).append(name)
             if end > start:
                 active.append((end, name))
+        order = {m.name: k for k, m in enumerate(metas)}  # listed in the file's order
         for meta in metas:
             others = overlapping.get(meta.name)
             if others:
+                listed = ",".join(sorted(others, key=order.__getitem__))
                 out[meta.name] = TensorMeta(meta.name, meta.dtype, meta.shape, meta.chunks,
-                                            meta.attrs + (("shares_storage_with", ",".join(sorted(others))),))
+                                            meta.attrs + (("shares_storage_with", listed),))
     return out
 
 
