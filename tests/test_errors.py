@@ -238,8 +238,6 @@ def test_a_fifo_is_refused_not_waited_on(tmp_path):
     """Every command on a FIFO blocked for ever on its first read."""
     import os
 
-    from tests.conftest import REPO, run_cli
-
     fifo = tmp_path / "model.safetensors"
     os.mkfifo(fifo)
     for command in (["inspect", str(fifo)], ["check", str(fifo)], ["diff", str(fifo), str(fifo)],
