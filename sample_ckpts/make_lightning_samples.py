@@ -8,18 +8,18 @@ Needs ``lightning`` (tested with 2.6.6; not a dev dependency: the output is ship
 ``self.model`` trains 4 steps on the CPU under ``Trainer`` with ``ModelCheckpoint(save_last=True)``
 and AdamW + StepLR, which writes::
 
+    OUT/lightning/ckpts/epoch=0-step=2.ckpt, epoch=1-step=4.ckpt   # ModelCheckpoint's default names
     OUT/lightning/ckpts/last.ckpt     # {"state_dict": {"model.<HF name>": ...}, "callbacks": {...},
                                       #  "optimizer_states": [...], "lr_schedulers": [...], "loops": {...},
                                       #  "epoch", "global_step", "hyper_parameters", ...}
     OUT/lightning/reference.safetensors   # the trained model's state_dict, by HF name
     OUT/lightning/hf_config/config.json   # its config (for convert --hf-config)
 
-Only ``last.ckpt`` is kept of the checkpoints Lightning writes.
+``reference.safetensors`` is the model after the last step (``last.ckpt`` and ``epoch=1-step=4.ckpt``).
 """
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -51,13 +51,11 @@ def write_lightning_sample(out: Path) -> Path:
     gen = torch.Generator().manual_seed(0)
     data = torch.utils.data.DataLoader([torch.randint(0, 100, (16,), generator=gen) for _ in range(8)], batch_size=4)
     module = Module()
-    checkpoints = ModelCheckpoint(dirpath=str(target / "all"), save_top_k=-1, every_n_train_steps=2, save_last=True)
+    checkpoints = ModelCheckpoint(dirpath=str(target / "ckpts"), save_top_k=-1, every_n_train_steps=2,
+                                  save_last=True)
     trainer = L.Trainer(max_steps=4, accelerator="cpu", devices=1, callbacks=[checkpoints], logger=False,
                         enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, data)
-    (target / "ckpts").mkdir()
-    shutil.move(str(target / "all" / "last.ckpt"), str(target / "ckpts" / "last.ckpt"))
-    shutil.rmtree(target / "all")
     save_file({k: v.contiguous() for k, v in module.model.state_dict().items()}, str(target / "reference.safetensors"))
     module.model.config.save_pretrained(str(target / "hf_config"))
     return target

@@ -44,3 +44,17 @@ def test_convert_loads_in_transformers_with_the_same_logits(tmp_path):
     tokens = torch.arange(24).reshape(2, 12)
     with torch.no_grad():
         assert torch.equal(model(tokens).logits, reference(tokens).logits)
+
+
+def test_the_checkpoint_folder_is_a_save_root():
+    """ModelCheckpoint's folder (``epoch=0-step=2.ckpt``, ``epoch=1-step=4.ckpt``, ``last.ckpt``) was
+    "not a checkpoint ckptscope can read"; it is a save root of one file per step, the newest opened."""
+    root = SAMPLE / "ckpts"
+    data = json.loads(run_cli("inspect", "--json", str(root)).out)
+    assert [i["iteration"] for i in data["iterations"]] == [4, 2]
+    assert data["path"].endswith("epoch=1-step=4.ckpt")
+    assert run_cli("check", str(root)).code == 0
+    newest = run_cli("diff", "--json", str(root), str(SAMPLE / "reference.safetensors"))
+    assert newest.code == 0, newest.out[-800:]
+    steps = run_cli("diff", "--json", str(root), str(root), "--iteration", "2", "--iteration-b", "4")
+    assert steps.code == 1 and json.loads(steps.out)["summary"]["different"] > 0

@@ -60,10 +60,13 @@ _HF_TRAINER = re.compile(r"^checkpoint-(\d+)$")
 _DEEPSPEED = re.compile(r"^global_step(\d+)$")
 _ACCELERATE = re.compile(r"^checkpoint_(\d+)$")
 _NEMO = re.compile(r"-step=(\d+)(?:-|$)")
+_LIGHTNING = re.compile(r"^(?:.*[-_])?step=(\d+)(?:[-_].*)?\.ckpt$")
+"""PyTorch Lightning ModelCheckpoint files (``epoch=1-step=400.ckpt``; its ``last.ckpt`` duplicates
+the newest one and is not listed)."""
 NEMO_WEIGHTS, NEMO_CONTEXT = "weights", "context"
 VERL_ROLES = ("actor", "critic")
 """The role dirs of a verl step, in the order opening prefers them."""
-KINDS = ("megatron", "verl", "torchtitan", "hf-trainer", "deepspeed", "accelerate", "nemo")
+KINDS = ("megatron", "verl", "torchtitan", "hf-trainer", "deepspeed", "accelerate", "nemo", "lightning")
 """Root kinds, in the order a tie between them is broken."""
 TRACKED_KINDS = ("megatron", "verl")
 """Kinds whose trainer writes ``latest_checkpointed_iteration.txt``; the others have no tracker."""
@@ -241,6 +244,11 @@ def discover_iterations(path: str | Path) -> list[IterationInfo] | None:
     found: list[IterationInfo] = []
     for entry in entries:
         if not entry.is_dir():
+            if (m := _LIGHTNING.match(entry.name)) and entry.is_file():
+                # one file per save, written whole by torch.save (Lightning's own atomic save)
+                st = entry.stat()
+                found.append(IterationInfo(path=str(entry), iteration=int(m.group(1)), size=st.st_size,
+                                           saved=st.st_mtime, complete=True, latest=False, kind="lightning"))
             continue
         target, kind, roles, iteration = None, "", (), None
         if m := _MEGATRON.match(entry.name):
@@ -517,6 +525,9 @@ def describe_root(root: str | Path, found: list[IterationInfo]) -> str:
     if kind == "nemo":
         where = f"newest complete: step {newest.label}" if newest else "no complete checkpoint"
         return f"NeMo 2.0 checkpoints dir (torch_dist weights/, {where})"
+    if kind == "lightning":
+        where = f"newest: {Path(newest.path).name}" if newest else "no checkpoint"
+        return f"PyTorch Lightning checkpoint dir (.ckpt files by step, {where})"
     steps = sum(1 for i in found if i.number is not None)
     if any(i.iteration == FINAL for i in found):
         return f"HF Trainer output dir (final model + {steps} checkpoint{'s' if steps != 1 else ''})"
