@@ -302,3 +302,28 @@ def test_hf_storage_shards_are_whole_tensors_as_torch_reads_them(hf_storage_shar
     assert check.returncode == 0, check.stdout + check.stderr
     # No config.json beside the pieces (torch writes none): one line asking for it, nothing written.
     assert merged.returncode == 2 and "--hf-config" in merged.stderr and not out.exists(), merged.stderr
+
+
+def test_the_dcp_tutorial_app_state_is_read_under_its_container(tmp_path):
+    """PyTorch's DCP recipe saves ``{"app": AppState}`` whose state_dict is ``{"model": ..., "optim": ...}``:
+    every key sat under ``app.``, so the model was not found (naming "other") and the optimizer's
+    tensors were counted as model parameters. Written here by ``dcp.save`` itself."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from tests.conftest import load_sample_module, run_cli
+
+    model = load_sample_module("make_trainer_samples").tiny_model(seed=5)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.arange(12).reshape(1, 12), labels=torch.arange(12).reshape(1, 12)).loss.backward()
+    optimizer.step()
+    dcp.save({"app": {"model": model.state_dict(), "optim": optimizer.state_dict()}}, checkpoint_id=str(tmp_path / "ckpt"))
+    data = json.loads(run_cli("inspect", "--json", str(tmp_path / "ckpt")).out)
+    roles = data["metadata"]["roles"]
+    assert roles["prefix"] == "app.model." and roles["naming"] == "hf" and not roles["unknown"]
+    assert data["metadata"]["num_params"] == sum(p.numel() for p in model.parameters())
+    assert roles["training_state"]["optimizer"]["tensors"] > 0
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "ref.safetensors"))
+    assert run_cli("diff", str(tmp_path / "ckpt"), str(tmp_path / "ref.safetensors")).code == 0

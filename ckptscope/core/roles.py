@@ -174,8 +174,13 @@ def split_entries(names: Iterable[str], groups: Mapping[str, str] | None = None)
     ``groups`` holds readers' own tags (stored name -> ``optimizer``) where they have them.
     """
     groups = groups or {}
+    names = list(names)
+    container = _app_container(names)
+    if container:
+        return _under(container, split_entries([n[len(container):] for n in names],
+                                               {k[len(container):]: v for k, v in groups.items()
+                                                if k.startswith(container)}))
     if not groups:
-        names = list(names)
         plain = _split_plain(names)
         if plain is not None:
             return plain
@@ -212,6 +217,36 @@ def split_entries(names: Iterable[str], groups: Mapping[str, str] | None = None)
             continue
         stored_names[model_name] = stored
     return split
+
+
+def _app_container(names: list[str]) -> str:
+    """``"app."`` when every name sits under one key that is itself no model or training root and
+    holds one (the DCP tutorial's ``{"app": AppState}`` whose ``state_dict`` is ``{"model": ...,
+    "optim": ...}``); else ``""``. Without it ``app.optim...`` was taken for model weights, and the
+    model was never found under ``app.model.``."""
+    if not names:
+        return ""
+    first = names[0].partition(".")[0]
+    if (not first or PEELABLE_WRAPPERS.match(first) or first in _TRAINING_ROOTS or first.startswith("chained_")):
+        return ""
+    container = first + "."
+    seconds = set()
+    for name in names:
+        if not name.startswith(container):
+            return ""
+        seconds.add(name[len(container):].partition(".")[0])
+    if any(PEELABLE_WRAPPERS.match(s) or s in _TRAINING_ROOTS for s in seconds):
+        return container
+    return ""
+
+
+def _under(container: str, inner: Split) -> Split:
+    """``inner`` (a split of the names without ``container``) with ``container`` put back."""
+    return Split(prefix=container + inner.prefix, naming=inner.naming,
+                 stored={model: container + stored for model, stored in inner.stored.items()},
+                 training={kind: [container + n for n in names] for kind, names in inner.training.items()},
+                 unknown=[container + n for n in inner.unknown],
+                 collisions=[(m, container + a, container + b) for m, a, b in inner.collisions])
 
 
 def _split_plain(names: list[str]) -> Split | None:
