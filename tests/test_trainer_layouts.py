@@ -482,6 +482,11 @@ def test_fsdp1_local_state_dict_is_refused_in_one_line(gen, tmp_path):
         assert "FSDP LOCAL_STATE_DICT" in result.err and "SHARDED_STATE_DICT" in result.err, result.err
         assert result.err.count("\n") == 1 and "Unpickling" not in result.err
     assert not (tmp_path / "out").exists()
+    # one rank's file alone, as a plain torch.save of the local state dict is named by hand
+    alone = tmp_path / "local_rank0.pt"
+    alone.write_bytes((save / "pytorch_model_fsdp_rank0.bin").read_bytes())
+    result = run_cli("inspect", str(alone))
+    assert result.code == 2 and "FSDP1 LOCAL_STATE_DICT" in result.err and result.err.count("\n") == 1, result.err
 
 
 def test_accelerate_save_model_of_a_tied_model_in_bin_shards(tmp_path, gen):

@@ -75,11 +75,16 @@ def read_torch_zip(path: Path, file: IO[bytes] | None = None, *,
         big_endian = False
         if f"{prefix}byteorder" in names:
             big_endian = archive.read(f"{prefix}byteorder").strip() == b"big"
+        data = archive.read(pkl)
         try:
-            obj = safe_loads(archive.read(pkl), extra_globals)
+            obj = safe_loads(data, extra_globals)
         except CkptError:
             raise
         except Exception as exc:  # any malformed pickle: report it, never execute it
+            if b"_flat_param" in data and b"ShardedTensor" in data:
+                raise CkptError("a torch FSDP1 LOCAL_STATE_DICT save (each rank's flattened parameters as "
+                                "ShardedTensors of _flat_param, no named weights), which ckptscope does not read; "
+                                "save with StateDictType.SHARDED_STATE_DICT or FULL_STATE_DICT", path) from None
             raise CkptError(f"cannot decode data.pkl: {type(exc).__name__}: {exc}", path) from None
         storages: dict[str, StoragePlacement] = {}
         raw = file if file is not None else None
