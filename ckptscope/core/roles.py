@@ -227,7 +227,8 @@ def _app_container(names: list[str]) -> str:
     if not names:
         return ""
     first = names[0].partition(".")[0]
-    if (not first or PEELABLE_WRAPPERS.match(first) or first in _TRAINING_ROOTS or first.startswith("chained_")):
+    if (not first or PEELABLE_WRAPPERS.match(first) or first in _TRAINING_ROOTS or first.startswith("chained_")
+            or first == "base_model"):  # PEFT's wrapper: adapters are told apart by their own reader
         return ""
     container = first + "."
     seconds = set()
