@@ -137,3 +137,65 @@ def test_gemma2_export_says_what_the_megatron_args_lack(tmp_path):
     assert result.code == 0, result.err
     warning = [line for line in result.err.splitlines() if line.startswith("warning: gemma2:")]
     assert len(warning) == 1 and "soft-capping" in warning[0] and "attention scale" in warning[0], result.err
+
+
+HF_SAMPLE = Path(__file__).resolve().parents[1] / "sample_ckpts" / "hf_llama_gqa"
+
+
+def _hf_config(tmp_path: Path, **changes) -> Path:
+    out = tmp_path / "hf_config"
+    out.mkdir()
+    config = json.loads((HF_SAMPLE / "config.json").read_text())
+    config.update(changes)
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize("args, config, said", [
+    ({"rotary_base": 500000}, {}, "rotary_base 500000"),
+    ({"norm_epsilon": 1e-3}, {}, "norm_epsilon 0.001"),
+    ({}, {"tie_word_embeddings": True}, "tie_word_embeddings True"),
+])
+def test_an_hf_config_that_disagrees_with_the_megatron_args_is_refused(tmp_path, args, config, said):
+    """``--hf-config`` (needed to strip a Megatron-LM run's vocabulary padding) used to win over the args:
+    a run trained with another RoPE base or norm epsilon, or untied, came out as the config's model
+    with exit 0 (a probe measured logits off by 0.005-4.5 against megatron-core)."""
+    src = _with_args(tmp_path, **args)
+    result = run_cli("convert", str(src), str(tmp_path / "hf"), "--to", "hf", "--hf-config",
+                     str(_hf_config(tmp_path, **config)))
+    assert result.code == 2 and said in result.err and "describes another model" in result.err, result.err
+    assert result.err.count("\n") == 1 and not (tmp_path / "hf").exists()
+
+
+def test_the_matching_hf_config_still_converts(tmp_path):
+    result = run_cli("convert", str(MCORE), str(tmp_path / "hf"), "--to", "hf", "--hf-config", str(HF_SAMPLE))
+    assert result.code == 0, result.err
+
+
+def test_a_trained_output_layer_is_not_dropped_for_a_tied_config(tmp_path):
+    """Args that say tied beside a stored output layer of its own (and a config that says tied): the
+    export dropped output_layer.weight (logits off 4.5). It differs from the embedding, so it is refused."""
+    src = _with_args(tmp_path, untie_embeddings_and_output_weights=False)
+    result = run_cli("convert", str(src), str(tmp_path / "hf"), "--to", "hf", "--hf-config",
+                     str(_hf_config(tmp_path, tie_word_embeddings=True)))
+    assert result.code == 2 and "output layer of its own" in result.err, result.err
+
+
+@pytest.mark.parametrize("changes, said", [({"moe_router_pre_softmax": True}, "moe_router_pre_softmax"),
+                                           ({"window_attn_skip_freq": None}, "every layer")])
+def test_gpt_oss_routing_and_window_args_are_checked_on_export(tmp_path, changes, said):
+    """A GPT-OSS Megatron save whose args route with the full softmax or slide every layer was exported
+    as GPT-OSS (logits off 0.3-2.7)."""
+    hf, _ = _tiny("GptOssForCausalLM", tmp_path, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=96, num_local_experts=4,
+                  num_experts_per_tok=2, sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+    mcore = tmp_path / "mcore"
+    assert run_cli("convert", str(hf), str(mcore), "--to", "mcore").code == 0
+    assert run_cli("convert", str(mcore), str(tmp_path / "back"), "--to", "hf").code == 0
+    common_file = iteration_dir(mcore) / "common.pt"
+    common = torch.load(common_file, weights_only=False)
+    for key, value in changes.items():
+        setattr(common["args"], key, value)
+    torch.save(common, common_file)
+    result = run_cli("convert", str(mcore), str(tmp_path / "hf2"), "--to", "hf")
+    assert result.code == 2 and said in result.err and "would not compute gpt_oss" in result.err, result.err

@@ -54,6 +54,8 @@ def _with_args(src, dst, **changes):
     ("mixtral", {"moe_apply_probs_on_input": True}, "weights the experts' input"),
     ("mixtral", {"moe_router_num_groups": 2, "moe_router_group_topk": 1}, "within 1 of 2 groups"),
     ("qwen2_moe", {"moe_shared_expert_gate": False}, "has no gate"),
+    ("mixtral", {"moe_router_load_balancing_type": "sinkhorn"}, "sinkhorn"),
+    ("qwen2_moe", {"moe_router_load_balancing_type": "sinkhorn"}, "sinkhorn"),
 ])
 def test_routing_an_hf_moe_cannot_spell_is_refused(mcore_of, tmp_path, kind, changes, reason):
     src = _with_args(mcore_of[kind], tmp_path / "src", **changes)

@@ -121,7 +121,8 @@ MEGATRON_FACT_KEYS = ("softmax_type", "glu_linear_offset", "activation_func_clam
                       "position_embedding_type", "rotary_interleaved", "qk_l2_norm", "no_rope_freq",
                       "moe_layer_freq", "moe_apply_probs_on_input", "moe_router_score_function", "rotary_percent",
                       "moe_router_topk_scaling_factor", "moe_router_enable_expert_bias", "moe_shared_expert_gate",
-                      "moe_router_pre_softmax", "moe_router_num_groups", "moe_router_group_topk", "softmax_scale")
+                      "moe_router_pre_softmax", "moe_router_num_groups", "moe_router_group_topk", "softmax_scale",
+                      "moe_router_load_balancing_type")
 """Megatron args that decide what a layer computes beyond the tensors (kept in ``megatron_facts``)."""
 MEGATRON_ARGS_HOOKS: dict[str, Callable[[ModelConfig, dict[str, Any]], None]] = {}
 """Arch -> edits of the Megatron args ``to_megatron_args`` writes (the arch's activation, attention)."""
@@ -356,6 +357,64 @@ def from_megatron_args(args: dict[str, Any]) -> ModelConfig:
         rope_scaling=_rope.scaling_of(extra) if extra and _rope.hf_rope(extra) else None,
         megatron_rope=_rope.from_megatron_args(args),
     )
+
+
+_AGREEING_FIELDS = (("rope_theta", "rope_theta", "rotary_base"), ("norm_epsilon", "rms_norm_eps", "norm_epsilon"),
+                    ("moe_router_topk", "num_experts_per_tok", "moe_router_topk"),
+                    ("norm_topk_prob", "norm_topk_prob", "not moe_router_pre_softmax"),
+                    ("tie_word_embeddings", "tie_word_embeddings", "not untie_embeddings_and_output_weights"),
+                    ("num_experts", "the expert count", "num_experts"),
+                    ("moe_ffn_hidden_size", "moe_intermediate_size", "moe_ffn_hidden_size"),
+                    ("shared_expert_ffn_hidden_size", "the shared expert's size", "moe_shared_expert_intermediate_size"),
+                    ("head_dim", "head_dim", "kv_channels"))
+"""(ModelConfig field, its HF spelling, its Megatron spelling) that an HF config and the Megatron args
+both state, and must state alike for the export to compute the trained model."""
+_AGREEING_FACTS = (("moe_router_topk_scaling_factor", "routed_scaling_factor", 1.0),
+                   ("moe_router_num_groups", "n_group", None), ("moe_router_group_topk", "topk_group", None))
+"""(Megatron arg, HF key, Megatron's default when the args lack it) of DeepSeek-style routing."""
+
+
+def hf_config_conflicts(args_cfg: ModelConfig, hf_config: dict[str, Any]) -> list[str]:
+    """Where ``hf_config`` (``--hf-config``, or the one a Megatron save carries) says another model than
+    the Megatron args, one line each. The HF config's values are what the export writes, so a run
+    trained with another RoPE base, norm epsilon, top-k or scaling would come out another model with
+    exit 0 (a probe measured logits off by 0.005-2.6)."""
+    hf = from_hf_config(hf_config)
+    problems = []
+    for name, hf_name, megatron_name in _AGREEING_FIELDS:
+        if name == "head_dim" and hf.arch in MLA_ARCHS:
+            continue  # MLA's heads are q/k/v dims of their own (checked by the MLA mapping)
+        ours, theirs = getattr(args_cfg, name), getattr(hf, name)
+        if ours is None or theirs is None:
+            continue
+        same = (math.isclose(float(ours), float(theirs), rel_tol=1e-9)
+                if isinstance(ours, float) or isinstance(theirs, float) else ours == theirs)
+        if not same:
+            problems.append(f"{hf_name} {theirs!r} where the Megatron args say {megatron_name} {ours!r}")
+    facts = args_cfg.megatron_facts or {}
+    if hf.arch and not _carries_own_window(hf.arch):  # (Gemma and GPT-OSS carry their own activation)
+        act = megatron_activation(args_cfg) if "swiglu" in facts else None
+        if act is not None and hf.hidden_act is not None and act != hf.hidden_act:
+            problems.append(f"hidden_act {hf.hidden_act!r} where the Megatron args compute {act} "
+                            f"(swiglu={facts.get('swiglu')})")
+    text = hf_config.get("text_config") if isinstance(hf_config.get("text_config"), dict) else hf_config
+    if (hf.arch in MLA_ARCHS or hf.arch == "glm4_moe") and hf.is_moe:
+        for key, hf_key, default in _AGREEING_FACTS:
+            ours, theirs = facts.get(key, default), text.get(hf_key)
+            if ours is None or theirs is None:
+                continue
+            if not math.isclose(float(ours), float(theirs), rel_tol=1e-9):
+                problems.append(f"{hf_key} {theirs!r} where the Megatron args say {key} {ours!r}")
+        score = facts.get("moe_router_score_function")
+        if score not in (None, "sigmoid"):
+            problems.append(f"a sigmoid router where the Megatron args say moe_router_score_function {score!r}")
+    window = facts.get("window_size")
+    sliding = text.get("sliding_window")
+    if hf.arch == "gpt_oss" and isinstance(window, (list, tuple)) and len(window) == 2 and isinstance(sliding, int):
+        if window[0] + 1 != sliding:
+            problems.append(f"sliding_window {sliding} where the Megatron args say window_size {list(window)} "
+                            f"(a window of {window[0] + 1})")
+    return problems
 
 
 def padded_vocab(vocab: int, divisible_by: int = 128, tp: int = 1) -> int:
@@ -624,6 +683,11 @@ def _llama_moe_problems(cfg: ModelConfig, arch: str) -> list[str]:
                         f"(moe_router_num_groups / moe_router_group_topk), {arch}'s routes over every expert")
     if facts.get("moe_router_enable_expert_bias"):
         problems.append(f"its router adds a per-expert bias (moe_router_enable_expert_bias), which {arch} has not")
+    if facts.get("moe_router_load_balancing_type") == "sinkhorn":
+        # megatron-core's sinkhorn router weights experts by the plain softmax (sigmoid at top-1), never
+        # renormalised, whatever moe_router_pre_softmax says (logits off 0.15-1.2 in a probe)
+        problems.append(f"its router is sinkhorn-balanced (moe_router_load_balancing_type), whose weights {arch}'s "
+                        f"softmax router does not compute")
     scaling = facts.get("moe_router_topk_scaling_factor")
     if scaling not in (None, 1, 1.0):
         problems.append(f"its routing weights are scaled by {scaling} (moe_router_topk_scaling_factor), which "

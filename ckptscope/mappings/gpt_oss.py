@@ -181,7 +181,14 @@ def _megatron_problems(cfg) -> list[str]:
               ("quick_geglu", True, "the gate is x * sigmoid(1.702 x)"),
               ("glu_linear_offset", 1.0, "GPT-OSS computes (up + 1)"),
               ("activation_func_clamp_value", limit, f"GPT-OSS clamps at swiglu_limit={limit}"))
-    return fact_problems(cfg, wanted)
+    problems = fact_problems(cfg, wanted)
+    facts = cfg.megatron_facts or {}
+    if facts.get("moe_router_pre_softmax"):
+        problems.append("its Megatron args say moe_router_pre_softmax (GPT-OSS takes the softmax over the top-k only)")
+    if facts.get("window_size") is not None and facts.get("window_attn_skip_freq") in (None, 1):
+        problems.append("its Megatron args slide the window on every layer (no window_attn_skip_freq); GPT-OSS "
+                        "alternates sliding and full attention")
+    return problems
 
 
 def register() -> None:

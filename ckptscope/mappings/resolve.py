@@ -70,6 +70,20 @@ def config_from_index(index: CheckpointIndex) -> ModelConfig:
     return hf_cfg.merged(mc_cfg)
 
 
+def megatron_config_from_index(index: CheckpointIndex) -> ModelConfig | None:
+    """What the Megatron args (or Megatron-Bridge's ``run_config.yaml``) alone say of the model, or None
+    when the save carries neither: the side an HF config given beside it must agree with."""
+    for obj in index.objects:
+        value = obj.value
+        if not isinstance(value, dict):
+            continue
+        if value.get("__class__", "").endswith("Namespace") and "num_layers" in value:
+            return from_megatron_args(value)
+        if obj.name == "run_config" and is_run_config(value):
+            return from_run_config(value)
+    return None
+
+
 def config_from_names(tensors: Mapping[str, TensorShape]) -> ModelConfig:
     """What the tensor names and shapes alone imply (layers, hidden size, HF vocabulary)."""
     layers = set()

@@ -29,6 +29,7 @@ from ckptscope.mappings.config import (
     ZERO_CENTRED_NORM,
     ModelConfig,
     from_hf_config,
+    hf_config_conflicts,
     hf_export_problems,
     hf_shape_problems,
     padded_vocab,
@@ -44,6 +45,7 @@ from ckptscope.mappings.resolve import (
     config_from_index,
     config_from_names,
     detect_arch,
+    megatron_config_from_index,
     naming_family,
     shapes_of,
 )
@@ -296,6 +298,40 @@ def _check_sizes(cfg: ModelConfig, src: Path) -> None:
 _METADATA_SUFFIXES = (".yaml", ".yml", ".json", ".txt")
 
 
+def _same_values(reader: CheckpointReader, entries: ModelEntries, a: str, b: str) -> bool:
+    """Whether model tensors ``a`` and ``b`` hold the same bytes, read in blocks of rows (~64 MB): a
+    Megatron save stores ``output_layer.weight`` beside tied word embeddings only as their copy (the
+    last pipeline stage's), and one that differs is an untied model whatever the config says."""
+    meta_a, meta_b = entries.tensors.get(a), entries.tensors.get(b)
+    if meta_a is None or meta_b is None:
+        return meta_a is None  # nothing stored apart: nothing to lose
+    if meta_a.shape != meta_b.shape or meta_a.dtype != meta_b.dtype:
+        return False
+    if not meta_a.shape:
+        return reader.read(entries.stored[a]).tobytes() == reader.read(entries.stored[b]).tobytes()
+    rows = meta_a.shape[0]
+    step = max(1, (64 << 20) // max(1, meta_a.nbytes // max(1, rows)))
+    for lo in range(0, rows, step):
+        region = (slice(lo, min(rows, lo + step)),)
+        if reader.read(entries.stored[a], region).tobytes() != reader.read(entries.stored[b], region).tobytes():
+            return False
+    return True
+
+
+def _agrees_with_the_args(index: CheckpointIndex, hf_config: dict[str, Any], source: str, src: Path) -> None:
+    """An HF config that describes another model than the Megatron args is refused: its values are the
+    ones the export writes (RoPE base, norm epsilon, routing, tied head), so the trained model would
+    come out another with exit 0."""
+    args_cfg = megatron_config_from_index(index)
+    if args_cfg is None:
+        return
+    conflicts = hf_config_conflicts(args_cfg, hf_config)
+    if conflicts:
+        raise CkptError(f"{source} describes another model than this checkpoint's Megatron args: "
+                        f"{'; '.join(conflicts)}. The export would compute the config's model, not the trained "
+                        f"one: fix the config", src)
+
+
 def _refuse_damage(index: CheckpointIndex, entries: ModelEntries, src: Path) -> None:
     """A damaged model is not exported: readers index what is there (a missing HF shard's tensors are
     absent, a missing Megatron rank's shards read as zeros, for inspect and check to show), and an
@@ -434,10 +470,19 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
             else:
                 raise CkptError("the source has no HF config.json and no Megatron args to derive one from; "
                                 "pass --hf-config DIR")
+        if family == "mcore":
+            _agrees_with_the_args(index, hf_cfg_dict, "--hf-config" if hf_config else "the HF config it carries",
+                                  src_path)
         recipes = dict(view.recipes)
         dropped = list(split_dropped)
         tied = bool(hf_cfg_dict.get("tie_word_embeddings", cfg.tie_word_embeddings))
         if tied and "lm_head.weight" in recipes:
+            if family == "mcore" and not _same_values(reader, entries, "output_layer.weight",
+                                                      "embedding.word_embeddings.weight"):
+                raise CkptError("the config ties lm_head to the embedding, but this Megatron model stores an "
+                                "output layer of its own (output_layer.weight differs from the word embeddings): "
+                                "the export would drop the trained output layer; set tie_word_embeddings false",
+                                src_path)
             del recipes["lm_head.weight"]  # P7c: both keys written and transformers refuses to re-tie
             dropped.append("lm_head.weight")
             notes.append("tied embeddings: lm_head.weight not written (it is model.embed_tokens.weight)")
