@@ -36,8 +36,10 @@ def driver(*keys: str, pause_after_typing: bool = False):
             if key == "enter" or pause_after_typing:
                 await pilot.pause(0.25)
             await settle(pilot, rounds=1)
+            # every key's work (the detail of the tensor moved to, the value page) finished before the
+            # next key: under a loaded run a key pressed meanwhile was lost and the picture differed
+            await workers_done(pilot)
             if key == "v":
-                await workers_done(pilot)
                 await settle(pilot)
         for _ in range(2):  # the filter's typing delay, then its worker (twice: a loaded CI machine is slow)
             await pilot.pause(0.3)
