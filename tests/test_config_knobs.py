@@ -199,3 +199,23 @@ def test_gpt_oss_routing_and_window_args_are_checked_on_export(tmp_path, changes
     torch.save(common, common_file)
     result = run_cli("convert", str(mcore), str(tmp_path / "hf2"), "--to", "hf")
     assert result.code == 2 and said in result.err and "would not compute gpt_oss" in result.err, result.err
+
+
+@pytest.mark.parametrize("changes, said", [({"num_experts": 8}, "4 experts per layer"),
+                                           ({"moe_ffn_hidden_size": 24}, "config.json implies [24, 32]")])
+def test_megatron_expert_args_that_contradict_the_tensors_are_refused(tmp_path, changes, said):
+    """The config derived from Megatron args that state another expert count or size than the stored
+    experts loaded in transformers with mismatched (or randomly initialised) experts, exit 0."""
+    hf, _ = _tiny("Qwen3MoeForCausalLM", tmp_path, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=96,
+                  num_experts=4, num_experts_per_tok=2)
+    mcore = tmp_path / "mcore"
+    assert run_cli("convert", str(hf), str(mcore), "--to", "mcore").code == 0
+    common_file = iteration_dir(mcore) / "common.pt"
+    common = torch.load(common_file, weights_only=False)
+    for key, value in changes.items():
+        setattr(common["args"], key, value)
+    common["args"].hf_config_extra = None  # as a Megatron-LM run records them: no HF keys beside the args
+    torch.save(common, common_file)
+    result = run_cli("convert", str(mcore), str(tmp_path / "back"), "--to", "hf", "--arch", "qwen3_moe")
+    assert result.code == 2 and said in result.err and "do not fit" in result.err, result.err

@@ -827,6 +827,8 @@ def hf_shape_problems(hf_config: dict[str, Any], shapes: dict[str, tuple[int, ..
                 if None not in expected and tuple(expected) != tuple(shape) and suffix not in problems:
                     problems[suffix] = (f"{name} is {list(shape)} but config.json implies {list(expected)}")
                 break
+    if cfg.is_moe:
+        problems.update(_expert_shape_problems(cfg, shapes))
     layers = {int(m.group(1)) for name in shapes if (m := _HF_DECODER_LAYER.match(name))}
     mtp = int(hf_config.get("num_nextn_predict_layers") or 0)  # DeepSeek's MTP layers follow the decoder's
     if layers and cfg.num_layers and not set(range(cfg.num_layers)) <= layers <= set(range(cfg.num_layers + mtp)):
@@ -838,6 +840,39 @@ def hf_shape_problems(hf_config: dict[str, Any], shapes: dict[str, tuple[int, ..
 
 
 _HF_DECODER_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+_HF_EXPERT = re.compile(r"\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|w1|w3|down_proj|w2)\.weight$")
+_HF_SHARED = re.compile(r"\.mlp\.shared_experts?\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def _expert_shape_problems(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
+    """Per-expert and shared-expert weights (HF's per-expert names) against the expert count and sizes
+    the config implies: Megatron args that disagree with the stored experts gave a config.json that
+    transformers loads with mismatched sizes (a probe: an expert size or count that the tensors have not)."""
+    problems: dict[str, str] = {}
+    hidden, size = cfg.hidden_size, cfg.moe_ffn_hidden_size
+    counted = -1
+    for name, shape in shapes.items():
+        if m := _HF_EXPERT.search(name):
+            expert, kind = int(m.group(1)), m.group(2)
+            counted = max(counted, expert)
+            if cfg.num_experts is not None and expert >= cfg.num_experts and "experts" not in problems:
+                problems["experts"] = f"{name} is expert {expert} but config.json implies {cfg.num_experts} experts"
+            down = kind in ("down_proj", "w2")
+            expected = (hidden, size) if down else (size, hidden)
+            key = f"experts.{'down' if down else 'in'}"
+        elif m := _HF_SHARED.search(name):
+            down = m.group(1) == "down_proj"
+            size_shared = cfg.shared_expert_ffn_hidden_size
+            expected = (hidden, size_shared) if down else (size_shared, hidden)
+            key = f"shared.{'down' if down else 'in'}"
+        else:
+            continue
+        if None not in expected and tuple(expected) != tuple(shape) and key not in problems:
+            problems[key] = f"{name} is {list(shape)} but config.json implies {list(expected)}"
+    if counted >= 0 and cfg.num_experts is not None and counted + 1 < cfg.num_experts and "experts" not in problems:
+        # the experts past the stored ones would be initialised at random by transformers
+        problems["experts"] = f"the tensors hold {counted + 1} experts per layer but config.json implies {cfg.num_experts}"
+    return problems
 
 
 def _ranges(values: list[int]) -> str:
