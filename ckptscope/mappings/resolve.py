@@ -53,35 +53,36 @@ def config_from_index(index: CheckpointIndex) -> ModelConfig:
     ``huggingface/``) first, then Megatron ``args`` (or Megatron-Bridge's ``run_config.yaml``), then what
     tensor shapes imply."""
     hf_cfg = ModelConfig()
-    mc_cfg = ModelConfig()
     for obj in index.objects:
         value = obj.value
-        if not isinstance(value, dict):
-            continue
-        if "model_type" in value and ("hidden_size" in value or "text_config" in value) and hf_cfg.hidden_size is None:
+        if isinstance(value, dict) and _is_hf_config(value) and hf_cfg.hidden_size is None:
             hf_cfg = from_hf_config(value)
-        elif value.get("__class__", "").endswith("Namespace") and "num_layers" in value and mc_cfg.hidden_size is None:
-            mc_cfg = from_megatron_args(value)
-        elif obj.name == "run_config" and is_run_config(value) and mc_cfg.hidden_size is None:
-            mc_cfg = from_run_config(value)  # Megatron-Bridge: the model section of run_config.yaml
     for key in ("hf_config", "huggingface_config"):
         if isinstance(index.metadata.get(key), dict) and hf_cfg.hidden_size is None:
             hf_cfg = from_hf_config(index.metadata[key])
-    return hf_cfg.merged(mc_cfg)
+    return hf_cfg.merged(megatron_config_from_index(index) or ModelConfig())
+
+
+def _is_hf_config(value: dict) -> bool:
+    return "model_type" in value and ("hidden_size" in value or "text_config" in value)
 
 
 def megatron_config_from_index(index: CheckpointIndex) -> ModelConfig | None:
     """What the Megatron args (or Megatron-Bridge's ``run_config.yaml``) alone say of the model, or None
-    when the save carries neither: the side an HF config given beside it must agree with."""
+    when the save carries neither: the side an HF config given beside it must agree with. The first
+    that states a hidden size wins."""
+    found: ModelConfig | None = None
     for obj in index.objects:
         value = obj.value
-        if not isinstance(value, dict):
+        if not isinstance(value, dict) or _is_hf_config(value):
             continue
         if value.get("__class__", "").endswith("Namespace") and "num_layers" in value:
-            return from_megatron_args(value)
-        if obj.name == "run_config" and is_run_config(value):
-            return from_run_config(value)
-    return None
+            found = from_megatron_args(value)
+        elif obj.name == "run_config" and is_run_config(value):
+            found = from_run_config(value)  # Megatron-Bridge: the model section of run_config.yaml
+        if found is not None and found.hidden_size is not None:
+            return found
+    return found
 
 
 def config_from_names(tensors: Mapping[str, TensorShape]) -> ModelConfig:

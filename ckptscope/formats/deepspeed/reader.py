@@ -44,7 +44,6 @@ naming it. Tensor-parallel saves (``mp_rank_01``...) are not assembled: rank 00 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field, replace
@@ -56,6 +55,7 @@ from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
 from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
 from ckptscope.formats.base import CheckpointReader, Region
+from ckptscope.formats.hf.side_files import load_json
 from ckptscope.formats.pickles.safe import PickleStub, TensorRef, to_plain, type_name
 from ckptscope.formats.pickles.torch_file import (
     StoragePlacement,
@@ -283,12 +283,12 @@ def _add_trainer_config(index: CheckpointIndex, save_dir: Path, prefix: str) -> 
     all that says what the reassembled model is (convert and merge need it). Listed as a file when the
     save dir itself was opened; a config.json that is not a model config is left alone."""
     path = save_dir / "config.json"
+    if not path.is_file():
+        return
     try:
-        if not path.is_file():
-            return
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        index.warnings.append(f"{path.name} beside the DeepSpeed save: unreadable ({exc}); not used")
+        config = load_json(path)
+    except CkptError as exc:
+        index.warnings.append(f"{path.name} beside the DeepSpeed save: {exc.problem}; not used")
         return
     if not isinstance(config, dict) or "model_type" not in config:
         return

@@ -196,11 +196,8 @@ def _parse(path: Path) -> _Parsed:
 
 def _byte_span(ref: TensorRef) -> tuple[int, int]:
     """Bytes of its storage a tensor reads: from its first element to one past its last."""
-    size = max(1, ref.dtype.bits // 8)
-    if not ref.numel:
-        return 0, 0
-    last = ref.storage_offset + sum((n - 1) * st for n, st in zip(ref.shape, ref.stride))
-    return ref.storage_offset * size, (last + 1) * size
+    start = ref.storage_offset * ref.dtype.itemsize
+    return start, start + ref.span_elements * ref.dtype.itemsize
 
 
 def _tensor_refs(obj: Any) -> list[TensorRef]:
