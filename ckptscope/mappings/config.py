@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from ckptscope.core.errors import CkptError
+from ckptscope.mappings import hf_layout as _hf_layout
 from ckptscope.mappings import rope as _rope
 from ckptscope.mappings import window as _window
 from ckptscope.mappings.window import effective_window
@@ -131,6 +132,8 @@ HF_READ_HOOKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 EXPORT_NOTES: dict[str, Callable[[ModelConfig], list[str]]] = {"gemma2": _gemma_export_notes,
                                                                 "gemma3": _gemma_export_notes}
 """Arch -> what a Megatron-Core export cannot carry (said in the convert notes and after the export)."""
+HF_EXPORT_NOTES: dict[str, Callable[[ModelConfig], list[str]]] = {}
+"""Arch -> what an HF export of a Megatron model computes otherwise (said as ``EXPORT_NOTES`` are)."""
 HF_CONFIG_HOOKS: dict[str, Callable[[ModelConfig, dict[str, Any]], None]] = {}
 """Arch -> edits of the config.json ``to_hf_config`` derives."""
 MEGATRON_CHECKS: dict[str, Callable[[ModelConfig], list[str]]] = {}
@@ -829,12 +832,15 @@ def hf_shape_problems(hf_config: dict[str, Any], shapes: dict[str, tuple[int, ..
                 break
     if cfg.is_moe:
         problems.update(_expert_shape_problems(cfg, shapes))
+    text = hf_config.get("text_config") if isinstance(hf_config.get("text_config"), dict) else hf_config
+    problems.update(_hf_layout.layout_problems(cfg.arch, text, cfg.num_layers, cfg.hidden_size,
+                                               cfg.num_attention_heads, cfg.head_dim, shapes))
     layers = {int(m.group(1)) for name in shapes if (m := _HF_DECODER_LAYER.match(name))}
     mtp = int(hf_config.get("num_nextn_predict_layers") or 0)  # DeepSeek's MTP layers follow the decoder's
     if layers and cfg.num_layers and not set(range(cfg.num_layers)) <= layers <= set(range(cfg.num_layers + mtp)):
         # A pipeline stage's share (Megatron's stage-local layer keys collide across stages in one
         # DCP save) would load with the missing layers silently re-initialised.
-        problems["layers"] = (f"the tensors hold decoder layers {_ranges(sorted(layers))} but config.json "
+        problems["layers"] = (f"the tensors hold decoder layers {_hf_layout.ranges(layers)} but config.json "
                               f"implies {cfg.num_layers} (0-{cfg.num_layers - 1})")
     return list(problems.values())
 
@@ -873,17 +879,6 @@ def _expert_shape_problems(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]])
         # the experts past the stored ones would be initialised at random by transformers
         problems["experts"] = f"the tensors hold {counted + 1} experts per layer but config.json implies {cfg.num_experts}"
     return problems
-
-
-def _ranges(values: list[int]) -> str:
-    """``0-3, 7`` for [0, 1, 2, 3, 7]."""
-    out: list[str] = []
-    for value in values:
-        if out and value == int(out[-1].rsplit("-", 1)[-1]) + 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{value}"
-        else:
-            out.append(str(value))
-    return ", ".join(out)
 
 
 def set_config_dtype(config: dict[str, Any], dtype: str) -> None:

@@ -36,6 +36,7 @@ Megatron-Bridge ``src/megatron/bridge/models/deepseek/common.py``; transformers
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import replace
@@ -273,12 +274,30 @@ def finish_hf_config(cfg: _config.ModelConfig, out: dict) -> None:
     out["model_type"] = (cfg.hf_extra or {}).get("model_type") or ARCH
 
 
+TRANSFORMERS_LATENT_EPS = 1e-6
+"""transformers builds ``q_a_layernorm`` / ``kv_a_layernorm`` with its RMSNorm's default eps, whatever
+``rms_norm_eps`` says; megatron-core's MLA uses ``layernorm_epsilon`` for them as for every other norm."""
+
+
+def latent_eps_notes(cfg: _config.ModelConfig) -> list[str]:
+    """Say when the two sides' latent norms differ: a model whose norm epsilon is not 1e-6 computes (slightly)
+    otherwise in transformers than in megatron-core, in both directions; no args or config key can say it."""
+    eps = cfg.norm_epsilon
+    if eps is None or math.isclose(float(eps), TRANSFORMERS_LATENT_EPS, rel_tol=1e-9):
+        return []
+    return [f"deepseek_v3: transformers computes the latent norms (q_a_layernorm, kv_a_layernorm) with eps "
+            f"{TRANSFORMERS_LATENT_EPS:g}, megatron-core with the model's norm epsilon {float(eps):g}; the two "
+            f"models differ slightly there (no config key or Megatron arg can say it)"]
+
+
 _config.ARCH_BY_MODEL_TYPE.setdefault(ARCH, ARCH)
 _config.ARCH_BY_MODEL_TYPE.setdefault("kimi_k2", ARCH)  # Kimi-K2: DeepseekV3ForCausalLM weights, own model_type
 _config.HF_CLASS_BY_ARCH.setdefault(ARCH, "DeepseekV3ForCausalLM")
 _config.HF_EXTRA_KEYS.setdefault(ARCH, HF_KEYS)
 _config.MEGATRON_ARGS_HOOKS[ARCH] = edit_megatron_args
 _config.HF_CONFIG_HOOKS[ARCH] = finish_hf_config
+_config.EXPORT_NOTES.setdefault(ARCH, latent_eps_notes)
+_config.HF_EXPORT_NOTES.setdefault(ARCH, latent_eps_notes)
 _config.MLA_ARCHS.add(ARCH)
 _config.MTP_ARCHS.add(ARCH)
 _config.ARCH_FACTS[ARCH] = [

@@ -24,6 +24,7 @@ from ckptscope.formats.hf.quantization import unhandled_quantization
 from ckptscope.formats.registry import open_checkpoint
 from ckptscope.mappings.config import (
     EXPORT_NOTES,
+    HF_EXPORT_NOTES,
     MEGATRON_CHECKS,
     MLA_ARCHS,
     ZERO_CENTRED_NORM,
@@ -510,8 +511,11 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
             notes += kept_notes
         recipes = entries.to_stored(recipes)
         out = [OutputTensor(n, r.shape, r.dtype if dtype == "keep" else dtype, r) for n, r in recipes.items()]
+        caveats = (HF_EXPORT_NOTES[view.arch](from_hf_config(hf_cfg_dict))
+                   if family == "mcore" and view.arch in HF_EXPORT_NOTES else [])
         plan = ConvertPlan(str(src), str(dst), "hf", reader, out, cfg, view.arch, hf_config=hf_cfg_dict,
-                           iteration=iteration, notes=notes + view_notes(view), dropped=dropped + view.ignored)
+                           iteration=iteration, notes=notes + caveats + view_notes(view), caveats=caveats,
+                           dropped=dropped + view.ignored)
         plan.shards = _shard(out, parse_size(max_shard_size))
         plan.copies = _copies(src_path, index, Path(hf_config) if hf_config else None)
         return plan
