@@ -77,3 +77,28 @@ def test_tree_is_freed_without_the_cyclic_collector():
     finally:
         if was:
             gc.enable()
+
+
+def test_tied_weights_in_a_torch_save_count_once_in_the_tree_and_the_byte_totals(tmp_path):
+    """A tied model's state dict saved with torch.save holds the embedding twice on one storage: the tree's
+    totals said twice the parameters the summary line (and ``model.parameters()``) counts."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from ckptscope.ops.inspect import inspect_checkpoint
+
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    state = model.state_dict()
+    assert state["lm_head.weight"].data_ptr() == state["model.embed_tokens.weight"].data_ptr()
+    torch.save(state, tmp_path / "tied.bin")
+    truth = sum(p.numel() for p in model.parameters())  # tied: counted once
+    stored = sum(t.untyped_storage().nbytes() for n, t in state.items() if n != "lm_head.weight")
+
+    report = inspect_checkpoint(tmp_path / "tied.bin")
+    tree = report.tree()
+    assert report.entries.num_params == tree.num_params == truth
+    assert report.index.total_bytes == tree.nbytes == stored
+    assert find(tree, "lm_head").num_params == find(find(tree, "model"), "embed_tokens").num_params == 96 * 16

@@ -85,6 +85,25 @@ def bytes_by_dtype(metas: Iterable[TensorMeta]) -> dict[str, int]:
     return dict(counts.most_common())
 
 
+def storage_aliases(metas: Iterable[TensorMeta]) -> dict[str, str]:
+    """Stored name -> the earlier tensor whose bytes it shares (``shares_storage_with``: tied embeddings
+    in a ``torch.save`` file), in the order given. The one rule by which parameters, bytes and an HF index's
+    ``total_size`` count such a pair once, as ``sum(p.numel() for p in model.parameters())`` does."""
+    metas = list(metas)
+    if not any(map(_attrs_of, metas)):  # most checkpoints: one C-level pass
+        return {}
+    seen: set[str] = set()
+    aliases: dict[str, str] = {}
+    for meta in metas:
+        sharers = meta.attr("shares_storage_with") if meta.attrs else None
+        earlier = next((o for o in sharers.split(",") if o in seen), None) if sharers else None
+        if earlier is None:
+            seen.add(meta.name)
+        else:
+            aliases[meta.name] = earlier
+    return aliases
+
+
 def count_elements(metas: Iterable[TensorMeta]) -> int:
     """Elements of all ``metas`` together (``sum(t.numel for t in metas)``, without a property call per tensor)."""
     return sum(map(math.prod, map(_shape_of, metas)))
@@ -143,8 +162,11 @@ class CheckpointIndex:
         return sum(self.bytes_per_dtype().values())
 
     def bytes_per_dtype(self) -> dict[str, int]:
-        """Bytes per dtype, largest first (see ``bytes_by_dtype``)."""
-        return bytes_by_dtype(self.tensors.values())
+        """Bytes per dtype, largest first (see ``bytes_by_dtype``); bytes two tensors share count once."""
+        aliases = storage_aliases(self.tensors.values())
+        if not aliases:
+            return bytes_by_dtype(self.tensors.values())
+        return bytes_by_dtype(t for n, t in self.tensors.items() if n not in aliases)
 
     def view_meta(self, name: str) -> TensorMeta:
         """The ``TensorMeta`` of a per-layer view: the stored tensor without its leading axis.

@@ -13,7 +13,7 @@ import operator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from ckptscope.core.index import CheckpointIndex, bytes_by_dtype, count_elements
+from ckptscope.core.index import CheckpointIndex, bytes_by_dtype, count_elements, storage_aliases
 from ckptscope.core.roles import MODEL, TRAINING_KINDS, UNKNOWN, Split, split_entries, strip_infix_wrappers
 from ckptscope.core.tensor import TensorMeta
 
@@ -53,21 +53,10 @@ class ModelEntries:
         return sum(bytes_by_dtype(self.unique_tensors()).values())
 
     def unique_tensors(self) -> list[TensorMeta]:
-        if not any(map(_attrs_of, self.tensors.values())):  # no storage shared: every tensor counts
+        aliases = storage_aliases(self.tensors.values())
+        if not aliases:  # no storage shared: every tensor counts
             return list(self.tensors.values())
-        seen: set[str] = set()
-        out = []
-        for name, meta in self.tensors.items():
-            if not meta.attrs:
-                out.append(meta)
-                continue
-            stored = self.stored[name]
-            sharers = meta.attr("shares_storage_with")
-            if sharers and any(other in seen for other in sharers.split(",")):
-                continue
-            seen.add(stored)
-            out.append(meta)
-        return out
+        return [meta for meta in self.tensors.values() if meta.name not in aliases]
 
     def training_tensors(self) -> dict[str, TensorMeta]:
         """Every training-state tensor by stored name (what ``diff --training-state`` adds)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from ckptscope.core.index import storage_aliases
 from ckptscope.core.names import natural_key
 from ckptscope.core.tensor import TensorMeta
 
@@ -113,6 +114,7 @@ def build_tree(tensors: Iterable[TensorMeta], *, collapse: bool = True, root_lab
     parents: dict[str, _Trie] = {}
     """Module path -> its node: a tensor finds its parent with one look-up instead of walking every
     level from the root (100,000 tensors of eight levels, issue 15)."""
+    tensors = list(tensors)
     for meta in tensors:
         parent_path, dot, part = meta.name.rpartition(".")
         parent = (parents.get(parent_path) or _node_at(parent_path, root, parents)) if dot else root
@@ -121,7 +123,30 @@ def build_tree(tensors: Iterable[TensorMeta], *, collapse: bool = True, root_lab
             node = parent.children[part] = _Trie(shapes)
         node.tensor = meta
     _sum_totals(root)
+    aliases = storage_aliases(tensors)
+    if aliases:
+        _count_shared_once(root, tensors, aliases)
     return _node(root, root_label, "", collapse)
+
+
+def _count_shared_once(root: _Trie, tensors: list[TensorMeta], aliases: dict[str, str]) -> None:
+    """A tensor stored on another's storage (tied embeddings in a ``torch.save`` file) counts once in every
+    module holding both, as ``inspect``'s parameter count does (``storage_aliases``): the later of the two
+    is taken off the totals of their common ancestors. Each leaf still shows its own size."""
+    for meta in tensors:
+        earlier = aliases.get(meta.name)
+        if earlier is None:
+            continue
+        mine, theirs = meta.name.split(".")[:-1], earlier.split(".")[:-1]
+        common = 0
+        while common < min(len(mine), len(theirs)) and mine[common] == theirs[common]:
+            common += 1
+        node = root
+        for depth in range(common + 1):
+            if depth:
+                node = node.children[mine[depth - 1]]
+            node.params -= meta.numel
+            node.nbytes -= meta.nbytes
 
 
 def _node_at(path: str, root: _Trie, parents: dict[str, _Trie]) -> _Trie:

@@ -278,20 +278,11 @@ class HFDirReader(CheckpointReader):
     @staticmethod
     def _check_total_size(index: CheckpointIndex, meta: dict[str, Any], index_file: Path) -> None:
         declared = meta.get("total_size")
-        if not isinstance(declared, int) or declared == index.total_bytes:
-            return
-        # A tied weight is one storage in a .bin shard, saved (and counted by the writer) once.
-        counted: set[str] = set()
-        unique = 0
-        for name, tensor in index.tensors.items():
-            sharers = tensor.attr("shares_storage_with")
-            if sharers and any(other in counted for other in sharers.split(",")):
-                continue
-            counted.add(name)
-            unique += tensor.nbytes
-        if declared != unique:
+        # index.total_bytes counts a tied weight once: it is one storage in a .bin shard, saved (and
+        # counted by the writer) once.
+        if isinstance(declared, int) and declared != index.total_bytes:
             index.warnings.append(
-                f"{index_file.name}: total_size says {declared} bytes, the tensors add up to {unique}"
+                f"{index_file.name}: total_size says {declared} bytes, the tensors add up to {index.total_bytes}"
             )
 
     # --- everything else in the directory ----------------------------------------------------
