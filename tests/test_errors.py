@@ -328,3 +328,75 @@ def test_damaged_torch_dist_marker_is_reported_by_check(tmp_path, cli):
 def test_diff_json_and_plain_together_are_refused(cli):
     sample = str(REPO / "sample_ckpts" / "hf_llama_gqa")
     assert_one_line_error(cli("diff", "--json", "--plain", sample, sample), "--json and --plain")
+
+
+def _edit_dcp_metadata(path, edit):
+    """Rewrite a DCP ``.metadata`` (torch's own pickle of its Metadata dataclasses) after ``edit``."""
+    import pickle
+
+    with open(path, "rb") as fh:
+        metadata = pickle.load(fh)
+    edit(metadata)
+    with open(path, "wb") as fh:
+        pickle.dump(metadata, fh)
+
+
+def _lost_chunk(metadata):
+    metadata.state_dict_metadata["embedding.word_embeddings.weight"].chunks.pop()
+
+
+def _overlapping_chunk(metadata):
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+    chunks = metadata.state_dict_metadata["embedding.word_embeddings.weight"].chunks
+    chunks[1] = ChunkStorageMetadata(offsets=chunks[0].offsets, sizes=chunks[1].sizes)
+
+
+def _lost_storage(metadata):
+    for key in [k for k in metadata.storage_data if k.fqn == "embedding.word_embeddings.weight"]:
+        del metadata.storage_data[key]
+
+
+@pytest.mark.parametrize("damage, said", [(_lost_chunk, "hole in embedding.word_embeddings.weight"),
+                                          (_overlapping_chunk, "overlap in embedding.word_embeddings.weight"),
+                                          (_lost_storage, "its 0 chunks cover 0 of 16384")])
+def test_a_model_whose_metadata_leaves_a_hole_is_not_exported_or_renamed(tmp_path, damage, said):
+    """A torch_dist save (megatron-core's, shipped) whose ``.metadata`` lost a chunk, holds two chunks at
+    one place, or lost a tensor's storage entries: `check` said so (exit 1), but convert, merge, verify
+    and rename exited 0, the export with the embedding's uncovered rows zero (a probe)."""
+    pytest.importorskip("torch")
+    import shutil
+
+    from tests.conftest import REPO, run_cli
+
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "sample_ckpts" / "megatron_torch_dist", src)
+    _edit_dcp_metadata(src / "iter_0000010" / ".metadata", damage)
+    assert run_cli("check", str(src)).code == 1
+    for command in (["convert", str(src), str(tmp_path / "out"), "--to", "hf"],
+                    ["convert", str(src), str(tmp_path / "out"), "--to", "mcore"],
+                    ["merge", str(src), str(tmp_path / "out")], ["verify", str(src)],
+                    ["rename", str(src / "iter_0000010"), str(tmp_path / "out"), "--sub", "word_", "w_"]):
+        result = run_cli(*command)
+        assert result.code == 2 and "damaged" in result.err and said in result.err, (command, result.err)
+        assert result.err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_verl_save_with_one_rank_file_copied_over_another_is_not_merged(tmp_path):
+    """verl's FSDP shards say which part of each tensor they hold: rank 0's file copied over rank 1's
+    leaves the second half of every tensor stored nowhere (`check`: 21 holes). merge, convert and verify
+    exited 0 and wrote those halves as zeros (a probe)."""
+    import shutil
+
+    from tests.conftest import REPO, run_cli
+
+    src = tmp_path / "run"
+    shutil.copytree(REPO / "sample_ckpts" / "verl_run", src)
+    actor = src / "global_step_2" / "actor"
+    shutil.copy(actor / "model_world_size_2_rank_0.pt", actor / "model_world_size_2_rank_1.pt")
+    assert run_cli("check", str(src)).code == 1
+    for command in (["merge", str(src), str(tmp_path / "out")], ["convert", str(src), str(tmp_path / "out"), "--to",
+                                                                  "mcore"], ["verify", str(src)]):
+        result = run_cli(*command)
+        assert result.code == 2 and "hole in model." in result.err and "stored nowhere" in result.err, result.err
+        assert result.err.count("\n") == 1 and not (tmp_path / "out").exists()

@@ -419,15 +419,25 @@ def file_problems(tensors: Iterable[TensorMeta], root: Path) -> tuple[list[Probl
 # --- putting it together -----------------------------------------------------------------------
 
 
+def metadata_problems(tensors: Iterable[TensorMeta]) -> list[Problem]:
+    """What the metadata alone shows wrong with ``tensors`` (no file opened): holes, overlaps, chunks out
+    of bounds, byte ranges that cannot hold their chunk. ``check`` reports them; convert, merge, verify and
+    rename refuse a model that has any, since the reader zero-fills what no chunk holds (a probe: a
+    torch_dist with a lost chunk and a verl save with a rank file copied over another exported zeros)."""
+    problems: list[Problem] = []
+    for meta in tensors:
+        problems.extend(coverage_problems(meta))
+        problems.extend(byte_length_problems(meta))
+    return problems
+
+
 def check_index(index: CheckpointIndex, root: Path) -> tuple[list[Problem], int, int]:
     """Every check on one index whose chunk files are relative to ``root``.
 
     Returns the problems (file paths relative to ``root``), the files examined, and the chunks.
     """
     problems, files, chunks = file_problems(index.tensors.values(), root)
-    for meta in index.tensors.values():
-        problems.extend(coverage_problems(meta))
-        problems.extend(byte_length_problems(meta))
+    problems.extend(metadata_problems(index.tensors.values()))
     seen = {(p.kind, p.file) for p in problems if p.file is not None}
     for issue in index.issues:  # the reader's own findings, unless already reported more precisely
         if issue.file is not None and (issue.kind, issue.file) in seen:

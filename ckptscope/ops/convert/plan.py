@@ -53,6 +53,7 @@ from ckptscope.mappings.resolve import (
 from ckptscope.mappings.resolve import to_hf as map_to_hf
 from ckptscope.mappings.resolve import to_mcore as map_to_mcore
 from ckptscope.mappings.schemas import is_ignored
+from ckptscope.ops.check import metadata_problems
 from ckptscope.ops.convert import fp8_keep
 from ckptscope.ops.diff.plan import identity_recipes
 from ckptscope.ops.model import ModelEntries, model_entries
@@ -349,6 +350,11 @@ def _refuse_damage(index: CheckpointIndex, entries: ModelEntries, src: Path) -> 
         where = f"{issue.file}: " if issue.file else ""
         raise CkptError(f"the checkpoint is damaged ({where}{issue.detail}); an export would lack or zero what it "
                         f"held: not converted (`ckptscope check` lists every problem)", src)
+    found = metadata_problems(meta for name, meta in index.tensors.items() if name not in training)
+    if found:
+        raise CkptError(f"the checkpoint is damaged ({found[0].kind} in {found[0].tensor}: {found[0].detail}); an "
+                        f"export would zero what no chunk holds: not converted (`ckptscope check` lists every "
+                        f"problem)", src)
 
 
 def _damage(src: str | Path, trust_pickle: bool) -> str | None:

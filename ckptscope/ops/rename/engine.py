@@ -21,6 +21,7 @@ from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.formats import open_checkpoint
 from ckptscope.ops.atomic import atomic_output, check_destination, link_or_copy
+from ckptscope.ops.check import metadata_problems
 from ckptscope.ops.rename.dcp import DcpRenameWriter
 from ckptscope.ops.rename.files import FileAction, Progress, RenamePlan, RenameWriter
 from ckptscope.ops.rename.plan import NameChanges, compute_name_changes
@@ -101,6 +102,10 @@ def plan_rename(src: str | Path, dst: str | Path, *, subs: Sequence[tuple[str, s
     if index.issues:  # readers index damaged checkpoints; a rename would silently copy the damage
         first = index.issues[0]
         raise CkptError(f"the checkpoint is damaged ({first.file + ': ' if first.file else ''}{first.detail}); "
+                        f"`ckptscope check` lists every problem", src)
+    found = metadata_problems(index.tensors.values())
+    if found:  # a hole or overlap in the metadata would be copied into the new metadata as it is
+        raise CkptError(f"the checkpoint is damaged ({found[0].kind} in {found[0].tensor}: {found[0].detail}); "
                         f"`ckptscope check` lists every problem", src)
     writer = _writer_for(index, src)
     check_destination(src, dst, overwrite=overwrite)
