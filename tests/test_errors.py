@@ -266,9 +266,11 @@ def test_implausible_config_sizes_are_refused(tmp_path, key, value, said):
         assert result.code == 2 and said in result.err and result.err.count("\n") == 1, result.err
 
 
-def test_sigterm_removes_the_temporary_output(tmp_path):
-    """SIGTERM ended a convert at once and left its .<dst>.*.tmp (939 MB in the probe); it now unwinds
-    like an interrupt: exit 143, one line, no temp dir, no destination."""
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP", "SIGQUIT"])
+def test_a_stopping_signal_removes_the_temporary_output(tmp_path, signame):
+    """SIGTERM ended a convert at once and left its .<dst>.*.tmp (939 MB in the probe), and so did SIGHUP
+    (a closed terminal or ssh session) and SIGQUIT (600 MB): each now unwinds like an interrupt, exit
+    128 + the signal, one line, no temp dir, no destination."""
     import os
     import signal
     import subprocess
@@ -290,10 +292,29 @@ def test_sigterm_removes_the_temporary_output(tmp_path):
         time.sleep(0.01)
     if proc.poll() is not None:
         pytest.skip("the conversion finished before it could be interrupted")
-    proc.send_signal(signal.SIGTERM)
+    signum = getattr(signal, signame)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143 and "terminated" in err and err.count("\n") == 1, err
+    assert proc.returncode == 128 + signum and f"terminated ({signame})" in err and err.count("\n") == 1, err
     assert not list(tmp_path.glob(".out.*")) and not (tmp_path / "out").exists()
+
+
+def test_a_temp_dir_a_killed_process_left_is_removed_by_the_next_write(tmp_path):
+    """SIGKILL cannot be unwound: its ``.<dst>.<pid>.*.tmp`` stays, and every rerun added another. The next
+    write to that parent removes those of processes that no longer run, never a live one's or another name."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".out.{int(dead.stdout)}.abc123.tmp"
+    (stale / "out").mkdir(parents=True)
+    live = tmp_path / f".out.{os.getppid()}.def456.tmp"
+    live.mkdir()
+    other = tmp_path / ".out.notapid.tmp"
+    other.mkdir()
+    result = run_cli("convert", str(REPO / "sample_ckpts" / "hf_llama_single"), str(tmp_path / "out"), "--to", "hf")
+    assert result.code == 0, result.err
+    assert not stale.exists() and live.is_dir() and other.is_dir() and (tmp_path / "out" / "config.json").is_file()
 
 
 def test_config_vocab_that_disagrees_with_the_embedding_is_refused(tmp_path, cli):

@@ -224,25 +224,32 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 class Terminated(BaseException):
-    """SIGTERM arrived: unwind like an interrupt, so temp output is removed on the way out."""
+    """SIGTERM, SIGHUP or SIGQUIT arrived: unwind like an interrupt, so temp output is removed on the way out."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _unwind_on_sigterm(args: Sequence[str]) -> None:
-    """A killed convert left its ``.<dst>.*.tmp`` behind (SIGTERM's default ends the process at once).
+    """A killed convert left its ``.<dst>.*.tmp`` behind (SIGTERM's default ends the process at once; so do
+    SIGHUP's, sent when a terminal or ssh session closes, and SIGQUIT's: a probe found 600 MB left).
     Raised as ``Terminated`` instead, it unwinds through ``atomic_output``, which removes the temp dir.
-    Not for the TUI (Textual restores the terminal its own way) nor where another handler is set
-    (torchrun workers: ``ops.parallel.group``)."""
+    Not for the TUI (Textual restores the terminal its own way) nor for a signal another handler owns
+    (torchrun workers: ``ops.parallel.group``; ``nohup`` ignores SIGHUP)."""
     import signal
     import threading
 
-    if (args[:1] == ["open"] or threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+    if args[:1] == ["open"] or threading.current_thread() is not threading.main_thread():
         return
 
-    def stop(_signum, _frame):
-        raise Terminated()
+    def stop(signum, _frame):
+        raise Terminated(signum)
 
-    signal.signal(signal.SIGTERM, stop)
+    for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):
+        signum = getattr(signal, name, None)
+        if signum is not None and signal.getsignal(signum) is signal.SIG_DFL:
+            signal.signal(signum, stop)
 
 
 def _main(argv: Sequence[str] | None) -> None:
@@ -264,9 +271,12 @@ def _main(argv: Sequence[str] | None) -> None:
     except KeyboardInterrupt:
         click.echo("ckptscope: interrupted", err=True)
         sys.exit(130)
-    except Terminated:
-        click.echo("ckptscope: terminated (SIGTERM); nothing was left half-written", err=True)
-        sys.exit(143)
+    except Terminated as stopped:
+        import signal
+
+        click.echo(f"ckptscope: terminated ({signal.Signals(stopped.signum).name}); nothing was left half-written",
+                   err=True)
+        sys.exit(128 + stopped.signum)
     except BrokenPipeError:  # the reader of our stdout stopped early (`| head`): not an error
         discard_stdout()
         sys.exit(0)

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ckptscope.ops.atomic import owned_temp_dir
 from ckptscope.ops.config_check import config_differences
 from ckptscope.ops.convert.execute import execute_convert
 from ckptscope.ops.convert.plan import plan_convert
@@ -75,10 +76,12 @@ def config_results(src: Path, back: Path) -> list[PairResult]:
 
 def _shared_tmp(group: Group | None) -> str:
     """A fresh temp dir; with a group, rank 0's, shared with every rank."""
+    def make() -> str:
+        return str(owned_temp_dir(Path(tempfile.gettempdir()), "ckptscope-verify-"))
+
     if group is None:
-        return tempfile.mkdtemp(prefix="ckptscope-verify-")
-    made = group.agree(lambda: tempfile.mkdtemp(prefix="ckptscope-verify-") if group.rank == 0 else None,
-                       "making the temp dir")
+        return make()
+    made = group.agree(lambda: make() if group.rank == 0 else None, "making the temp dir")
     return group.broadcast(made, "sharing the temp dir")
 
 
