@@ -421,3 +421,63 @@ def test_a_verl_save_with_one_rank_file_copied_over_another_is_not_merged(tmp_pa
         result = run_cli(*command)
         assert result.code == 2 and "hole in model." in result.err and "stored nowhere" in result.err, result.err
         assert result.err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_symbolic_link_loop_is_said_as_such_by_every_writing_command(tmp_path):
+    """convert/merge with a link loop as the source, or convert/rename with one as the destination, said
+    "internal error: RuntimeError: Symlink loop" (a probe)."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    loop, sample = str(tmp_path / "a"), str(REPO / "sample_ckpts" / "hf_llama_single")
+    for command in (["convert", loop, str(tmp_path / "out"), "--to", "hf"], ["merge", loop, str(tmp_path / "out")],
+                    ["convert", sample, loop, "--to", "hf"], ["rename", sample, loop, "--sub", "lm_", "x_", "--overwrite"]):
+        result = run_cli(*command)
+        assert result.code == 2 and "symbolic link loop" in result.err and "internal" not in result.err, result.err
+        assert result.err.count("\n") == 1
+
+
+def test_a_dcp_item_whose_offset_misses_its_zip_is_a_clear_error(tmp_path):
+    """A ``.metadata`` whose storage offset for one item points 64 bytes past its embedded zip gave
+    "internal error: OSError: seek before the start of the item" (a probe)."""
+    import dataclasses
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": load_file(REPO / "sample_ckpts" / "hf_llama_single" / "model.safetensors")},
+                 checkpoint_id=tmp_path / "dcp", no_dist=True)
+
+    def shift(metadata):
+        for key, info in list(metadata.storage_data.items()):
+            if key.fqn == "model.model.embed_tokens.weight":
+                metadata.storage_data[key] = dataclasses.replace(info, offset=info.offset + 64)
+
+    _edit_dcp_metadata(tmp_path / "dcp" / ".metadata", shift)
+    result = run_cli("convert", str(tmp_path / "dcp"), str(tmp_path / "out"), "--to", "hf", "--hf-config",
+                     str(REPO / "sample_ckpts" / "hf_llama_single"))
+    assert result.code == 2 and "corrupt torch zip file" in result.err and "internal" not in result.err, result.err
+    assert result.err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_diff_of_infinities_says_nothing_but_its_report(tmp_path):
+    """A tensor holding +inf and -inf (or an fp16 signalling NaN) made numpy print RuntimeWarnings on
+    stderr beside the report, --json included (a probe)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    a = np.linspace(-1, 1, 300, dtype=np.float32)
+    a[:2] = [np.inf, -np.inf]
+    save_file({"w": a}, str(tmp_path / "a.safetensors"))
+    save_file({"w": a * 2}, str(tmp_path / "b.safetensors"))
+    half = np.arange(64, dtype=np.uint16).view(np.float16).copy()
+    half.view(np.uint16)[:4] = 0x7D00  # signalling NaN bits
+    save_file({"h": half}, str(tmp_path / "c.safetensors"))
+    save_file({"h": half + np.float16(1)}, str(tmp_path / "d.safetensors"))
+    for x, y in (("a", "b"), ("c", "d")):
+        for extra in ([], ["--json"]):
+            result = run_cli("diff", str(tmp_path / f"{x}.safetensors"), str(tmp_path / f"{y}.safetensors"), *extra)
+            assert result.code == 1 and result.err == "", result.err
+

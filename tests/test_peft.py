@@ -405,3 +405,18 @@ def test_lora_commands_on_a_trainer_root_of_peft_checkpoints(tmp_path):
     got = load_file(str(merged / "model.safetensors"))
     for name, value in got.items():
         np.testing.assert_allclose(value, want[name], rtol=0, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("change, said", [({"alpha_pattern": {"q_proj": [1]}}, "no usable r/lora_alpha"),
+                                          ({"lora_alpha": 1e300}, "is not finite")])
+def test_a_lora_config_that_cannot_give_a_finite_merge_is_refused(peft_samples, tmp_path, change, said):
+    """A list as an alpha_pattern value gave "internal error: TypeError"; lora_alpha 1e300 wrote a model
+    of inf weights with exit 0 (a probe). Both are refused in one line, nothing written."""
+    adapter = tmp_path / "adapter"
+    shutil.copytree(peft_samples["peft_lora"], adapter)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, **change}))
+    out = tmp_path / "out"
+    result = run_cli("lora", "merge", str(adapter), str(peft_samples["peft_llama_base"]), str(out))
+    _refused(result, out, {"adapter"})
+    assert said in result.err and "internal" not in result.err, result.err

@@ -13,6 +13,14 @@ from pathlib import Path
 from ckptscope.core.errors import CkptError
 
 
+def _resolved(path: Path) -> Path:
+    """``path.resolve()``, with a symbolic link loop said as such (``resolve`` raises RuntimeError)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as exc:
+        raise CkptError("a symbolic link loop (the link leads back to itself)", path) from exc
+
+
 def check_destination(src: Path, dst: Path, *, overwrite: bool, inputs: Iterable[Path] = ()) -> None:
     """Refuse to write onto the source, inside it, or onto an existing path without ``overwrite``.
 
@@ -20,9 +28,9 @@ def check_destination(src: Path, dst: Path, *, overwrite: bool, inputs: Iterable
     iterations, a ``--map`` file): the destination may not be, hold or lie inside any of them either.
     Whatever ``overwrite`` says, only a file, a directory or a symlink is ever replaced: never a device,
     a FIFO or a socket (``--overwrite`` onto ``/dev/null`` would have replaced the device node)."""
-    dst_r = dst.resolve()
+    dst_r = _resolved(dst)
     for given in (src, *inputs):
-        src_r = Path(given).resolve()
+        src_r = _resolved(Path(given))
         if src_r == dst_r or src_r in dst_r.parents:
             raise CkptError("the destination must not be the source or lie inside it", dst)
         if dst_r in src_r.parents:

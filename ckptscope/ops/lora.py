@@ -216,7 +216,7 @@ def plan_merge(adapter: str | Path, base: str | Path, out: str | Path, *, dtype:
     with reader:
         adapter_tensors = dict(reader.index().tensors)
     if lora["unsupported_merge"]:
-        raise CkptError("cannot merge: not implemented for " + "; ".join(lora["unsupported_merge"]), adapter)
+        raise CkptError("cannot merge: " + "; ".join(lora["unsupported_merge"]), adapter)
     base_reader = open_checkpoint(base)
     with base_reader:
         index = base_reader.index()
@@ -350,6 +350,11 @@ def _merged_bytes(t: MergeTensor, base: CheckpointReader, adapter: CheckpointRea
         if fan_in_fan_out:
             delta = delta.T
         delta = delta * t.pair["scaling"]
+        if weight.is_floating_point() and not bool(torch.isfinite(delta.to(weight.dtype)).all()):
+            # an lora_alpha of 1e300, or NaN in lora_A/B: the merged weight would be inf/NaN, written with exit 0
+            raise CkptError(f"cannot merge {t.name}: the update scaling * (B @ A) is not finite in "
+                            f"{t.dtype if t.dtype != 'keep' else stored} (scaling {t.pair['scaling']:g}, lora_alpha "
+                            f"{t.pair['lora_alpha']!r}); the merged model would hold inf or NaN")
         weight = weight + delta.to(weight.dtype)
     if t.lora_bias_of is not None:
         name = t.lora_bias_of["lora_bias"]

@@ -60,8 +60,17 @@ def lora_scaling(alpha: float, r: int, use_rslora: bool) -> float:
     return alpha / math.sqrt(r) if use_rslora else alpha / r
 
 
+def _distinct(values: list[Any]) -> list[Any]:
+    """The distinct values, sorted; values a config got wrong (a list, a string: refused for a merge)
+    are kept as written, once each."""
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return sorted(set(values))
+    return list({repr(v): v for v in values}.values())
+
+
 def _range(values: list[Any]) -> str:
-    distinct = sorted(set(values))
+    """``8`` or ``8..16``."""
+    distinct = _distinct(values)
     if len(distinct) == 1:
         return _num(distinct[0])
     return f"{_num(distinct[0])}..{_num(distinct[-1])}"
@@ -224,7 +233,7 @@ def describe_lora(config: Mapping[str, Any], tensors: Mapping[str, TensorMeta]) 
         "modules_to_save": list(modules_to_save),
         "num_pairs": len(pairs),
         "pairs": pairs,
-        "modules": {kind: {"layers": s["layers"], "r": sorted(set(s["r"])), "lora_alpha": sorted(set(s["lora_alpha"])),
+        "modules": {kind: {"layers": s["layers"], "r": _distinct(s["r"]), "lora_alpha": _distinct(s["lora_alpha"]),
                            "line": lines[kind]} for kind, s in kinds.items()},
         "saved_biases": saved_biases,
         "other_tensors": others,

@@ -72,10 +72,14 @@ def read_torch_zip(path: Path, file: IO[bytes] | None = None, *,
         prefix = pkl[: -len("data.pkl")]
         if f"{prefix}constants.pkl" in names or any(n.startswith(f"{prefix}code/") for n in names):
             raise CkptError("TorchScript archive (torch.jit.save), not a state dict; ckptscope reads state dicts", path)
-        big_endian = False
-        if f"{prefix}byteorder" in names:
-            big_endian = archive.read(f"{prefix}byteorder").strip() == b"big"
-        data = archive.read(pkl)
+        try:
+            order = archive.read(f"{prefix}byteorder").strip() if f"{prefix}byteorder" in names else b"little"
+            data = archive.read(pkl)
+        except (OSError, zipfile.BadZipFile, EOFError) as exc:  # a member the directory points past or before
+            raise CkptError(f"corrupt torch zip file: {exc}", path) from None
+        if order not in (b"little", b"big"):  # torch.load refuses any other
+            raise CkptError(f"corrupt torch zip file: byteorder {order[:20]!r} is neither little nor big", path)
+        big_endian = order == b"big"
         try:
             obj = safe_loads(data, extra_globals)
         except CkptError:
