@@ -481,3 +481,23 @@ def test_diff_of_infinities_says_nothing_but_its_report(tmp_path):
             result = run_cli("diff", str(tmp_path / f"{x}.safetensors"), str(tmp_path / f"{y}.safetensors"), *extra)
             assert result.code == 1 and result.err == "", result.err
 
+
+
+def test_usage_slips_are_one_clear_line(tmp_path):
+    """`ckptscope lora` printed 11 lines of help; `diff --arch nonsense` was ignored when the pair needed
+    no mapping; a config.json that is a JSON array was reported as missing; the formats tried listed one
+    name twice (a probe)."""
+    lora = run_cli("lora")
+    assert lora.code == 2 and lora.err.count("\n") == 1 and "missing command (merge, stats)" in lora.err, lora.err
+    sample = str(REPO / "sample_ckpts" / "hf_llama_single")
+    typo = run_cli("diff", sample, sample, "--arch", "nonsense")
+    assert typo.code == 2 and "unknown architecture 'nonsense'" in typo.err and typo.out == "", typo.err
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "sample_ckpts" / "hf_llama_single", src)
+    (src / "config.json").write_text("[1, 2]")
+    result = run_cli("convert", str(src), str(tmp_path / "out"), "--to", "hf")
+    assert result.code == 2 and "config.json is not an HF model config" in result.err, result.err
+    (tmp_path / "empty.bin").write_bytes(b"not a checkpoint")
+    unknown = run_cli("inspect", str(tmp_path / "empty.bin"))
+    tried = unknown.err.split("tried: ", 1)[1].strip().split(", ")
+    assert unknown.code == 2 and len(tried) == len(set(tried)), unknown.err

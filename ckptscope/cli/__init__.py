@@ -259,6 +259,11 @@ def _main(argv: Sequence[str] | None) -> None:
         click.echo("ckptscope: aborted", err=True)
         sys.exit(130)
     except click.exceptions.NoArgsIsHelpError as exc:  # bare `ckptscope`: the help, as before
+        ctx = exc.ctx
+        if ctx is not None and ctx.parent is not None and isinstance(ctx.command, click.Group):
+            # `ckptscope lora`: one line, as every other usage error, not a page of help
+            _fail(f"{ctx.command_path}: missing command ({', '.join(ctx.command.list_commands(ctx))}); "
+                  f"'{ctx.command_path} --help' explains them")
         exc.show()
         sys.exit(EXIT_TROUBLE)
     except click.UsageError as exc:  # a typo: one line, exit 2, as every other bad input
@@ -285,7 +290,8 @@ def _main(argv: Sequence[str] | None) -> None:
         # user's to fix, in one line; writes go to a temp location, so nothing half-written stays.
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or os.environ.get("CKPTSCOPE_DEBUG"):
             _internal_error(exc)
-        _fail(f"not enough space to write{' ' + str(exc.filename) if exc.filename else ''}: {exc.strerror}")
+        # (exc.filename may be the file being copied from: not named, so it is not taken for the one written)
+        _fail(f"not enough space to write the output: {exc.strerror}; nothing was left half-written")
     except ImportError as exc:
         # torch is optional: listing, checking, browsing, diffing and converting to safetensors or
         # torch_dist never need it; rewriting torch.save files, --trust-pickle and CUDA do.

@@ -40,6 +40,11 @@ def _readers_in_order() -> Iterator[type[CheckpointReader]]:
     yield from (cls for cls in list(_READERS) if cls not in tried)
 
 
+def _format_names() -> list[str]:
+    """Every format name once, in detection order (verl's two Megatron layouts share one name)."""
+    return list(dict.fromkeys(r.format_name for r in registered_readers()))
+
+
 def detect_format(path: str | Path) -> type[CheckpointReader]:
     """The reader class for ``path``, or an error naming every format that was tried."""
     path = Path(path)
@@ -52,7 +57,7 @@ def detect_format(path: str | Path) -> type[CheckpointReader]:
         except OSError as exc:
             raise CkptError(f"cannot list directory: {exc.strerror or exc}", path) from None
         if not entries:
-            raise UnknownFormat(path, [r.format_name for r in registered_readers()], "empty directory")
+            raise UnknownFormat(path, _format_names(), "empty directory")
     elif not path.is_file():  # a FIFO would block the first read forever; a device is no checkpoint
         raise CkptError("not a regular file or directory (a FIFO, device or socket)", path)
     else:
@@ -64,7 +69,7 @@ def detect_format(path: str | Path) -> type[CheckpointReader]:
     for cls in _readers_in_order():
         if cls.supports(path):
             return cls
-    raise UnknownFormat(path, [r.format_name for r in registered_readers()])
+    raise UnknownFormat(path, _format_names())
 
 
 def open_checkpoint(path: str | Path, *, trust_pickle: bool = False) -> CheckpointReader:

@@ -191,6 +191,17 @@ def _hf_config_from(path: Path) -> dict[str, Any]:
     return data
 
 
+def _no_config_reason(src: Path) -> str:
+    """Why no HF config was found: none at all, or a ``config.json`` that is no model config (a JSON
+    array, a directory: said as such, not as a missing file)."""
+    config = (src if src.is_dir() else src.parent) / "config.json"
+    if config.is_dir():
+        return f"{config} is a directory, not an HF config file"
+    if config.is_file():
+        return f"{config} is not an HF model config (no JSON object with model_type and hidden_size)"
+    return "the source has no HF config.json and no Megatron args to derive one from"
+
+
 def _source_hf_config(index: CheckpointIndex) -> dict[str, Any] | None:
     for obj in index.objects:
         if isinstance(obj.value, dict) and "model_type" in obj.value and "hidden_size" in obj.value:
@@ -475,8 +486,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                 hf_cfg_dict = to_hf_config(cfg.merged(ModelConfig(arch=view.arch)))
                 notes.append("config.json derived from the Megatron args")
             else:
-                raise CkptError("the source has no HF config.json and no Megatron args to derive one from; "
-                                "pass --hf-config DIR")
+                raise CkptError(_no_config_reason(src_path) + "; pass --hf-config DIR")
         if family == "mcore":
             _agrees_with_the_args(index, hf_cfg_dict, "--hf-config" if hf_config else "the HF config it carries",
                                   src_path)
