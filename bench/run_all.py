@@ -61,12 +61,18 @@ def _disk_gb(gb: float, work_parent: Path) -> float:
     return scaled
 
 
+def _result(row: Row) -> str:
+    """PASS / FAIL against the target; ERROR, skip, or info for a measured row without a target."""
+    if row.passed is not None:
+        return "PASS" if row.passed else "FAIL"
+    return "ERROR" if row.error else "skip" if row.skipped or not row.values else "info"
+
+
 def _table(rows: list[Row], width: int = 72) -> str:
     head = ("row", "what", "measured median [min-max]", "target", "result")
     body = [(r.id, r.what + "".join(f" ({t})" for t in (r.note, r.skipped, r.error.splitlines()[0] if r.error else "")
                                     if t),
-             r.measured_text(), r.target_text(),
-             {True: "PASS", False: "FAIL", None: "ERROR" if r.error else "skip"}[r.passed]) for r in rows]
+             r.measured_text(), r.target_text(), _result(r)) for r in rows]
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
     widths[1] = width
     fmt = "  ".join(f"{{:{'<' if i < 2 else '>'}{w}}}" for i, w in enumerate(widths))
