@@ -100,6 +100,10 @@ def test_truncated_file(written, tmp_path):
     (lambda e: e.update(shape=[-2, -3]), "negative sizes or offsets"),
     (lambda e: e.pop("data_offsets"), "lacks dtype/shape/data_offsets"),
     (lambda e: e.update(shape="2x3"), "lacks dtype/shape/data_offsets"),
+    # the safetensors library refuses non-integer sizes; int() read 2.9 as 2 and "3" as 3 (a probe)
+    (lambda e: e.update(shape=[2.9, 3]), "or they are not integers"),
+    (lambda e: e.update(shape=["2", 3]), "or they are not integers"),
+    (lambda e: e.update(data_offsets=[float(x) for x in e["data_offsets"]]), "or they are not integers"),
 ])
 def test_bad_entries_name_their_problem(written, tmp_path, edit, message):
     header, data = _header(written)

@@ -11,6 +11,7 @@ import math
 import os
 import struct
 from dataclasses import dataclass
+from operator import index
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,9 @@ def _parse_entries(path: Path, header: dict[str, Any], data_start: int, data_siz
     the error that names the problem. Writers place tensors in header order, so the layout is checked
     on the fly (each tensor starts at or after the previous end); only a header in another order is
     sorted."""
+    # Sizes and offsets must be JSON integers, as the safetensors library requires: ``int`` would have
+    # taken 256.7 as 256 and "256" as 256, a file the library refuses read as another (``operator.index``
+    # takes ints only, at the same cost).
     tensors: dict[str, TensorMeta] = {}
     by_code: dict[str, Any] = {}
     known: dict[str, tuple[str, int]] = {}  # dtype code -> (canonical name, bits)
@@ -114,8 +118,8 @@ def _parse_entries(path: Path, header: dict[str, Any], data_start: int, data_siz
     for name, entry in header.items():
         try:
             dtype, bits = known[entry["dtype"]]
-            shape = tuple(map(int, entry["shape"]))
-            begin, end = map(int, entry["data_offsets"])
+            shape = tuple(map(index, entry["shape"]))
+            begin, end = map(index, entry["data_offsets"])
             if (end - begin != (prod(shape) * bits + 7) // 8 or begin < 0 or end < begin
                     or (shape and min(shape) < 0)):
                 raise ValueError
@@ -166,8 +170,8 @@ def _parse_entry(path: Path, name: str, entry: Any, data_start: int, rel_name: s
         dtype = by_code.get(code) if isinstance(code, str) else None
         if dtype is None:
             dtype = by_code[code] = dtype_by_safetensors(str(code))
-        shape = tuple(map(int, entry["shape"]))
-        begin, end = map(int, entry["data_offsets"])
+        shape = tuple(map(index, entry["shape"]))
+        begin, end = map(index, entry["data_offsets"])
     except CkptError as exc:
         raise CkptError(f"bad safetensors header: tensor {name!r}: {exc.problem}", path) from None
     except (KeyError, TypeError, ValueError, OverflowError):
