@@ -192,3 +192,25 @@ def test_a_norm_epsilon_other_than_transformers_latent_one_is_said_both_ways(tmp
     assert to_mcore.code == 0 and "warning: deepseek_v3: transformers computes the latent norms" in to_mcore.err
     back = run_cli("convert", str(tmp_path / "m1"), str(tmp_path / "h1"), "--to", "hf")
     assert back.code == 0 and "norm epsilon 0.01" in back.err, back.err
+
+
+@pytest.mark.parametrize("dropped, said", [
+    (["model.layers.0.input_layernorm.weight", "model.layers.1.self_attn.k_proj.weight"],
+     "layer 0 lacks input_layernorm.weight"),
+    ([f"model.layers.{i}.post_attention_layernorm.weight" for i in range(4)], "post_attention_layernorm.weight"),
+    (["model.norm.weight"], "no final norm.weight"),
+])
+def test_a_model_that_lacks_weights_transformers_builds_is_not_exported(tmp_path, dropped, said):
+    """DeepSpeed's ``save_checkpoint(exclude_frozen_parameters=True)`` leaves the frozen weights out of the
+    save: a probe's HF export of one lacked them, exit 0, and transformers initialised them at random. Here
+    the same gap in a transformers-written Llama (the weights removed from its safetensors)."""
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    hf = tmp_path / "hf"
+    transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**BASE)).save_pretrained(hf)
+    weights = load_file(hf / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if k not in dropped}, hf / "model.safetensors", metadata={"format": "pt"})
+    for command in (["convert", str(hf), str(tmp_path / "out"), "--to", "hf"], ["merge", str(hf), str(tmp_path / "out")]):
+        result = run_cli(*command)
+        _refused(result, tmp_path / "out", said)

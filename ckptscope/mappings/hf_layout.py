@@ -118,6 +118,13 @@ def layout_problems(arch: str | None, text: dict[str, Any], num_layers: int | No
     problems: dict[str, str] = {}
 
     moe = moe_layers(arch, text, num_layers)
+    missing = _missing_in_layers(per_layer, moe, _required(arch, text))
+    if missing:
+        problems["missing"] = missing
+    if not any(name.endswith("embed_tokens.weight") and ".layers." not in name for name in shapes):
+        problems["embedding"] = "the tensors have no embed_tokens.weight (transformers would initialise it at random)"
+    if not any(name.endswith("norm.weight") and ".layers." not in name for name in shapes):
+        problems["final-norm"] = "the tensors have no final norm.weight (transformers would initialise it at random)"
     if moe is not None:
         stored = {i for i, names in per_layer.items() if any(".experts." in n for n in names)}
         if stored != moe & set(per_layer):
@@ -176,6 +183,41 @@ def layout_problems(arch: str | None, text: dict[str, Any], num_layers: int | No
             if "mla" in problems:
                 break
     return problems
+
+
+_ATTENTION = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight")
+_MLA = ("self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_a_layernorm.weight", "self_attn.kv_b_proj.weight",
+        "self_attn.o_proj.weight")
+_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight")
+
+
+def _required(arch: str, text: dict[str, Any]) -> dict[bool, set[str]]:
+    """Per-layer tensors every decoder layer of ``arch`` has, by kind (False: dense, True: MoE): the
+    attention, the two norms, and a dense layer's MLP."""
+    mlp = "feed_forward." if arch == "llama4" else "mlp."
+    common = set(_NORMS) | set(_MLA if arch == "deepseek_v3" else _ATTENTION)
+    return {False: common | {f"{mlp}{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}, True: common}
+
+
+def _missing_in_layers(per_layer: dict[int, dict[str, tuple[int, ...]]], moe: set[int] | None,
+                       required: dict[bool, set[str]]) -> str | None:
+    """A layer that lacks a tensor its arch builds in every layer, or one every other layer of its kind
+    (dense or MoE) has: a save that left some parameters out (DeepSpeed's ``exclude_frozen_parameters``:
+    a probe's export loaded with the frozen weights initialised at random, exit 0). None when whole."""
+    def kind(i: int) -> bool:
+        return moe is not None and i in moe
+
+    union: dict[bool, set[str]] = {k: set(names) for k, names in required.items()}
+    for i, names in per_layer.items():
+        union.setdefault(kind(i), set()).update(names)
+    for i, names in sorted(per_layer.items()):
+        lacking = sorted(union[kind(i)] - names.keys())
+        if lacking:
+            more = f" (+{len(lacking) - 3} more)" if len(lacking) > 3 else ""
+            return (f"layer {i} lacks {', '.join(lacking[:3])}{more}, which transformers builds in every "
+                    f"{'MoE ' if kind(i) and moe != set(per_layer) else ''}layer and would initialise at random "
+                    f"(a save that left frozen parameters out?)")
+    return None
 
 
 def _moe_keys(arch: str) -> str:
