@@ -543,3 +543,49 @@ def test_zero_to_fp32_bin_counts_every_parameter_of_its_flat_storage(tmp_path):
     # the frozen param keeps its stored dtype in zero_to_fp32's output (the oracle holds it as float32)
     frozen = next(t for t in report["tensors"] if t["status"] != "equal")
     assert frozen["name"] == "model.layers.0.input_layernorm.weight" and frozen["status"] == "dtype_mismatch" and frozen["num_diff"] == 0
+
+
+def test_trainer_save_model_under_zero3_is_the_final_model_not_another_iteration(tmp_path):
+    """Under ZeRO-3 without 16-bit gathering, ``trainer.save_model()`` writes a DeepSpeed save (``global_stepN/``
+    + ``latest`` + ``config.json``) into ``output_dir`` itself (a probe's Trainer run). It was listed as a
+    second iteration N beside ``checkpoint-N``: timeline showed a step N->N, flagged it stale and exited 1,
+    and the default and ``--iteration N`` opened different saves. It is the run's ``final`` model now. The
+    layout is the shipped Trainer sample's own files, with its checkpoint's save copied where save_model
+    puts it."""
+    out = tmp_path / "out"
+    shutil.copytree(SHIPPED / "trainer_zero3", out)
+    checkpoint = out / "checkpoint-2"
+    for name in ("global_step2", "latest", "config.json"):
+        copy = shutil.copytree if (checkpoint / name).is_dir() else shutil.copy
+        copy(checkpoint / name, out / name)
+    listed = json.loads(run_cli("inspect", "--json", str(out)).out)
+    assert [i["iteration"] for i in listed["iterations"]] == ["final", 2], listed["iterations"]
+    assert "opened  ./ (final)" in run_cli("inspect", str(out)).out
+    assert "opened  checkpoint-2" in run_cli("inspect", "--iteration", "2", str(out)).out
+    result = run_cli("convert", str(out), str(tmp_path / "hf"), "--to", "hf")
+    assert result.code == 0, result.err
+
+
+def test_save_16bit_model_weights_beside_deepspeed_saves_do_not_hide_them(tmp_path):
+    """``engine.save_16bit_model(dir)`` beside ``engine.save_checkpoint(dir)``: the dir holds a
+    ``pytorch_model.bin`` (16-bit, possibly from an older step) and the saves ``latest`` names. It opened as
+    a plain HF dir, so convert exported the stale 16-bit copy and ``--iteration`` was refused (a probe). It
+    is a DeepSpeed save dir now: the save 'latest' names is the model (DeepSpeed's zero_to_fp32 oracle),
+    the weights beside it open by their file."""
+    import torch
+
+    save = tmp_path / "save"
+    shutil.copytree(SHIPPED / "zero3", save)
+    oracle = torch.load(str(SHIPPED / "zero3.fp32_oracle.pt"), weights_only=True)
+    torch.save({k: (v * 0.5).to(torch.bfloat16) for k, v in oracle.items()}, save / "pytorch_model.bin")
+    (save / "config.json").write_text((SHIPPED / "hf_config" / "config.json").read_text())
+    inspected = run_cli("inspect", str(save))
+    assert inspected.code == 0 and "DeepSpeed save dir (latest: global_step2; HF weights beside" in inspected.out
+    result = run_cli("convert", str(save), str(tmp_path / "hf"), "--to", "hf")
+    assert result.code == 0, result.err
+    from safetensors.torch import load_file
+
+    written = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert all(torch.equal(written[k], oracle[k]) for k in written)
+    assert run_cli("inspect", "--iteration", "2", str(save)).code == 0
+    assert run_cli("inspect", str(save / "pytorch_model.bin")).code == 0

@@ -277,8 +277,22 @@ def discover_iterations(path: str | Path) -> list[IterationInfo] | None:
         found.append(IterationInfo(path=str(target), iteration=iteration, size=size, saved=saved,
                                    complete=_is_complete(whole, kind), latest=has_tracker and iteration == latest,
                                    kind=kind, roles=roles))
-    if found and all(i.kind == "deepspeed" for i in found) and _root_has_model(root):
+    if found and all(i.kind == "deepspeed" for i in found) and _root_has_model(root) and (root / TRAINER_STATE).is_file():
         return None  # an HF Trainer checkpoint-N with DeepSpeed's global_stepN inside: a checkpoint, not a root
+    # (HF weights beside DeepSpeed saves without trainer_state.json: engine.save_16bit_model()'s export in the
+    # save dir, possibly older than the save 'latest' names, which DeepSpeed resumes from: a DeepSpeed root;
+    # the weights open by their file, as describe_root says. A probe exported such a stale bf16 copy.)
+    trainer_saves = [i for i in found if i.kind == "hf-trainer"]
+    if trainer_saves and any(i.kind == "deepspeed" for i in found):
+        # Trainer + ZeRO-3: trainer.save_model() writes a DeepSpeed save (+ 'latest') into output_dir itself.
+        # That is the run's final model, not another training save (it was listed as a second iteration N).
+        from ckptscope.formats.deepspeed.reader import read_latest
+
+        tag = read_latest(root)
+        final = next((i for i in found if i.kind == "deepspeed" and Path(i.path).name == tag), None)
+        found = [i for i in found if i.kind != "deepspeed"]
+        if final is not None:
+            found.append(replace(final, path=str(root), iteration=FINAL, kind="hf-trainer", latest=False))
     if not found and not has_tracker:
         # torchtitan's dump folder: its saves are one level down, in checkpoint/ (checkpoint.folder)
         folder = root / TORCHTITAN_FOLDER
@@ -515,7 +529,8 @@ def describe_root(root: str | Path, found: list[IterationInfo]) -> str:
         return f"verl checkpoint dir ({f'{backend}, ' if backend else ''}{tracker})"
     newest = next((i for i in found if i.latest), None)
     if kind == "deepspeed":
-        return f"DeepSpeed save dir ({f'latest: {Path(newest.path).name}' if newest else 'no latest tag'})"
+        beside = "; HF weights beside them (save_16bit_model's) open by their file" if _root_has_model(root) else ""
+        return f"DeepSpeed save dir ({f'latest: {Path(newest.path).name}' if newest else 'no latest tag'}{beside})"
     if kind == "torchtitan":
         where = f"newest complete: {Path(newest.path).name}" if newest else "no complete step"
         return f"torchtitan checkpoint folder (DCP, {where})"
