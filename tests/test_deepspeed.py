@@ -589,3 +589,22 @@ def test_save_16bit_model_weights_beside_deepspeed_saves_do_not_hide_them(tmp_pa
     assert all(torch.equal(written[k], oracle[k]) for k in written)
     assert run_cli("inspect", "--iteration", "2", str(save)).code == 0
     assert run_cli("inspect", str(save / "pytorch_model.bin")).code == 0
+
+
+@pytest.mark.parametrize("stage", (2, 3))
+def test_rank_files_in_torchs_legacy_format_are_read(saves, stage, tmp_path):
+    """DeepSpeed's ``"checkpoint": {"checkpoint_serialization": false}`` saves every rank file with
+    ``torch.save(..., _use_new_zipfile_serialization=False)`` (its TorchCheckpointEngine). Every file was
+    "corrupt torch zip file" (a probe). Here the shipped saves' rank files are written again that way
+    (torch.load needs DeepSpeed's classes for the optimizer files) and must read as before, bitwise."""
+    import torch
+
+    pytest.importorskip("deepspeed")
+    save = tmp_path / "save"
+    shutil.copytree(saves[stage], save)
+    for path in (save / TAG).glob("*.pt"):
+        torch.save(torch.load(path, weights_only=False), path, _use_new_zipfile_serialization=False)
+        assert not path.read_bytes().startswith(b"PK")
+    assert run_cli("check", str(save)).code == 0
+    with open_checkpoint(save) as reader:
+        assert_bitwise(reader, oracle(saves[stage]))

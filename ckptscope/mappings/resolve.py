@@ -256,7 +256,9 @@ def to_mcore(tensors: Mapping[str, TensorShape], cfg: ModelConfig, arch: str | N
                                 f"{_fmt(mcore_template, found)}")
             dtypes = {tensors[n].dtype for n in hf_names}
             if len(dtypes) > 1:
-                raise CkptError(f"{', '.join(hf_names)} have different dtypes {sorted(dtypes)}: cannot fuse them")
+                raise CkptError(f"{', '.join(hf_names)} have different dtypes {sorted(dtypes)}: cannot fuse them "
+                                f"(DeepSpeed keeps a frozen parameter in its 16-bit dtype); convert to HF with "
+                                f"--dtype float32 first, then that to Megatron")
             dtype = dtypes.pop()
             if _hf_fuses_experts(rule):  # one HF tensor [E, ...] -> one Megatron tensor per expert (GPT-OSS)
                 fused = tuple(tensors[hf_names[0]].shape)

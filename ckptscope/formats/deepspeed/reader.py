@@ -65,6 +65,7 @@ from ckptscope.formats.pickles.torch_file import (
     tensor_meta,
 )
 from ckptscope.formats.registry import register_reader
+from ckptscope.formats.torch_save.legacy_reader import TorchLegacyReader, read_legacy
 
 LATEST = "latest"
 LATEST_UNIVERSAL = "latest_universal"
@@ -297,6 +298,16 @@ def _add_trainer_config(index: CheckpointIndex, save_dir: Path, prefix: str) -> 
         index.files.append(FileInfo("config.json", path.stat().st_size, "config"))
 
 
+def read_rank_file(path: Path) -> TorchZip:
+    """A rank file as ``torch.save`` wrote it: a zip, or the legacy stream that DeepSpeed's
+    ``checkpoint_serialization: false`` asks for (``_use_new_zipfile_serialization=False``; a probe's save of
+    that kind was "corrupt torch zip file" in every rank file). Both give the object and its storages' places."""
+    if TorchLegacyReader.supports(path):
+        obj, placements, big_endian = read_legacy(path)
+        return TorchZip(obj, placements, big_endian, "")
+    return read_torch_zip(path)
+
+
 @register_reader
 class DeepSpeedReader(CheckpointReader):
     """A DeepSpeed ZeRO tag dir (``global_stepN/``), or its save dir through ``latest``."""
@@ -370,7 +381,7 @@ class DeepSpeedReader(CheckpointReader):
                             tag_dir)
         parsed_models: dict[int | None, TorchZip] = {}
         for dp, name in sorted(layout.model.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
-            parsed_models[dp] = read_torch_zip(tag_dir / name)
+            parsed_models[dp] = read_rank_file(tag_dir / name)
             index.files.append(FileInfo(prefix + name, (tag_dir / name).stat().st_size, "data"))
         states_key = None if None in parsed_models and main_model == layout.model.get(None) else \
             next(k for k, v in layout.model.items() if v == main_model)
@@ -387,7 +398,7 @@ class DeepSpeedReader(CheckpointReader):
         # optimizer partitions
         parsed_optim: dict[int, TorchZip] = {}
         for dp, name in sorted(layout.optim.items()):
-            parsed_optim[dp] = read_torch_zip(tag_dir / name)
+            parsed_optim[dp] = read_rank_file(tag_dir / name)
             index.files.append(FileInfo(prefix + name, (tag_dir / name).stat().st_size, "optimizer"))
         osds = {dp: (z.obj or {}).get("optimizer_state_dict") if isinstance(z.obj, dict) else None
                 for dp, z in parsed_optim.items()}
@@ -465,7 +476,7 @@ class DeepSpeedReader(CheckpointReader):
                 if not path.is_file():
                     continue
                 rel = f"{prefix}{UNIVERSAL_DIR}/{name}/{state}.pt"
-                state_zip = read_torch_zip(path)
+                state_zip = read_rank_file(path)
                 ref = state_zip.obj.get("param") if isinstance(state_zip.obj, dict) else state_zip.obj
                 if not isinstance(ref, TensorRef) or ref.storage is None:
                     index.warnings.append(f"{rel}: no tensor under 'param'; skipped")
