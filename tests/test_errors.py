@@ -284,15 +284,18 @@ def test_a_stopping_signal_removes_the_temporary_output(tmp_path, signame):
 
     data.llama_hf(path=str(tmp_path / "src"), gb=0.3)
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    signum = getattr(signal, signame)
+    # A job a non-interactive shell starts in the background inherits SIGQUIT (and SIGINT) ignored, and
+    # ckptscope leaves an ignored signal ignored (as under nohup): the child gets the default, as from a terminal.
     proc = subprocess.Popen([sys.executable, "-m", "ckptscope", "convert", str(tmp_path / "src"),
                              str(tmp_path / "out"), "--to", "hf", "--dtype", "float32"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signum, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob(".out.*.tmp")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     if proc.poll() is not None:
         pytest.skip("the conversion finished before it could be interrupted")
-    signum = getattr(signal, signame)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signum and f"terminated ({signame})" in err and err.count("\n") == 1, err
