@@ -608,3 +608,25 @@ def test_rank_files_in_torchs_legacy_format_are_read(saves, stage, tmp_path):
     assert run_cli("check", str(save)).code == 0
     with open_checkpoint(save) as reader:
         assert_bitwise(reader, oracle(saves[stage]))
+
+
+def test_a_tied_alias_in_a_universal_checkpoint_is_its_targets_master(tmp_path):
+    """For a tied model, DeepSpeed records ``shared_params = {"lm_head.weight": "model.embed_tokens.weight"}``
+    and ``ds_to_universal --inject_missing_state`` still writes ``zero/lm_head.weight/fp32.pt``, from the
+    low-precision module copy. ckptscope read lm_head from that folder, 1.4e-4 off the embedding that
+    DeepSpeed's zero_to_fp32 gives for both (a probe on a real tied save). Here the shipped universal save
+    (DeepSpeed's own) records the tie as a tied model's does; lm_head must read as the embedding's master."""
+    import numpy as np
+    import torch
+
+    save = tmp_path / "universal"
+    shutil.copytree(SHIPPED / "universal_zero2", save)
+    states = save / "global_step2_universal" / "mp_rank_00_model_states.pt"
+    obj = torch.load(states, weights_only=False)
+    obj["shared_params"] = {"lm_head.weight": "model.embed_tokens.weight"}
+    torch.save(obj, states)
+    assert (save / "global_step2_universal" / "zero" / "lm_head.weight" / "fp32.pt").is_file()
+    with open_checkpoint(save) as reader:
+        embedding = reader.read("model.embed_tokens.weight")
+        assert np.array_equal(reader.read("lm_head.weight"), embedding)
+        assert reader.meta("lm_head.weight").attr("shares_storage_with") == "model.embed_tokens.weight"

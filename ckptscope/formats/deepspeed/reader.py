@@ -750,9 +750,13 @@ class DeepSpeedReader(CheckpointReader):
                     pieces.append(_Piece(lo, hi, seg, 0))
                 self._add_param(built, name, shape, dtype or "float32", pieces,
                                 (("frozen", "frozen_param_fragments of every rank"),))
+        universal = bool((index.metadata.get("deepspeed") or {}).get("universal"))
         for alias, target in shared.items():
             meta = built.tensors.get(str(target))
-            if meta is not None and alias not in built.tensors:
+            # ds_to_universal --inject_missing_state writes a tied alias a folder of its own, from the bf16
+            # module copy: the save's tie (its target's fp32 master) is the model, as zero_to_fp32 gives it
+            # (a probe: lm_head read from that copy was 1.4e-4 off the embedding)
+            if meta is not None and (alias not in built.tensors or universal):
                 built.tensors[alias] = replace(meta, name=alias,
                                                attrs=meta.attrs + (("shares_storage_with", str(target)),))
                 if str(target) in built.holes:
