@@ -504,3 +504,15 @@ def test_usage_slips_are_one_clear_line(tmp_path):
     unknown = run_cli("inspect", str(tmp_path / "empty.bin"))
     tried = unknown.err.split("tried: ", 1)[1].strip().split(", ")
     assert unknown.code == 2 and len(tried) == len(set(tried)), unknown.err
+
+
+def test_an_export_of_a_save_whose_completion_marker_is_damaged_says_so(tmp_path):
+    """A torch_dist save whose metadata.json (Megatron-Core's completion marker) is not JSON: inspect warned
+    "the save may not have finished" and check reported it, but convert --to hf said nothing (a probe). The
+    tensors are whole (their own metadata says so), so the export goes on, with that warning on stderr."""
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "sample_ckpts" / "megatron_torch_dist", src)
+    (src / "iter_0000010" / "metadata.json").write_text('{"sharded_backend": ')
+    result = run_cli("convert", str(src), str(tmp_path / "out"), "--to", "hf")
+    assert result.code == 0 and "warning: metadata.json:" in result.err and "may not have finished" in result.err
+    assert (tmp_path / "out" / "model.safetensors").is_file()

@@ -345,19 +345,24 @@ def _agrees_with_the_args(index: CheckpointIndex, hf_config: dict[str, Any], sou
                         f"one: fix the config", src)
 
 
-def _refuse_damage(index: CheckpointIndex, entries: ModelEntries, src: Path) -> None:
+def _refuse_damage(index: CheckpointIndex, entries: ModelEntries, src: Path) -> list[str]:
     """A damaged model is not exported: readers index what is there (a missing HF shard's tensors are
     absent, a missing Megatron rank's shards read as zeros, for inspect and check to show), and an
     export of that would be a smaller or zeroed model with exit 0. Damage confined to training state
-    (an optimizer rank file) does not touch the model and is let through."""
+    (an optimizer rank file) does not touch the model and is let through. Returns the warnings of what
+    was let through that concerns the save as a whole (a damaged ``metadata.json``, Megatron's completion
+    marker: the export goes on, and says so, where it used to say nothing; a probe)."""
     training = set(entries.training_tensors())
+    passed: list[str] = []
     for issue in index.issues:
         if issue.kind == "unassembled-file":
             continue  # refused before, with its own reason
         if issue.tensors and all(name in training for name in issue.tensors):
             continue
         if not issue.tensors and issue.file and issue.file.endswith(_METADATA_SUFFIXES):
-            continue  # a config or tracker file: what it leaves unknown is refused where it is needed
+            # a config or tracker file: what it leaves unknown is refused where it is needed
+            passed.append(f"{issue.file}: {issue.detail}")
+            continue
         where = f"{issue.file}: " if issue.file else ""
         raise CkptError(f"the checkpoint is damaged ({where}{issue.detail}); an export would lack or zero what it "
                         f"held: not converted (`ckptscope check` lists every problem)", src)
@@ -366,6 +371,7 @@ def _refuse_damage(index: CheckpointIndex, entries: ModelEntries, src: Path) -> 
         raise CkptError(f"the checkpoint is damaged ({found[0].kind} in {found[0].tensor}: {found[0].detail}); an "
                         f"export would zero what no chunk holds: not converted (`ckptscope check` lists every "
                         f"problem)", src)
+    return passed
 
 
 def _damage(src: str | Path, trust_pickle: bool) -> str | None:
@@ -419,7 +425,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                         f"assembled by ckptscope (first: {apart[0].file}, {apart[0].detail.split(':')[0]}); an export "
                         f"would lack their tensors", src_path)
     entries = model_entries(index, logical=True)
-    _refuse_damage(index, entries, src_path)
+    damage_notes = _refuse_damage(index, entries, src_path)
     several = index.metadata.get("accelerate_models")
     if several:  # exporting the first alone would drop the others without a word
         raise CkptError(f"an accelerate save_state of {len(several)} models ({', '.join(several)}): convert one "
@@ -527,8 +533,8 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
             notes += kept_notes
         recipes = entries.to_stored(recipes)
         out = [OutputTensor(n, r.shape, r.dtype if dtype == "keep" else dtype, r) for n, r in recipes.items()]
-        caveats = (HF_EXPORT_NOTES[view.arch](from_hf_config(hf_cfg_dict))
-                   if family == "mcore" and view.arch in HF_EXPORT_NOTES else [])
+        caveats = damage_notes + (HF_EXPORT_NOTES[view.arch](from_hf_config(hf_cfg_dict))
+                                  if family == "mcore" and view.arch in HF_EXPORT_NOTES else [])
         plan = ConvertPlan(str(src), str(dst), "hf", reader, out, cfg, view.arch, hf_config=hf_cfg_dict,
                            iteration=iteration, notes=notes + caveats + view_notes(view), caveats=caveats,
                            dropped=dropped + view.ignored)
@@ -589,7 +595,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
     args["iteration"] = iteration
     if arch_name in MLA_ARCHS or view.arch in MLA_ARCHS:  # MLA's down projections split by spec (legacy_layout)
         args["transformer_impl"] = "local" if spec == "local" else "transformer_engine"
-    caveats = EXPORT_NOTES[view.arch](cfg_out) if view.arch in EXPORT_NOTES else []
+    caveats = damage_notes + (EXPORT_NOTES[view.arch](cfg_out) if view.arch in EXPORT_NOTES else [])
     notes += caveats
     recipes = view.recipes
     if fp8:
