@@ -630,3 +630,17 @@ def test_a_tied_alias_in_a_universal_checkpoint_is_its_targets_master(tmp_path):
         embedding = reader.read("model.embed_tokens.weight")
         assert np.array_equal(reader.read("lm_head.weight"), embedding)
         assert reader.meta("lm_head.weight").attr("shares_storage_with") == "model.embed_tokens.weight"
+
+
+def test_a_save_dir_with_tags_of_its_own_is_read_through_latest_and_says_why_it_has_no_iterations(tmp_path):
+    """``engine.save_checkpoint(dir, tag="tag_a")``: the shipped save under a tag of the user's own. inspect
+    follows ``latest`` (as DeepSpeed's load does); timeline and --iteration named verl's pattern only."""
+    save = tmp_path / "save"
+    shutil.copytree(SHIPPED / "zero2", save)
+    (save / TAG).rename(save / "tag_a")
+    (save / "latest").write_text("tag_a")
+    with open_checkpoint(save) as reader:
+        assert_bitwise(reader, oracle(SHIPPED / "zero2"))
+    for command in (["timeline", str(save)], ["inspect", "--iteration", "2", str(save)]):
+        result = run_cli(*command)
+        assert result.code == 2 and "'latest' names 'tag_a'" in result.err and result.err.count("\n") == 1, result.err

@@ -452,6 +452,23 @@ def model_dir_within(path: str | Path) -> str | None:
     return save_state_model(path) or verl_step_role(path) or nemo_weights(path)
 
 
+SAVE_DIR_PATTERNS = ("iter_*, release, global_step_* (verl), global_stepN (DeepSpeed), step-*, checkpoint-*, "
+                     "checkpoint_*, epoch=E-step=N.ckpt")
+
+
+def not_a_save_root(path: str | Path) -> str:
+    """Why ``path`` has no iterations to choose from, in one line (a DeepSpeed dir whose ``latest`` names a
+    tag of the user's own, which has no order, is said as such; a probe found the old line naming verl's
+    pattern only)."""
+    from ckptscope.formats.deepspeed.reader import read_latest
+
+    tag = read_latest(Path(path)) if Path(path).is_dir() else None
+    if tag and not _DEEPSPEED.match(tag):
+        return (f"a DeepSpeed save dir whose tags are its own ('latest' names {tag!r}): only global_stepN saves "
+                f"are numbered, so there are no iterations to choose or order; name a tag dir instead")
+    return f"not a save directory with iterations ({SAVE_DIR_PATTERNS})"
+
+
 def resolve_root(path: str | Path, iteration: Iteration | None = None) -> str:
     """A save root (Megatron tracker, verl/torchtitan/HF Trainer step dirs) stands for its default
     iteration (``pick_iteration``), or for ``iteration`` when given; an accelerate ``save_state`` dir
@@ -459,8 +476,7 @@ def resolve_root(path: str | Path, iteration: Iteration | None = None) -> str:
     found = discover_iterations(path)
     if found is None:
         if iteration is not None:
-            raise CkptError(f"--iteration {iteration}: not a save directory with iterations "
-                            "(iter_*, release, global_step_*, step-*, checkpoint-*, checkpoint_*)", path)
+            raise CkptError(f"--iteration {iteration}: {not_a_save_root(path)}", path)
         return model_dir_within(path) or str(path)
     if not found and iteration is None:
         return str(path)

@@ -21,7 +21,7 @@ from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
 from ckptscope.mappings.schemas import is_ignored
 from ckptscope.ops.model import ModelEntries, model_entries
-from ckptscope.ops.roots import IterationInfo, discover_iterations, root_kind
+from ckptscope.ops.roots import IterationInfo, discover_iterations, not_a_save_root, root_kind
 
 SAMPLE_RUNS = 16
 """``--sample N`` takes its N rows as at most this many evenly spaced runs of consecutive rows: few
@@ -150,7 +150,7 @@ def parse_range(text: str | None) -> tuple[int | None, int | None]:
 def _choose(root: Path, found: list[IterationInfo] | None, lo: int | None, hi: int | None,
             notes: list[str]) -> list[IterationInfo]:
     if found is None:
-        raise CkptError("not a save directory with iterations (iter_*, global_step_*, step-*, checkpoint-*, checkpoint_*)", root)
+        raise CkptError(not_a_save_root(root), root)
     numbered = sorted((i for i in found if i.number is not None), key=lambda i: i.number or 0)
     chosen = [i for i in numbered if (lo is None or i.iteration >= lo) and (hi is None or i.iteration <= hi)]
     incomplete = [i for i in chosen if not i.complete]
