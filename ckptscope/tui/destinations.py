@@ -44,3 +44,26 @@ def default_destination(src: str | Path, tag: str, *, keep_suffix: bool = False)
         if not candidate.exists():
             return candidate
     return base.with_name(f"{base.name}-{tag}{suffix}")
+
+
+def replaced_text(dst: str | Path, overwrite: bool, *, limit: int = 10_000) -> str | None:
+    """What an overwrite will delete, said in the confirm step: ``replaces the existing folder … (12 files,
+    3.1 MiB)``; None when nothing is replaced. A probe ticked "overwrite" on a folder holding unrelated
+    files and the form said only where it would write; the files were gone after enter."""
+    from ckptscope.core.units import human_bytes, plural
+
+    path = Path(dst)
+    if not overwrite or not (path.exists() or path.is_symlink()):
+        return None
+    if path.is_symlink() or not path.is_dir():
+        size = path.lstat().st_size
+        return f"replaces the existing file {path} ({human_bytes(size)}): what is there now is deleted"
+    files, size = 0, 0
+    for entry in path.rglob("*"):
+        if files >= limit:
+            break
+        if entry.is_file() and not entry.is_symlink():
+            files += 1
+            size += entry.stat().st_size
+    counted = f"{plural(files, 'file')}{'+' if files >= limit else ''}, {human_bytes(size)}"
+    return f"replaces the existing folder {path} ({counted}): what is there now is deleted"

@@ -431,3 +431,38 @@ async def test_preview_refuses_moving_a_torch_files_tensor_out_of_its_dict(sampl
         await settle(pilot)
         assert app.screen is screen and len(screen.pending_renames()) == 1
     assert tree_hashes(tmp_path) == before
+
+
+@sync
+async def test_overwrite_says_what_it_replaces_before_writing(src, tmp_path):
+    """A probe ticked "overwrite" on an existing folder holding an unrelated file: the refusal stayed on
+    screen after ticking, and the confirm step said only where it would write; the file was gone after
+    enter. The stale refusal gives way, and the plan says what is replaced before anything is written."""
+    from textual.widgets import Checkbox
+
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "marker.txt").write_text("keep me?")
+    app = make_app(src, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await cursor_to(pilot, "lm_head.weight")
+        await pilot.press("x")
+        await settle(pilot)
+        await pilot.press("A")
+        await settle(pilot)
+        apply = app.screen
+        await type_into(pilot, str(taken))
+        await pilot.press("enter")
+        await settle(pilot)
+        assert "destination exists" in text_of(apply.query_one("#apply-status", Static))
+        apply.query_one("#apply-overwrite", Checkbox).value = True
+        await settle(pilot)
+        status = text_of(apply.query_one("#apply-status", Static))
+        assert "destination exists" not in status and "checks the plan again" in status
+        apply.action_go()
+        await settle(pilot)
+        assert apply.stage == "planned"
+        status = text_of(apply.query_one("#apply-status", Static))
+        assert f"replaces the existing folder {taken} (1 file, 8 B)" in status, status
+        assert (taken / "marker.txt").is_file()  # nothing written before the plan is confirmed

@@ -38,7 +38,7 @@ from ckptscope.tui.converting import (
     result_path,
     verify_text,
 )
-from ckptscope.tui.destinations import default_destination
+from ckptscope.tui.destinations import default_destination, replaced_text
 from ckptscope.tui.messages import (
     ConvertFailed,
     ConvertFinished,
@@ -342,8 +342,10 @@ class ConvertScreen(ModalScreen[str | None]):
         if message.problem:
             self._status(Group(Text.assemble(("✗ ", "bold red"), (message.problem, "red")), summary))
         else:
+            replaced = replaced_text(plan.dst, self.query_one("#convert-overwrite", Checkbox).value)
             self._status(Group(summary, Text.assemble("into ", (plan.dst, "bold"),
-                                                      ("   ctrl+s or Convert writes it", "dim"))))
+                                                      ("   ctrl+s or Convert writes it", "dim")),
+                               *([Text(f"⚠ {replaced}", style="bold yellow")] if replaced else [])))
         self.query_one("#convert-go", Button).disabled = bool(message.problem)
         self._fill_table(plan)
 

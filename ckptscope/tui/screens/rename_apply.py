@@ -30,6 +30,7 @@ from ckptscope.core.units import human_bytes
 from ckptscope.ops.rename.files import RenamePlan
 from ckptscope.ops.rename.rules import RenameRule, rules_request
 from ckptscope.tui.messages import RenameApplied, RenameFailed, RenamePlanned, RenameProgressed
+from ckptscope.tui.destinations import replaced_text
 from ckptscope.tui.renaming import default_destination
 
 PROGRESS_EVERY = 0.05
@@ -178,9 +179,11 @@ class RenameApplyScreen(ModalScreen[str | None]):
     def _planned(self, message: RenamePlanned) -> None:
         self.plan = message.plan
         self._set_stage("planned")
+        replaced = replaced_text(message.plan.dst, message.plan.overwrite)
         self._status(Group(plan_summary(message.plan),
                            Text.assemble("into ", (str(message.plan.dst), "bold"),
-                                         ("   enter writes it; SRC is only read", "dim"))))
+                                         ("   enter writes it; SRC is only read", "dim")),
+                           *([Text(f"⚠ {replaced}", style="bold yellow")] if replaced else [])))
         self.query_one("#apply-plan", Static).update(plan_details(message.plan))
         self.query_one("#apply-plan-box").display = True
         self.query_one("#apply-go", Button).focus()
@@ -221,10 +224,11 @@ class RenameApplyScreen(ModalScreen[str | None]):
     @on(Input.Changed, "#apply-dst")
     @on(Checkbox.Changed, "#apply-overwrite")
     def _edited(self) -> None:
-        """A new destination needs a new plan."""
+        """A new destination needs a new plan; the old plan's verdict (or refusal) no longer holds."""
         if self.stage == "planned":
             self.plan = None
             self._set_stage("destination")
+        if self.stage == "destination":
             self._status(Text("destination changed: enter checks the plan again", style="dim"))
             self.query_one("#apply-plan", Static).update("")
         self.query_one("#apply-plan-box").display = False
