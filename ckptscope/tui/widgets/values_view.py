@@ -164,10 +164,24 @@ class ValuesPager(Vertical):
             self.query_one("#values-slice", Input).value = self.selection.text()
         self._want()
 
+    def on_resize(self) -> None:
+        """The first page can be asked for before the pane has its width (80 columns assumed): with more
+        columns than fit, paging by columns skipped those past the edge (a probe at 80x24: [0:6] shown as
+        0-2, then > went to 6). A page whose column count is not what fits now is asked for again."""
+        page = self.page
+        if page is None or page.col_axis is None:
+            return
+        shown, fits = page.values.shape[1], self._page_cols()
+        if shown > fits or (shown < fits and page.col_start + shown < page.cols_total):
+            self._want()
+
     def show_page(self, page: ValuePage, keep_cursor: bool = False) -> None:
         if page.name != self.tensor:
             return
         self.page = page
+        shown, fits = page.values.shape[1], self._page_cols()
+        if page.col_axis is not None and self.size.width and shown > fits:
+            self._want()  # asked for before the pane had its width: ask again with the columns that fit
         self.screen.refresh_bindings()  # ] [ in the footer only when the slice has an axis to step
         cursor = self.query_one(ValuesTable).cursor_coordinate
         self.query_one("#values-title", Static).update(Text(page.title(), style="bold"))
