@@ -44,6 +44,7 @@ def _with_args(tmp_path: Path, **changes) -> Path:
     ({"glu_linear_offset": 1.0}, "glu_linear_offset"),
     ({"activation_func_clamp_value": 0.5}, "activation_func_clamp_value"),
     ({"softmax_scale": 0.5}, "softmax_scale"),
+    ({"normalization": "LayerNorm"}, "normalization"),
 ])
 def test_megatron_attention_a_llama_cannot_spell_is_refused(tmp_path, changes, reason):
     src = _with_args(tmp_path, **changes)
@@ -219,3 +220,22 @@ def test_megatron_expert_args_that_contradict_the_tensors_are_refused(tmp_path, 
     torch.save(common, common_file)
     result = run_cli("convert", str(mcore), str(tmp_path / "back"), "--to", "hf", "--arch", "qwen3_moe")
     assert result.code == 2 and said in result.err and "do not fit" in result.err, result.err
+
+
+def test_args_without_the_true_vocabulary_say_the_padding_is_kept(tmp_path):
+    """Megatron-LM records vocab_size None when the tokenizer gives it: the export keeps every padded row
+    as a token the model can emit. It said so only in --dry-run (a probe); now on stderr too."""
+    src = _with_args(tmp_path, vocab_size=None)
+    result = run_cli("convert", str(src), str(tmp_path / "hf"), "--to", "hf")
+    assert result.code == 0 and "warning: the true vocabulary size is unknown" in result.err, result.err
+
+
+def test_special_token_ids_survive_a_round_trip(tmp_path):
+    """bos/eos/pad token ids were dropped by HF -> Megatron -> HF for Llama, Mistral and Mixtral (a probe):
+    generation no longer knew its stop token. They travel in hf_config_extra now."""
+    config = json.loads((HF_SAMPLE / "config.json").read_text())
+    assert config.get("eos_token_id") is not None
+    assert run_cli("convert", str(HF_SAMPLE), str(tmp_path / "mcore"), "--to", "mcore").code == 0
+    assert run_cli("convert", str(tmp_path / "mcore"), str(tmp_path / "hf"), "--to", "hf").code == 0
+    back = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert all(back.get(k) == config.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id"))

@@ -74,6 +74,9 @@ HF_EXTRA_KEYS: dict[str, tuple[str, ...]] = {
 """HF config keys with no Megatron argument of the same meaning (soft-capping, sliding window and
 its per-layer pattern, local/global RoPE, the attention scale). They travel verbatim in the Megatron
 args under ``hf_config_extra`` so a round trip HF -> Megatron -> HF gives the same model."""
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+"""Special token ids of every arch's config.json, carried in ``hf_config_extra`` so a round trip keeps
+them (generation stops at ``eos_token_id``)."""
 
 _GEMMA_UNCARRIED = {"query_pre_attn_scalar": "the attention scale", "attn_logit_softcapping": "attention soft-capping",
                     "final_logit_softcapping": "logit soft-capping", "sliding_window": "the sliding window",
@@ -116,8 +119,8 @@ RENORMALISED_TOPK_ARCHS: set[str] = {"qwen2_moe", "qwen3_moe"}
 (Megatron: ``moe_router_pre_softmax`` False renormalises; True keeps the full softmax's weights)."""
 LOCAL_EXPERTS_KEY: set[str] = {"mixtral"}
 """Archs whose HF config counts experts as ``num_local_experts`` (else ``num_experts``)."""
-MEGATRON_FACT_KEYS = ("softmax_type", "glu_linear_offset", "activation_func_clamp_value", "quick_geglu",
-                      "openai_gelu", "squared_relu",
+MEGATRON_FACT_KEYS = ("normalization", "softmax_type", "glu_linear_offset", "activation_func_clamp_value",
+                      "quick_geglu", "openai_gelu", "squared_relu",
                       "add_bias_linear", "gated_linear_unit", "swiglu", "window_size", "window_attn_skip_freq",
                       "position_embedding_type", "rotary_interleaved", "qk_l2_norm", "no_rope_freq",
                       "moe_layer_freq", "moe_apply_probs_on_input", "moe_router_score_function", "rotary_percent",
@@ -284,6 +287,9 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
     found = _rope.hf_rope(text)
     if hf_extra is None and found and _rope.kind(found[1]) != "default":
         hf_extra = {found[0]: found[1]}  # kept verbatim in hf_config_extra, so the way back restores it
+    tokens = {k: text[k] for k in TOKEN_ID_KEYS if text.get(k) is not None}
+    if tokens:  # every arch: a round trip lost them (generation no longer knew its stop token; a probe)
+        hf_extra = {**tokens, **(hf_extra or {})}
     if qkv_bias is None and arch in ("qwen2", "qwen2_moe"):
         qkv_bias = True  # Qwen2's config has no flag: its q/k/v projections always carry biases
     return replace(ModelConfig(
@@ -481,6 +487,9 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
         out[key] = carried  # the HF spelling the model came with, verbatim
         if key == "rope_parameters":
             out.pop("rope_theta")
+    for key in TOKEN_ID_KEYS:
+        if (cfg.hf_extra or {}).get(key) is not None:
+            out.setdefault(key, cfg.hf_extra[key])  # type: ignore[index]
     if arch not in ROPE_CARRIED_BY_ARCH and not any(key in out for key in _rope.HF_KEYS):
         scaling = cfg.rope_scaling if cfg.rope_scaling is not None else cfg.megatron_rope
         if _rope.kind(scaling) != "default":
@@ -603,9 +612,12 @@ def hf_export_problems(cfg: ModelConfig, arch: str) -> list[str]:
     family must be gated, SiLU or Megatron's GELU as its HF config says, with a sliding window only
     where the arch spells it (``mappings.window``), and MoE routing its HF model computes."""
     problems = _llama_moe_problems(cfg, arch)
+    facts = cfg.megatron_facts or {}
+    if facts.get("normalization") not in (None, "RMSNorm"):  # a probe: LayerNorm exported as RMSNorm, exit 0
+        problems.append(f"its norms are {facts['normalization']} (args: normalization) while every {arch} norm is "
+                        f"an RMSNorm")
     if _carries_own_window(arch):
         return problems
-    facts = cfg.megatron_facts or {}
     problems += _llama_attention_problems(cfg, arch, facts)
     if "swiglu" in facts and not facts["swiglu"] and not facts.get("gated_linear_unit"):
         problems.append(f"its MLP is not gated (args: swiglu=False, no gated_linear_unit: linear_fc1 is one GELU "

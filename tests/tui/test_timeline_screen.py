@@ -77,3 +77,14 @@ async def test_timeline_screen_from_the_picker(hf_run):
         assert app.screen.include == ("model.layers.0.self_attn",)
         assert Path(app.screen.a).name == f"checkpoint-{steps[step]}"
         assert Path(app.screen.b).name == f"checkpoint-{steps[step + 1]}"
+
+
+def test_a_module_holding_nan_still_shows_its_finite_change():
+    """A bare "NaN" cell hid that the rest of the module kept training, which the CLI says as
+    ``2.10e-02 nan`` (a probe): the cell keeps the change, marked and red."""
+    from ckptscope.tui.screens.timeline import change_cell
+
+    marked = change_cell(0.021, nan=3)
+    assert "2e-2!" in marked.plain and "red" in str(marked.style)
+    assert change_cell(0.021).plain.strip() == "2e-2"
+    assert "NaN" in change_cell(float("nan"), nan=5).plain

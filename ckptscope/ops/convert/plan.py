@@ -425,7 +425,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                         f"assembled by ckptscope (first: {apart[0].file}, {apart[0].detail.split(':')[0]}); an export "
                         f"would lack their tensors", src_path)
     entries = model_entries(index, logical=True)
-    damage_notes = _refuse_damage(index, entries, src_path)
+    warned = _refuse_damage(index, entries, src_path)
     several = index.metadata.get("accelerate_models")
     if several:  # exporting the first alone would drop the others without a word
         raise CkptError(f"an accelerate save_state of {len(several)} models ({', '.join(several)}): convert one "
@@ -485,8 +485,11 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                 raise CkptError(f"this Megatron model would not compute {view.arch}: " + "; ".join(problems), src_path)
         if hf_cfg_dict is None and cfg.vocab_size is None and cfg.padded_vocab_size:
             cfg = ModelConfig(**{**cfg.to_dict(), "vocab_size": cfg.padded_vocab_size})
-            notes.append(f"the true vocabulary size is unknown (args have only padded_vocab_size): all "
-                         f"{cfg.padded_vocab_size} rows kept; pass --hf-config DIR to strip the padding")
+            # said on stderr, not only in --dry-run: the padding rows become tokens the model can emit (Megatron-LM
+            # records vocab_size None when the tokenizer gives it; a probe's export said nothing)
+            warned = warned + [
+                f"the true vocabulary size is unknown (the Megatron args have only padded_vocab_size): all "
+                f"{cfg.padded_vocab_size} rows kept, padding included; pass --hf-config DIR to strip the padding"]
         if hf_cfg_dict is None:
             if cfg.num_attention_heads and cfg.hidden_size and cfg.num_layers and cfg.vocab_size:
                 hf_cfg_dict = to_hf_config(cfg.merged(ModelConfig(arch=view.arch)))
@@ -533,7 +536,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
             notes += kept_notes
         recipes = entries.to_stored(recipes)
         out = [OutputTensor(n, r.shape, r.dtype if dtype == "keep" else dtype, r) for n, r in recipes.items()]
-        caveats = damage_notes + (HF_EXPORT_NOTES[view.arch](from_hf_config(hf_cfg_dict))
+        caveats = warned + (HF_EXPORT_NOTES[view.arch](from_hf_config(hf_cfg_dict))
                                   if family == "mcore" and view.arch in HF_EXPORT_NOTES else [])
         plan = ConvertPlan(str(src), str(dst), "hf", reader, out, cfg, view.arch, hf_config=hf_cfg_dict,
                            iteration=iteration, notes=notes + caveats + view_notes(view), caveats=caveats,
@@ -595,7 +598,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
     args["iteration"] = iteration
     if arch_name in MLA_ARCHS or view.arch in MLA_ARCHS:  # MLA's down projections split by spec (legacy_layout)
         args["transformer_impl"] = "local" if spec == "local" else "transformer_engine"
-    caveats = damage_notes + (EXPORT_NOTES[view.arch](cfg_out) if view.arch in EXPORT_NOTES else [])
+    caveats = warned + (EXPORT_NOTES[view.arch](cfg_out) if view.arch in EXPORT_NOTES else [])
     notes += caveats
     recipes = view.recipes
     if fp8:

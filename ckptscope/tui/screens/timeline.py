@@ -49,15 +49,17 @@ FLAG_KIND, FLAG_AT = 9, 8
 
 
 def change_cell(change: float, nan: int = 0) -> Text:
-    """One heatmap cell: the change in 2 digits on a colour of its order of magnitude."""
-    if nan:
-        return Text(" NaN  ", style="bold white on red")
+    """One heatmap cell: the change to one significant digit on a colour of its order of magnitude (the
+    detail line under the cursor has it in full). A module holding NaN is red with its finite elements'
+    change and a ``!`` (a bare "NaN" hid that the rest kept training, which the CLI's ``2.10e-02 nan`` says)."""
     if math.isinf(change):
         return Text(" inf  ", style="bold white on red")
-    if change == 0:
-        return Text("   0  ", style="dim")
-    level = min(len(RAMP) - 1, max(0, int((math.log10(change) + 6) / 6 * len(RAMP))))
+    if change == 0 or math.isnan(change):
+        return Text(" NaN! " if nan else "   0  ", style="bold white on red" if nan else "dim")
     text = f"{change:.0e}".replace("e-0", "e-").replace("e+0", "e")
+    if nan:
+        return Text(f"{text + '!':>5} ", style="bold white on red")
+    level = min(len(RAMP) - 1, max(0, int((math.log10(change) + 6) / 6 * len(RAMP))))
     return Text(f" {text:<5}", style=f"black on {RAMP[level]}" if level >= 4 else f"white on {RAMP[level]}")
 
 
@@ -237,8 +239,10 @@ class TimelineScreen(Screen[None]):
         its = self.result.iterations
         text = Text.assemble((series.name, "bold"), f"\nnorm {series.norm[0]:.4g} → {series.norm[-1]:.4g}")
         if 0 <= step < len(series.change):
+            nan = series.nan[step + 1]
             text.append(f"\n{its[step]} → {its[step + 1]}: change {series.change[step]:.3g}, "
-                        f"max |dW| {series.max_abs_change[step]:.3g}")
+                        f"max |dW| {series.max_abs_change[step]:.3g}"
+                        + (f" (of its finite elements; {nan:,} NaN at {its[step + 1]})" if nan else ""))
             text.append("\nenter: diff this between the two iterations", style="dim")
         self.query_one("#tl-detail", Static).update(text)
 
