@@ -425,3 +425,23 @@ def test_byte_length_against_dtype_and_shape():
     assert byte_length_problems(view) == []
     zipped = TensorMeta("z", "float32", (4,), (chunk((0,), (4,), byte_length=15, encoding=Encoding.TORCH_ZIP_ITEM),))
     assert "at least 16 bytes" in byte_length_problems(zipped)[0].detail
+
+
+def test_tp_ranks_whose_replicated_tensors_differ_are_reported(tmp_path, cli):
+    """A Megatron ``--ckpt-format torch`` save keeps every replicated tensor (norms, row-parallel biases) in
+    each TP rank's file; megatron-core at TP=2 runs each rank with its own copy. A probe added 0.5 to rank
+    1's copies of two norms: check, diff and convert all said nothing (the reader shows rank 0's). check
+    now compares the copies and names each one that differs; an untouched save stays clean."""
+    torch = pytest.importorskip("torch")
+    mcore = tmp_path / "mcore"
+    result = cli("convert", str(SAMPLES / "hf_llama_gqa"), str(mcore), "--to", "mcore", "--ckpt-format", "torch",
+                 "--tp", "2")
+    assert result.code == 0, result.err
+    assert cli("check", str(mcore)).code == 0
+    rank1 = next(mcore.glob("iter_*")) / "mp_rank_01" / "model_optim_rng.pt"
+    state = torch.load(rank1, weights_only=False)
+    state["model"]["decoder.final_layernorm.weight"] += 0.5
+    torch.save(state, rank1)
+    checked = cli("check", str(mcore))
+    assert checked.code == 1 and "replica-mismatch" in checked.out and "decoder.final_layernorm.weight" in checked.out
+    assert checked.out.count("replica-mismatch") == 1, checked.out

@@ -67,6 +67,9 @@ class CheckpointReader(ABC):
         self._dequantize = True
         self._block_scaled: dict[str, BlockScaled] = {}
         """Logical tensors made of a quantised payload and its scales (``formats.blockscaled``)."""
+        self._replicas: dict[str, list[Chunk]] = {}
+        """Per tensor, other stored copies that must hold the same values as the chunk shown (a Megatron
+        per-rank TP save keeps each replicated tensor in every rank's file; the index shows rank 0's)."""
 
     # --- what a format implements ----------------------------------------------------------
 
@@ -264,6 +267,29 @@ class CheckpointReader(ABC):
         bounds = normalize_region(stored.shape[1:], region)
         box = (slice(layer, layer + 1),) + tuple(slice(lo, hi) for lo, hi in bounds)
         return self.read(stored_name, box)[0]
+
+    def differing_replicas(self) -> list[tuple[str, Chunk]]:
+        """The stored copies (``_replicas``) whose values differ bit for bit from the copy the index shows:
+        a TP rank whose replicated norm drifted from rank 0's runs another model than the one an export
+        writes (a probe: diff and check said identical). Reads each replicated tensor; they are small."""
+        import numpy as np
+
+        index = self.index()
+        differing: list[tuple[str, Chunk]] = []
+        for name, copies in self._replicas.items():
+            meta = index.tensors.get(name)
+            if meta is None or len(meta.chunks) != 1:
+                continue
+            whole = tuple((0, size) for size in meta.chunks[0].shape)
+            shown = self._read_chunk(meta, meta.chunks[0], whole)
+            for chunk in copies:
+                if chunk.shape != meta.chunks[0].shape:
+                    continue
+                other = self._read_chunk(meta, chunk, whole)
+                if not np.array_equal(np.ascontiguousarray(shown).view(np.uint8),
+                                      np.ascontiguousarray(other).view(np.uint8)):
+                    differing.append((name, chunk))
+        return differing
 
     def close(self) -> None:
         with self._lock:

@@ -78,7 +78,8 @@ class Problem:
 
     kind: str
     """``missing-file``, ``truncated``, ``missing-marker``, ``tracker``, ``hole``, ``overlap``,
-    ``bad-chunk``, ``byte-length``, ``index-mismatch``, ``unreadable-file``, ``incomplete``."""
+    ``bad-chunk``, ``byte-length``, ``index-mismatch``, ``unreadable-file``, ``incomplete``,
+    ``replica-mismatch``."""
     file: str | None
     """Relative to the path that was checked (``iter_0000010/__0_0.distcp`` for a save root)."""
     tensors: tuple[str, ...]
@@ -596,6 +597,10 @@ def check_checkpoint(path: str | Path, iteration: Iteration | None = None) -> Ch
         with reader:
             reader.show_stored_quantization()  # storage is checked as stored: FP8 payloads and scales apart
             index = reader.index()
+            try:
+                differing = reader.differing_replicas()
+            except CkptError:
+                differing = []  # a copy that cannot be read: its file's problem is reported below
     except CkptError as exc:
         # The format is recognised but one file of a checkpoint dir does not parse (a rank file cut
         # short mid-write): damage to report, like a short .distcp. A single file that does not
@@ -616,6 +621,11 @@ def check_checkpoint(path: str | Path, iteration: Iteration | None = None) -> Ch
         report.layout = describe_checkpoint(target, index)
     root = target if target.is_dir() else target.parent
     found, report.files, report.chunks = check_index(index, root)
+    for name, chunk in differing:
+        found.append(Problem("replica-mismatch", chunk.file, (name,),
+                             f"this copy of a tensor every TP rank keeps differs from the one in "
+                             f"{index.tensors[name].chunks[0].file}: the ranks ran different weights, and "
+                             f"exports and diff take the first copy"))
     report.tensors = len(index.tensors)
     seen = {(p.kind, p.file) for p in problems}
     for problem in found:

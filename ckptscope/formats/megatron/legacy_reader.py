@@ -414,6 +414,9 @@ class MegatronLegacyReader(CheckpointReader):
         attrs: tuple[tuple[str, str], ...] = (("group", "model"), ("stored_as", stored))
         if split is Split.REPLICATED:
             chunk = self._chunk(name, base_rank, base)
+            if entry.split is Split.REPLICATED and len(ranks) > 1:  # every TP rank's copy (check compares them)
+                self._replicas[name] = [self._chunk(name, entry.pieces[t][0], entry.pieces[t][2])
+                                        for t in ranks[1:] if entry.pieces[t][2].storage is not None]
             return TensorMeta(name, base.dtype.name, base.shape, (chunk,), attrs)
         shape = list(base.shape)
         chunks: list[Chunk] = []
