@@ -169,18 +169,19 @@ class ValuesPager(Vertical):
         columns than fit, paging by columns skipped those past the edge (a probe at 80x24: [0:6] shown as
         0-2, then > went to 6). A page whose column count is not what fits now is asked for again."""
         page = self.page
-        if page is None or page.col_axis is None:
-            return
-        shown, fits = page.values.shape[1], self._page_cols()
-        if shown > fits or (shown < fits and page.col_start + shown < page.cols_total):
+        if page is not None and page.col_axis is not None and self._wrong_width(page):
             self._want()
+
+    def _wrong_width(self, page: ValuePage) -> bool:
+        """More columns than fit (the rest would be skipped by >), or fewer while more exist."""
+        shown, fits = page.values.shape[1], self._page_cols()
+        return shown > fits or (shown < fits and page.col_start + shown < page.cols_total)
 
     def show_page(self, page: ValuePage, keep_cursor: bool = False) -> None:
         if page.name != self.tensor:
             return
         self.page = page
-        shown, fits = page.values.shape[1], self._page_cols()
-        if page.col_axis is not None and self.size.width and shown > fits:
+        if page.col_axis is not None and self.size.width and self._wrong_width(page):
             self._want()  # asked for before the pane had its width: ask again with the columns that fit
         self.screen.refresh_bindings()  # ] [ in the footer only when the slice has an axis to step
         cursor = self.query_one(ValuesTable).cursor_coordinate
