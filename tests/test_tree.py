@@ -102,3 +102,7 @@ def test_tied_weights_in_a_torch_save_count_once_in_the_tree_and_the_byte_totals
     assert report.entries.num_params == tree.num_params == truth
     assert report.index.total_bytes == tree.nbytes == stored
     assert find(tree, "lm_head").num_params == find(find(tree, "model"), "embed_tokens").num_params == 96 * 16
+    # under a wrapper (Lightning's state_dict.) the model's names are not the stored ones the tie names
+    torch.save({"state_dict": state}, tmp_path / "wrapped.ckpt")
+    wrapped = inspect_checkpoint(tmp_path / "wrapped.ckpt")
+    assert wrapped.entries.prefix == "state_dict." and wrapped.entries.num_params == wrapped.tree().num_params == truth

@@ -85,22 +85,25 @@ def bytes_by_dtype(metas: Iterable[TensorMeta]) -> dict[str, int]:
     return dict(counts.most_common())
 
 
-def storage_aliases(metas: Iterable[TensorMeta]) -> dict[str, str]:
+def storage_aliases(metas: Iterable[TensorMeta], stored: Iterable[str] | None = None) -> dict[str, str]:
     """Stored name -> the earlier tensor whose bytes it shares (``shares_storage_with``: tied embeddings
     in a ``torch.save`` file), in the order given. The one rule by which parameters, bytes and an HF index's
-    ``total_size`` count such a pair once, as ``sum(p.numel() for p in model.parameters())`` does."""
+    ``total_size`` count such a pair once, as ``sum(p.numel() for p in model.parameters())`` does.
+    ``stored``: each meta's stored name, where the metas carry other names (a model view without its
+    ``state_dict.`` wrapper); ``shares_storage_with`` always names stored tensors."""
     metas = list(metas)
     if not any(map(_attrs_of, metas)):  # most checkpoints: one C-level pass
         return {}
+    names = [m.name for m in metas] if stored is None else list(stored)
     seen: set[str] = set()
     aliases: dict[str, str] = {}
-    for meta in metas:
+    for meta, name in zip(metas, names):
         sharers = meta.attr("shares_storage_with") if meta.attrs else None
         earlier = next((o for o in sharers.split(",") if o in seen), None) if sharers else None
         if earlier is None:
-            seen.add(meta.name)
+            seen.add(name)
         else:
-            aliases[meta.name] = earlier
+            aliases[name] = earlier
     return aliases
 
 

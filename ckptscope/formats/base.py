@@ -271,7 +271,8 @@ class CheckpointReader(ABC):
     def differing_replicas(self) -> list[tuple[str, Chunk]]:
         """The stored copies (``_replicas``) whose values differ bit for bit from the copy the index shows:
         a TP rank whose replicated norm drifted from rank 0's runs another model than the one an export
-        writes (a probe: diff and check said identical). Reads each replicated tensor; they are small."""
+        writes (a probe: diff and check said identical). Reads every copy whole: norms and biases are
+        small, but experts kept whole on every TP rank (expert TP 1) are read once per rank."""
         import numpy as np
 
         index = self.index()

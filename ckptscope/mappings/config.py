@@ -487,9 +487,8 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
         out[key] = carried  # the HF spelling the model came with, verbatim
         if key == "rope_parameters":
             out.pop("rope_theta")
-    for key in TOKEN_ID_KEYS:
-        if (cfg.hf_extra or {}).get(key) is not None:
-            out.setdefault(key, cfg.hf_extra[key])  # type: ignore[index]
+    carried = cfg.hf_extra or {}
+    out.update({key: carried[key] for key in TOKEN_ID_KEYS if carried.get(key) is not None and key not in out})
     if arch not in ROPE_CARRIED_BY_ARCH and not any(key in out for key in _rope.HF_KEYS):
         scaling = cfg.rope_scaling if cfg.rope_scaling is not None else cfg.megatron_rope
         if _rope.kind(scaling) != "default":

@@ -4,11 +4,11 @@ config it writes.
 The shapes of the always-present tensors are checked in ``config.hf_shape_problems``. This module covers
 what a config switches on or off: attention biases, q/k norms, multi-latent attention's projections
 (``q_lora_rank``) and their sizes, and which decoder layers are MoE; and that every layer holds what
-transformers builds in every layer of its kind (a save that left frozen parameters out lacks some). A config derived from Megatron args
-or given with ``--hf-config`` that disagrees with the stored tensors here gave an export that
-transformers loaded with tensors dropped as unexpected and others initialised at random, exit 0 (a
-probe: DeepSeek-V3 with another ``q_lora_rank``, ``kv_lora_rank`` or ``first_k_dense_replace``, an
-``attention_bias`` the tensors lack). The rules below are transformers 5's modeling code, checked
+transformers builds in every layer of its kind (a save that left frozen parameters out lacks some). A
+config derived from Megatron args or given with ``--hf-config`` that disagrees with the stored tensors
+here gave an export that transformers loaded with tensors dropped as unexpected and others initialised
+at random, exit 0 (a probe: DeepSeek-V3 with another ``q_lora_rank``, ``kv_lora_rank`` or
+``first_k_dense_replace``, an ``attention_bias`` the tensors lack). The rules below are transformers 5's modeling code, checked
 per arch against a model it builds from the same config (tests/test_hf_layout.py).
 """
 

@@ -165,7 +165,9 @@ def _fmt(template: str, found: Mapping[str, object]) -> str:
     return template.format(i=found.get("i"), e=found.get("e"))
 
 
-def _check_rules(arch: str) -> tuple[Rule, ...]:
+def rules_for(arch: str) -> tuple[Rule, ...]:
+    """The rules of ``arch``; an unknown name is one clear error listing the known ones (every command
+    that takes ``--arch`` says it this way)."""
     if arch not in SCHEMAS:
         raise CkptError(f"unknown architecture {arch!r}; known: {', '.join(sorted(SCHEMAS))}")
     return SCHEMAS[arch]
@@ -175,7 +177,7 @@ def to_hf(tensors: Mapping[str, TensorShape], cfg: ModelConfig, arch: str | None
     """Present Megatron-Core tensors (global, per-layer names; stacked torch_dist layers already
     split into per-layer views) as HF tensors."""
     arch = arch or detect_arch(tensors, cfg)
-    rules = _check_rules(arch)
+    rules = rules_for(arch)
     names = [n for n in tensors if not is_ignored(n)]
     links: list[Link] = []
     consumed: set[str] = set()
@@ -228,7 +230,7 @@ def to_mcore(tensors: Mapping[str, TensorShape], cfg: ModelConfig, arch: str | N
     ``local_spec`` names the two norms the way local-spec per-rank ``torch`` files do.
     """
     arch = arch or detect_arch(tensors, cfg)
-    rules = _check_rules(arch)
+    rules = rules_for(arch)
     stored: dict[str, str] = {}
     shared: list[str] = []
     if arch in MTP_ARCHS:  # MTP layers under their own names (see mappings/deepseek.py)

@@ -18,6 +18,7 @@ from ckptscope.formats.megatron.legacy_layout import Split, is_expert, tp_split
 from ckptscope.formats.megatron.model_layout import split_layer
 from ckptscope.mappings.config import ARCH_BY_MODEL_TYPE, HF_CLASS_BY_ARCH, arch_facts
 from ckptscope.mappings.fused_experts import FUSED_DOWN, FUSED_GATE_UP, V5_RENAMES, expert_templates
+from ckptscope.mappings.resolve import rules_for
 from ckptscope.mappings.schemas import SCHEMAS, Rule
 from ckptscope.mappings.transforms import TRANSFORMS
 
@@ -110,10 +111,9 @@ def _fused_facts(name: str) -> list[str]:
 
 def arch_info(name: str) -> ArchInfo:
     """One architecture, from its rules. Unknown names are one clear error listing the known ones."""
-    if name not in SCHEMAS:
-        raise CkptError(f"unknown architecture {name!r}; known: {', '.join(sorted(SCHEMAS))}")
+    rules = rules_for(name)
     model_types = sorted(t for t, arch in ARCH_BY_MODEL_TYPE.items() if arch == name)
-    return ArchInfo(name, HF_CLASS_BY_ARCH.get(name, "?"), model_types, [_tensor(r) for r in SCHEMAS[name]],
+    return ArchInfo(name, HF_CLASS_BY_ARCH.get(name, "?"), model_types, [_tensor(r) for r in rules],
                     list(arch_facts(name)) + _fused_facts(name))
 
 

@@ -53,10 +53,10 @@ class ModelEntries:
         return sum(bytes_by_dtype(self.unique_tensors()).values())
 
     def unique_tensors(self) -> list[TensorMeta]:
-        aliases = storage_aliases(self.tensors.values())
+        aliases = storage_aliases(self.tensors.values(), (self.stored[name] for name in self.tensors))
         if not aliases:  # no storage shared: every tensor counts
             return list(self.tensors.values())
-        return [meta for meta in self.tensors.values() if meta.name not in aliases]
+        return [meta for name, meta in self.tensors.items() if self.stored[name] not in aliases]
 
     def training_tensors(self) -> dict[str, TensorMeta]:
         """Every training-state tensor by stored name (what ``diff --training-state`` adds)."""

@@ -28,10 +28,11 @@ from ckptscope.mappings.resolve import (
     config_from_names,
     detect_arch,
     naming_family,
+    rules_for,
     shapes_of,
     to_hf,
 )
-from ckptscope.mappings.schemas import SCHEMAS, is_ignored
+from ckptscope.mappings.schemas import is_ignored
 from ckptscope.ops.diff.sidefiles import SideFile, pair_training_files
 from ckptscope.ops.model import model_entries
 from ckptscope.ops.roots import resolve_root, save_state_model
@@ -175,8 +176,8 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
     """
     if mapping not in ("auto", "none"):
         raise CkptError(f"--map must be auto or none, not {mapping!r}")
-    if arch is not None and arch not in SCHEMAS:  # refused even when this pair needs no mapping: a typo
-        raise CkptError(f"unknown architecture {arch!r}; known: {', '.join(sorted(SCHEMAS))}")
+    if arch is not None:
+        rules_for(arch)  # an unknown name is refused even when this pair needs no mapping: a typo
     reader_a = open_checkpoint(resolve_root(path_a), trust_pickle=trust_pickle)
     reader_b = open_checkpoint(resolve_root(path_b), trust_pickle=trust_pickle)
     if raw:

@@ -162,7 +162,10 @@ class ValuesPager(Vertical):
             self.selection = parse_selection("", self.shape)
             self._row = self._col = 0
             self.query_one("#values-slice", Input).value = self.selection.text()
-        self._want()
+        if self.size.width:
+            self._want()
+        else:  # the tab was just shown: ask once the pane has its width, so the first page fits it
+            self.call_after_refresh(self._want)
 
     def on_resize(self) -> None:
         """The first page can be asked for before the pane has its width (80 columns assumed): with more
