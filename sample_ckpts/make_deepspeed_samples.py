@@ -183,18 +183,43 @@ def write_deepspeed_steps(out: Path) -> Path:
     return out / STEPS_DIR
 
 
-PIPELINE_DIR, MOE_DIR = "pipeline_zero1", "moe_zero0"
+PIPELINE_DIR, PIPELINE_FP32_DIR, MOE_DIR = "pipeline_zero1", "pipeline_zero0_fp32", "moe_zero0"
+PIPELINE_TP_DIR = "pipeline_tp2"
+PIPELINE_VARIANTS = {PIPELINE_DIR: {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}},
+                     PIPELINE_FP32_DIR: {"zero_optimization": {"stage": 0}},
+                     PIPELINE_TP_DIR: {"zero_optimization": {"stage": 0}}}
+"""Save dir -> its config beyond the common one. ``pipeline_tp2`` runs on a topology with a model axis
+(``PipeModelDataParallelTopology``, pp=1 x tp=2, as Megatron-DeepSpeed builds it): layer files
+``layer_0N-model_0{0,1}-model_states.pt`` and one ``mp_rank_0T`` per tensor-parallel rank."""
 
 
-def _run_unassembled_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
-    """Two layouts the reader does not assemble, each saved by DeepSpeed's engine on 2 ranks (this one
-    writes the first; ``_run_moe_rank`` the second):
+def pipeline_oracle_path(save_dir: Path) -> Path:
+    """What DeepSpeed's engine holds after the save of a pipeline sample, gathered over the stages:
+    ``{"fp32": {name: fp32 master}, "module": {name: module weight}}`` under ``PipelineModule``'s names
+    (``<layer>.<param>``, ``tied_modules.<key>.<param>``)."""
+    return save_dir.parent / f"{save_dir.name}.oracle.pt"
 
-    * ``pipeline_zero1/``: a ``PipelineModule`` of 5 layers in 2 stages (pp=2, dp=1), bf16 ZeRO-1:
-      ``layer_0{0..4}-model_states.pt``, ``mp_rank_0{0,1}_model_states.pt`` and per-stage optim files;
-    * ``moe_zero0/``: ``deepspeed.moe.layer.MoE`` with 4 experts at ep_size=2 (fp32, ZeRO-0):
-      ``layer_0_expert_{0..3}_mp_rank_00_model_states.pt`` and ``expp_rank_{0,1}_mp_rank_00_optim_states.pt``
-      beside ``mp_rank_00_model_states.pt``."""
+
+def _pipeline_layers():
+    """Six layers in two stages of three; the tied ``Linear`` is the first layer of stage 0 and the last
+    of stage 1 (``TiedLayerSpec`` without ``forward_fn``: both stages save it in their layer file)."""
+    from torch import nn
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
+
+    return [TiedLayerSpec("tie", nn.Linear, 6, 6, bias=False), LayerSpec(nn.Linear, 6, 10), LayerSpec(nn.ReLU),
+            LayerSpec(nn.Linear, 10, 6), LayerSpec(nn.LayerNorm, 6), TiedLayerSpec("tie", nn.Linear, 6, 6, bias=False)]
+
+
+def _run_pipeline_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    """The pipeline samples, each saved by DeepSpeed's engine on 2 ranks (pp=2, dp=1) after 2 steps:
+
+    * ``pipeline_zero1/``: bf16 ZeRO-1: ``layer_0{0..5}-model_states.pt`` (the bf16 module weights, one
+      file per layer; ReLU's is empty), ``mp_rank_0{0,1}_model_states.pt`` (one per stage, no ``module``)
+      and per-stage ``bf16_zero_pp_rank_0_mp_rank_0{0,1}_optim_states.pt`` holding the fp32 masters;
+    * ``pipeline_zero0_fp32/``: fp32, ZeRO-0: the layer files are the model.
+
+    The oracle (``pipeline_oracle_path``): each stage's ``safe_get_full_fp32_param`` of every param (the
+    param itself where there are no masters apart) and its ``module.state_dict()``, merged by rank 0."""
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -205,33 +230,64 @@ def _run_unassembled_rank(rank: int, world_size: int, out: str, init_file: str) 
     import torch
     import torch.distributed as dist
     from torch import nn
-    from deepspeed.pipe import LayerSpec, PipelineModule
+    from deepspeed.pipe import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+    from deepspeed.utils import safe_get_full_fp32_param
 
-    deepspeed.init_distributed(dist_backend="gloo")  # PipelineModule and MoE ask DeepSpeed's comm for groups
-    base = {"steps_per_print": 10**6, "zero_allow_untested_optimizer": True}
-    torch.manual_seed(3)
-    pipe = PipelineModule(layers=[LayerSpec(nn.Linear, 6, 10), LayerSpec(nn.ReLU), LayerSpec(nn.Linear, 10, 7),
-                                  LayerSpec(nn.LayerNorm, 7), LayerSpec(nn.Linear, 7, 5)],
-                          num_stages=2, loss_fn=nn.MSELoss(), partition_method="uniform")
-    config = {**base, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
-              "bf16": {"enabled": True}, "zero_optimization": {"stage": 1},
-              "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}}}
-    engine, *_ = deepspeed.initialize(model=pipe, model_parameters=list(pipe.parameters()), config=config,
-                                      dist_init_required=False)
-    gen = torch.Generator().manual_seed(10)
+    deepspeed.init_distributed(dist_backend="gloo")  # PipelineModule asks DeepSpeed's comm for groups
+    for name, extra in PIPELINE_VARIANTS.items():
+        torch.manual_seed(3)
+        if name == PIPELINE_TP_DIR:
+            topology = PipeModelDataParallelTopology(num_pp=1, num_mp=2, num_dp=1)
+            pipe = PipelineModule(layers=_pipeline_layers(), topology=topology, loss_fn=nn.MSELoss())
+        else:
+            pipe = PipelineModule(layers=_pipeline_layers(), num_stages=2, loss_fn=nn.MSELoss(),
+                                  partition_method="uniform")
+        config = {"steps_per_print": 10**6, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}}, **extra}
+        engine, *_ = deepspeed.initialize(model=pipe, model_parameters=list(pipe.parameters()), config=config,
+                                          dist_init_required=False)
+        dtype = torch.bfloat16 if "bf16" in extra else torch.float32
+        gen = torch.Generator().manual_seed(10)
 
-    def batches():
-        while True:
-            yield (torch.randn(2, 6, generator=gen).bfloat16(), torch.randn(2, 5, generator=gen).bfloat16())
+        def batches():
+            while True:
+                yield torch.randn(2, 6, generator=gen).to(dtype), torch.randn(2, 6, generator=gen).to(dtype)
 
-    engine.train_batch(data_iter=batches())
-    engine.save_checkpoint(str(Path(out) / PIPELINE_DIR))
-    dist.barrier()
+        data = batches()
+        save = Path(out) / name
+        for _ in range(2):
+            engine.train_batch(data_iter=data)
+            engine.save_checkpoint(str(save))
+            dist.barrier()
+        if name == PIPELINE_TP_DIR:  # no oracle: ckptscope refuses it (its ranks are not stages)
+            continue
+        part = save.parent / f"{name}.stage{rank}.tmp.pt"
+        masters = {}
+        for param_name, param in engine.module.named_parameters():
+            master = safe_get_full_fp32_param(param)  # None without fp32 masters apart (fp32 ZeRO-0)
+            masters[param_name] = (param if master is None else master).detach().float().clone()
+        torch.save({"fp32": masters,
+                    "module": {n: t.detach().clone() for n, t in engine.module.state_dict().items()}}, part)
+        dist.barrier()
+        if rank == 0:
+            merged: dict = {"fp32": {}, "module": {}}
+            for r in range(world_size):
+                stage_part = save.parent / f"{name}.stage{r}.tmp.pt"
+                loaded = torch.load(stage_part, weights_only=True)
+                for key in merged:
+                    merged[key].update(loaded[key])
+                stage_part.unlink()
+            torch.save(merged, pipeline_oracle_path(save))
+        dist.barrier()
     dist.destroy_process_group()
 
 
 def _run_moe_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
-    """``moe_zero0/`` (see ``_run_unassembled_rank``); its own spawn: DeepSpeed keeps the pipeline's groups."""
+    """``moe_zero0/``, a layout the reader does not assemble, saved by DeepSpeed's engine on 2 ranks:
+    ``deepspeed.moe.layer.MoE`` with 4 experts at ep_size=2 (fp32, ZeRO-0):
+    ``layer_0_expert_{0..3}_mp_rank_00_model_states.pt`` and ``expp_rank_{0,1}_mp_rank_00_optim_states.pt``
+    beside ``mp_rank_00_model_states.pt``. Its own spawn: DeepSpeed keeps the pipeline's groups."""
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -276,17 +332,18 @@ def _run_moe_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
     dist.destroy_process_group()
 
 
-def write_unassembled_samples(out: Path) -> tuple[Path, Path]:
-    """``out/pipeline_zero1`` and ``out/moe_zero0`` (see ``_run_unassembled_rank``)."""
+def write_pipeline_and_moe_samples(out: Path) -> tuple[Path, ...]:
+    """``out/pipeline_zero1``, ``out/pipeline_zero0_fp32`` (with their oracles) and ``out/moe_zero0``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    _spawn(_run_unassembled_rank, out, world_size=2)
+    _spawn(_run_pipeline_rank, out, world_size=2)
     _spawn(_run_moe_rank, out, world_size=2)
-    for name in (PIPELINE_DIR, MOE_DIR):  # DeepSpeed's helper script is its code, not data
+    names = (*PIPELINE_VARIANTS, MOE_DIR)
+    for name in names:  # DeepSpeed's helper script is its code, not data
         for script in (out / name).glob("zero_to_*.py"):
             script.unlink()
-    return out / PIPELINE_DIR, out / MOE_DIR
+    return tuple(out / name for name in names)
 
 
 UNIVERSAL = "universal_zero{}"
@@ -386,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     written = write_deepspeed_samples(Path(argv[0]))
     write_universal_samples(Path(argv[0]))
-    write_unassembled_samples(Path(argv[0]))
+    write_pipeline_and_moe_samples(Path(argv[0]))
     write_trainer_zero3_sample(Path(argv[0]))
     write_zero_to_fp32_bin(Path(argv[0]))
     print(json.dumps({stage: str(path) for stage, path in written.items()}))

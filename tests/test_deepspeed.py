@@ -462,32 +462,109 @@ def test_generator_writes_the_shipped_universal_layout(tmp_path):
         assert fresh == shipped
 
 
-# --- pipeline and MoE saves: not assembled, and said so -----------------------------------------------
+# --- pipeline saves: assembled; tensor-parallel and MoE saves: not assembled, and said so ----------------
 
 
-@pytest.mark.parametrize("name, files", [
-    ("pipeline_zero1", ["layer_03-model_states.pt", "mp_rank_01_model_states.pt"]),
-    ("moe_zero0", ["layer_0_expert_2_mp_rank_00_model_states.pt", "expp_rank_1_mp_rank_00_optim_states.pt"]),
+@pytest.mark.parametrize("name, tag, files", [
+    ("pipeline_tp2", "global_step2", ["layer_03-model_01-model_states.pt", "layer_03-model_00-model_states.pt",
+                                      "mp_rank_01_model_states.pt"]),
+    ("moe_zero0", "global_step1", ["layer_0_expert_2_mp_rank_00_model_states.pt",
+                                   "expp_rank_1_mp_rank_00_optim_states.pt"]),
 ])
-def test_pipeline_and_moe_saves_are_flagged_and_not_exported(name, files, tmp_path):
-    """A PipelineModule save (pp=2) and an MoE save (4 experts, ep=2), written by DeepSpeed's engine
-    (``make_deepspeed_samples.write_unassembled_samples``, shipped). Their layer, expert and other
-    model-parallel rank files are not assembled: before, inspect showed stage 0 / no experts, check
-    said ok and nothing warned. Now check fails naming each file, inspect warns, exports refuse."""
+def test_tensor_parallel_and_moe_saves_are_flagged_and_not_exported(name, tag, files, tmp_path):
+    """A PipelineModule on a topology with a model axis (pp=1 x tp=2, Megatron-DeepSpeed's naming
+    ``layer_NN-model_TT-model_states.pt``) and an MoE save (4 experts, ep=2), written by DeepSpeed's
+    engine (``make_deepspeed_samples.write_pipeline_and_moe_samples``, shipped). Their tensor-parallel
+    ranks and expert files are not assembled: check fails naming each file, inspect warns, exports
+    refuse. (Before, ``-model_00-`` layer files matched no pattern and were ignored without a word.)"""
     save = SHIPPED / name
     result = run_cli("check", str(save))
     assert result.code == 1, result.out + result.err
     for file in files:
-        assert f"unassembled-file: global_step1/{file}" in result.out, result.out
+        assert f"unassembled-file: {tag}/{file}" in result.out, result.out
     result = run_cli("inspect", "--json", str(save))
     assert result.code == 0 and any("not assembled" in w for w in json.loads(result.out)["metadata"]["warnings"])
     result = run_cli("merge", str(save), str(tmp_path / "hf"), "--hf-config", str(SHIPPED / "hf_config"))
     assert result.code == 2 and "not assembled" in result.err and not (tmp_path / "hf").exists(), result.err
 
 
+def _pipeline_oracle(name: str) -> dict:
+    """DeepSpeed's engine after the save (``make_deepspeed_samples.pipeline_oracle_path``): each stage's
+    ``safe_get_full_fp32_param`` and ``module.state_dict()``, as plain numpy arrays."""
+    import torch
+
+    loaded = torch.load(str(SHIPPED / f"{name}.oracle.pt"), weights_only=True)
+    return {kind: {n: t.float().numpy() for n, t in tensors.items()} for kind, tensors in loaded.items()}
+
+
+def test_pipeline_save_reads_every_stage_masters_and_layer_files_bitwise():
+    """``PipelineModule`` in 2 stages, bf16 ZeRO-1 (shipped, written by DeepSpeed 0.19.8): each stage has
+    its own ``mp_rank_0S`` model states (no ``module``) and optim file, and every layer its own
+    ``layer_NN-model_states.pt``. The model is every stage's fp32 masters under the module's names,
+    bitwise what DeepSpeed's ``safe_get_full_fp32_param`` returns; the layer files' bf16 weights are the
+    ``lp_params.`` copies, bitwise the engine's ``module.state_dict()``. The tied module (first layer of
+    stage 0, last of stage 1) is one master. Before, only stage 0's masters were shown and check failed."""
+    oracle = _pipeline_oracle("pipeline_zero1")
+    with open_checkpoint(SHIPPED / "pipeline_zero1") as reader:
+        index = reader.index()
+        model = {n for n, t in index.tensors.items() if t.attr("zero") is not None}
+        assert model == set(oracle["fp32"]) and "tied_modules.tie.weight" in model
+        for name, want in oracle["fp32"].items():
+            assert np.array_equal(np.asarray(reader.read(name)), want), name
+        for name, want in oracle["module"].items():
+            got = np.asarray(reader.read("lp_params." + name)).astype(np.float32)
+            assert index.tensors["lp_params." + name].dtype == "bfloat16" and np.array_equal(got, want), name
+        assert not index.issues and not index.warnings
+        assert index.metadata["deepspeed"]["pipeline_stages"] == 2
+    result = run_cli("check", str(SHIPPED / "pipeline_zero1"))
+    assert result.code == 0, result.out + result.err
+    doc = json.loads(run_cli("inspect", "--json", str(SHIPPED / "pipeline_zero1")).out)
+    assert doc["metadata"]["num_params"] == sum(v.size for v in oracle["fp32"].values())
+    assert "pipeline of 2 stages" in doc["iteration_layout"]
+
+
+def test_pipeline_save_without_masters_is_its_layer_files():
+    """fp32 ZeRO-0 keeps no masters apart: the layer files are the model, bitwise the engine's params.
+    Nothing in this save names the tied module, so it shows under both layers that hold it (0 and 5),
+    each equal to the engine's ``tied_modules.tie.weight``; each stage's client-optimizer state (both
+    number their params from 0) keeps its own name."""
+    oracle = _pipeline_oracle("pipeline_zero0_fp32")["fp32"]
+    with open_checkpoint(SHIPPED / "pipeline_zero0_fp32") as reader:
+        index = reader.index()
+        want = {("0.weight" if n.startswith("tied_modules.") else n): v for n, v in oracle.items()}
+        want["5.weight"] = oracle["tied_modules.tie.weight"]
+        model = {n for n in index.tensors if not n.startswith("optimizer.")}
+        assert model == set(want)
+        for name, value in want.items():
+            assert np.array_equal(np.asarray(reader.read(name)), value), name
+        assert index.tensors["optimizer.state.0.exp_avg"].shape == (6, 6)
+        assert index.tensors["optimizer.stage_1.state.1.exp_avg"].shape == (6, 10)  # stage 1's 3.weight
+        assert not index.issues
+
+
+def test_pipeline_save_missing_a_layer_file_is_damage(tmp_path):
+    """A deleted layer file takes the module copies of its params: check names them (before, pipeline saves
+    were only ever 'not assembled')."""
+    save = tmp_path / "save"
+    shutil.copytree(SHIPPED / "pipeline_zero1", save)
+    (save / "global_step2" / "layer_03-model_states.pt").unlink()
+    result = run_cli("check", str(save))
+    assert result.code == 1 and "missing-file" in result.out and "3.weight" in result.out, result.out
+
+
+def test_pipeline_iterations_diff_by_their_training_step():
+    """The two saves of the run (global_step1, global_step2) diff as the same module names, every
+    trained param changed by the step between them."""
+    result = run_cli("diff", "--json", str(SHIPPED / "pipeline_zero1" / "global_step1"),
+                     str(SHIPPED / "pipeline_zero1" / "global_step2"))
+    assert result.code == 1, result.err
+    summary = json.loads(result.out)["summary"]
+    assert summary["different"] == 7 and not summary["only_a"] and not summary["only_b"], summary
+
+
 def test_generator_writes_the_shipped_pipeline_and_moe_layouts(tmp_path):
     pytest.importorskip("deepspeed")
-    for fresh in ds_generators().write_unassembled_samples(tmp_path):
+    for fresh in ds_generators().write_pipeline_and_moe_samples(tmp_path):
         names = sorted(p.relative_to(fresh).as_posix() for p in fresh.rglob("*") if p.is_file())
         shipped = sorted(p.relative_to(SHIPPED / fresh.name).as_posix() for p in (SHIPPED / fresh.name).rglob("*")
                          if p.is_file())

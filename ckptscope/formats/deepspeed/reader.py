@@ -39,7 +39,13 @@ module's weights *are* the model and are listed under their names (ZeRO-3's plac
 a warning says the weights are in the missing optim files).
 
 A missing rank file is an issue (``check``) and a warning; reading the elements it held is an error
-naming it. Tensor-parallel saves (``mp_rank_01``...) are not assembled: rank 00 only, with a warning.
+naming it.
+
+A ``PipelineModule`` save has one model/optim pair per stage (``mp_rank_{stage:02d}``, module None) and one
+``layer_NN[-model_00]-model_states.pt`` per layer: each stage is read as above and merged under the module's
+names (layer ids are global), then the layer files add the module weights (``lp_params.`` beside masters,
+the model without). Tensor-parallel saves (``mp_rank_01`` without layer files, layer files of TP rank > 0)
+and MoE expert files are not assembled: rank 00 only, each other file an ``unassembled-file`` issue.
 """
 
 from __future__ import annotations
@@ -75,10 +81,12 @@ UNIVERSAL_STATES = ("fp32", "exp_avg", "exp_avg_sq")
 """Per-param files of a universal checkpoint: the fp32 master (the model) and the Adam moments."""
 MODEL_STATES = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
 OPTIM_STATES = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
-UNASSEMBLED = re.compile(r"^(?:layer_\d+-model_states\.pt"  # PipelineModule: one file per layer
-                         r"|(?:layer_\d+_)?expert_\d+_mp_rank_\d+_model_states\.pt"  # MoE experts
+LAYER_FILE = re.compile(r"^layer_(\d+)(?:-model_(\d+))?-model_states\.pt$")
+"""``PipelineModule.save_state_dict``: one file per layer, ``layer_{idx:02d}[-model_{tp:02d}]-model_states.pt``
+(the ``-model_NN`` part when the topology has a model axis, as Megatron-DeepSpeed's has)."""
+UNASSEMBLED = re.compile(r"^(?:(?:layer_\d+_)?expert_\d+_mp_rank_\d+_model_states\.pt"  # MoE experts
                          r"|expp_rank_\d+_mp_rank_\d+_optim_states\.pt)$")  # MoE expert-parallel optimizer
-"""DeepSpeed files of layouts this reader does not assemble (pipeline and MoE saves)."""
+"""DeepSpeed files of layouts this reader does not assemble (MoE saves)."""
 _STEP = re.compile(r"global_step(\d+)$")
 LP_PREFIX = "lp_params."
 MOMENT_PREFIX = "optimizer.state."
@@ -178,39 +186,55 @@ class _Built:
 class DsLayout:
     """The rank files of one tag dir."""
 
+    mp: int = 0
+    """The model-parallel rank (a pipeline stage, or a tensor-parallel rank) ``model`` and ``optim`` are of."""
     model: dict[int | None, str] = field(default_factory=dict)
-    """DP rank (None for ``mp_rank_00_model_states.pt``) -> file name, model-parallel rank 00 only."""
+    """DP rank (None for ``mp_rank_XX_model_states.pt``) -> file name, model-parallel rank ``mp`` only."""
     optim: dict[int, str] = field(default_factory=dict)
     bf16: bool = False
     other_mp: list[str] = field(default_factory=list)
+    mp_ranks: set[int] = field(default_factory=set)
+    """Every model-parallel rank with a model- or optim-states file."""
+    layers: dict[int, str] = field(default_factory=dict)
+    """PipelineModule layer files of tensor-parallel rank 0 (or of a topology without one): layer -> file."""
     unassembled: list[str] = field(default_factory=list)
-    """Pipeline layer files and MoE expert files (``UNASSEMBLED``): their tensors are not shown."""
+    """MoE expert files (``UNASSEMBLED``) and layer files of tensor-parallel ranks other than 0: their
+    tensors are not shown."""
     universal: list[str] = field(default_factory=list)
     """``zero/<param>/`` dirs of a universal checkpoint (``ds_to_universal``), each with ``fp32.pt``."""
 
 
-def ds_layout(tag_dir: Path) -> DsLayout | None:
-    """The DeepSpeed files of ``tag_dir``, or None when it has none. Never raises."""
+def ds_layout(tag_dir: Path, mp: int = 0) -> DsLayout | None:
+    """The DeepSpeed files of ``tag_dir`` (rank files of model-parallel rank ``mp``), or None when it has
+    none. Never raises."""
     try:
         names = sorted(p.name for p in tag_dir.iterdir() if p.is_file())
     except OSError:
         return None
-    layout = DsLayout()
+    layout = DsLayout(mp=mp)
     found = False
     for name in names:
         m = MODEL_STATES.match(name)
         o = OPTIM_STATES.match(name)
+        layer = LAYER_FILE.match(name)
         if UNASSEMBLED.match(name):
             layout.unassembled.append(name)
+        elif layer:
+            if layer.group(2) is not None and int(layer.group(2)) != 0:
+                layout.unassembled.append(name)
+            else:
+                layout.layers[int(layer.group(1))] = name
         elif m:
             found = True
-            if int(m.group(2)) != 0:
+            layout.mp_ranks.add(int(m.group(2)))
+            if int(m.group(2)) != mp:
                 layout.other_mp.append(name)
             else:
                 layout.model[int(m.group(1)) if m.group(1) is not None else None] = name
         elif o:
             found = True
-            if int(o.group(3)) != 0:
+            layout.mp_ranks.add(int(o.group(3)))
+            if int(o.group(3)) != mp:
                 layout.other_mp.append(name)
             else:
                 layout.optim[int(o.group(2))] = name
@@ -226,6 +250,18 @@ def _universal_params(zero_dir: Path) -> list[str]:
         return sorted(p.name for p in zero_dir.iterdir() if (p / "fp32.pt").is_file())
     except OSError:
         return []
+
+
+def pipeline_stages(layout: DsLayout) -> list[int] | None:
+    """The model-parallel ranks of a ``PipelineModule`` save when they are its stages, or None.
+
+    DeepSpeed's pipeline engine names each stage's model- and optim-states files by its model-parallel
+    rank (``mp_rank_{stage:02d}``) and writes every layer's weights to a layer file of its own. With
+    tensor parallelism as well (Megatron-DeepSpeed's topology), layer files carry ``-model_NN`` and the
+    ranks mix stages and TP ranks: not assembled."""
+    if not layout.layers or any(LAYER_FILE.match(name) for name in layout.unassembled):
+        return None
+    return sorted(layout.mp_ranks) or None
 
 
 def latest_file(root: Path) -> str:
@@ -357,21 +393,33 @@ class DeepSpeedReader(CheckpointReader):
         step = _STEP.search(tag_dir.name)
         if step:
             index.metadata["iteration"] = int(step.group(1))
-        # Model-parallel ranks (Megatron-DeepSpeed TP, pipeline stages), PipelineModule layer files and MoE
-        # expert files hold tensors shown nowhere: damage to what ckptscope shows, so check fails and exports
-        # refuse rather than write a model without them.
-        apart = layout.other_mp + layout.unassembled
-        summary = (f"{len(apart)} DeepSpeed files are not assembled (model-parallel ranks other than 00, pipeline "
-                   f"layer files, MoE expert files): the model shown lacks their tensors")
-        for name in layout.other_mp:
-            index.add_issue("unassembled-file", "a model-parallel rank other than 00: ckptscope does not assemble "
-                            "DeepSpeed model- or pipeline-parallel saves; its tensors are not shown",
+        stages = pipeline_stages(layout)
+        # Tensor-parallel ranks (Megatron-DeepSpeed TP, AutoTP), their layer files and MoE expert files hold
+        # tensors shown nowhere: damage to what ckptscope shows, so check fails and exports refuse rather
+        # than write a model without them.
+        other_mp = [] if stages else layout.other_mp
+        layer_files = [] if stages else list(layout.layers.values())
+        apart = other_mp + layer_files + layout.unassembled
+        summary = (f"{len(apart)} DeepSpeed files are not assembled (tensor-parallel ranks, MoE expert files): "
+                   f"the model shown lacks their tensors")
+        for name in other_mp:
+            index.add_issue("unassembled-file", "a model-parallel rank other than 00 of a tensor-parallel save: "
+                            "ckptscope does not assemble DeepSpeed tensor-parallel saves; its tensors are not shown",
                             file=prefix + name, warning=summary)
-        for name in layout.unassembled:
-            what = "an MoE expert file" if "exp" in name else "a PipelineModule layer file"
-            index.add_issue("unassembled-file", f"{what}: ckptscope does not assemble DeepSpeed pipeline or MoE "
-                            "saves; its tensors are not shown", file=prefix + name, warning=summary)
+        for name in sorted(layer_files + layout.unassembled):
+            what = "an MoE expert file" if "exp" in name else "a PipelineModule layer file of a tensor-parallel save"
+            index.add_issue("unassembled-file", f"{what}: ckptscope does not assemble DeepSpeed tensor-parallel or "
+                            "MoE saves; its tensors are not shown", file=prefix + name, warning=summary)
+        if stages:
+            self._index_pipeline(index, tag_dir, prefix, layout, stages, info)
+        else:
+            self._index_rank(index, tag_dir, prefix, layout, info)
+        return index
 
+    def _index_rank(self, index: CheckpointIndex, tag_dir: Path, prefix: str, layout: DsLayout,
+                    info: dict[str, Any]) -> None:
+        """The model (and training state) of one model-parallel rank's files: all of a save without model
+        parallelism, one stage of a pipeline save."""
         # model states: param shapes, buffers, frozen params, shared params
         main_model = layout.model.get(None) or (layout.model.get(0) if 0 in layout.model else None)
         if main_model is None and layout.model:
@@ -393,7 +441,7 @@ class DeepSpeedReader(CheckpointReader):
         if layout.universal:
             self._index_universal(index, tag_dir, prefix, layout, model_obj, model_zip, prefix + main_model,
                                   parsed_models)
-            return index
+            return
 
         # optimizer partitions
         parsed_optim: dict[int, TorchZip] = {}
@@ -414,7 +462,7 @@ class DeepSpeedReader(CheckpointReader):
             if layout.optim:
                 index.warnings.append("the *_optim_states.pt files hold no optimizer_state_dict")
             self._index_module_only(index, model_obj, prefix + main_model, model_zip, stage)
-            return index
+            return
 
         first_dp = min(osds)
         first = osds[first_dp]
@@ -425,7 +473,7 @@ class DeepSpeedReader(CheckpointReader):
             raise CkptError(f"{layout.optim[first_dp]}: unknown zero_stage {to_plain(first.get('zero_stage'))!r} or "
                             f"partition_count {to_plain(count)!r}", tag_dir)
         info.update({"zero_stage": stage, "world_size": world, "optim_files": "bf16_" if layout.bf16 else ""})
-        optim_name = ("bf16_" if layout.bf16 else "") + "zero_pp_rank_{}_mp_rank_00_optim_states.pt"
+        optim_name = ("bf16_" if layout.bf16 else "") + "zero_pp_rank_{}_mp_rank_" + f"{layout.mp:02d}_optim_states.pt"
         for dp in sorted(d for d in parsed_optim if d >= world):
             index.warnings.append(f"{layout.optim[dp]}: rank {dp} is outside world size {world}; ignored")
             osds.pop(dp, None)
@@ -438,7 +486,7 @@ class DeepSpeedReader(CheckpointReader):
                 if r not in layout.model:
                     index.add_issue("missing-file", "missing (ZeRO-3 model states, one per rank); its frozen "
                                     "param fragments cannot be read",
-                                    file=f"{prefix}zero_pp_rank_{r}_mp_rank_00_model_states.pt")
+                                    file=f"{prefix}zero_pp_rank_{r}_mp_rank_{layout.mp:02d}_model_states.pt")
 
         param_groups = [_ordered(g) for g in model_obj.get("param_shapes") or []]
         shapes: list[dict[str, tuple[int, ...]]] = []
@@ -454,7 +502,117 @@ class DeepSpeedReader(CheckpointReader):
                            layout, prefix, shapes)
         self._finish(index, built, model_obj)
         self._optimizer_objects(index, first, parsed_optim[first_dp], files[first_dp], stage)
-        return index
+
+    # --- pipeline saves ------------------------------------------------------------------------------
+
+    def _index_pipeline(self, index: CheckpointIndex, tag_dir: Path, prefix: str, layout: DsLayout,
+                        stages: list[int], info: dict[str, Any]) -> None:
+        """A ``PipelineModule`` save: every stage's rank files read as a save of their own (its fp32
+        masters cut from its optim files by its own ``param_shapes``), merged under the module's names
+        (``<layer>.<param>``, ``tied_modules.<key>.<param>``: layer ids are global, so stages never share a
+        name but a tied module's), then the layer files: the module's weights, the model itself when
+        there are no masters apart (fp32 ZeRO-0), else their low-precision copies (``lp_params.``)."""
+        info["pipeline_stages"] = len(stages)
+        trained: set[str] = set()
+        buffers: set[str] = set()
+        for mp in stages:
+            sub = CheckpointIndex(path=index.path, format=index.format)
+            stage_layout = ds_layout(tag_dir, mp)
+            assert stage_layout is not None  # the same dir ds_layout read
+            self._index_rank(sub, tag_dir, prefix, stage_layout, info if mp == stages[0] else {})
+            objects = {o.name: o.value for o in sub.objects}
+            tp = objects.get("checkpoint_parallel_dimensions.tp_degree")
+            if isinstance(tp, int) and tp > 1:
+                raise CkptError(f"a pipeline save with tensor parallelism (tp_degree {tp}), which ckptscope does not "
+                                "assemble", tag_dir)
+            trained |= {name for name, meta in sub.tensors.items() if meta.attr("zero") is not None}
+            names = objects.get("buffer_names")
+            buffers |= {str(n) for n in names} if isinstance(names, list) else set()
+            self._merge_stage(index, sub, mp, first=mp == stages[0], tag_dir=tag_dir)
+        self._index_layer_files(index, tag_dir, prefix, layout, trained, buffers)
+
+    @staticmethod
+    def _merge_stage(index: CheckpointIndex, sub: CheckpointIndex, mp: int, *, first: bool, tag_dir: Path) -> None:
+        """Stage ``mp``'s index into the save's. A tied module's master (and moments) is kept once, from
+        the first stage that holds it; training state both stages name alike (``optimizer.param_groups``,
+        a client optimizer's ``optimizer.state.0``) gets the stage in its name: ``optimizer.stage_1.``..."""
+        from ckptscope.core.roles import training_kind
+
+        def staged(name: str) -> str:
+            root, dot, rest = name.partition(".")
+            return f"{root}.stage_{mp}{dot}{rest}"
+
+        known_files = {f.path for f in index.files}
+        index.files.extend(f for f in sub.files if f.path not in known_files)
+        index.warnings.extend(w for w in sub.warnings if w not in index.warnings)
+        index.issues.extend(sub.issues)
+        for key, value in sub.metadata.items():
+            index.metadata.setdefault(key, value)
+        params = {name for name, meta in sub.tensors.items() if meta.attr("zero") is not None}
+        for name, meta in sub.tensors.items():
+            model = training_kind(name, meta.attr("group")) is None
+            if first or model or (name.startswith(MOMENT_PREFIX) and name.split(".", 3)[-1] in params):
+                if name not in index.tensors:  # a param's master or moments: named by the param
+                    index.tensors[name] = meta
+                elif model and "tied_modules." not in name:
+                    raise CkptError(f"stages {index.tensors[name].files[0]} and {meta.files[0]} both hold "
+                                    f"{name!r}: not a pipeline save ckptscope can assemble", tag_dir)
+                # else: a tied module's master or moments again, on a later stage (DeepSpeed keeps them equal)
+            else:  # the stage's own bookkeeping (a client optimizer's state.0 is another param on each stage)
+                index.tensors[staged(name)] = replace(meta, name=staged(name))
+        known = {o.name: o.value for o in index.objects}
+        for obj in sub.objects:
+            if first:
+                index.objects.append(obj)
+            elif obj.name != "<root>" and known.get(obj.name, obj) != obj.value:
+                index.objects.append(replace(obj, name=staged(obj.name)))
+
+    def _index_layer_files(self, index: CheckpointIndex, tag_dir: Path, prefix: str, layout: DsLayout,
+                           trained: set[str], buffers: set[str]) -> None:
+        """The layer files' tensors under ``PipelineModule``'s names. Layer ``i``'s params are ``i.<param>``,
+        but a tied module's are ``tied_modules.<key>.<param>`` wherever it stands: a layer file whose params
+        the masters know only under one tied key is that module (its copy on a later stage is skipped)."""
+        masters = bool(trained)
+        tied_keys = sorted({n.split(".")[1] for n in trained if n.startswith("tied_modules.") and n.count(".") >= 2})
+        for layer, file_name in sorted(layout.layers.items()):
+            path = tag_dir / file_name
+            zip_ = read_rank_file(path)
+            index.files.append(FileInfo(prefix + file_name, path.stat().st_size, "data"))
+            state = _ordered(zip_.obj)
+            if not isinstance(zip_.obj, dict):
+                raise CkptError(f"{file_name}: not a layer's state dict ({type_name(zip_.obj)})", tag_dir)
+            refs = {str(k): v for k, v in state.items() if isinstance(v, TensorRef) and v.storage is not None}
+            owner = f"{layer}."
+            if masters and not any(owner + local in trained for local in refs):
+                keys = [k for k in tied_keys if any(f"tied_modules.{k}.{local}" in trained for local in refs)]
+                if len(keys) == 1:
+                    owner = f"tied_modules.{keys[0]}."
+            for local, ref in refs.items():
+                name = owner + local
+                meta = tensor_meta(name, ref, prefix + file_name, zip_.storages.get(ref.storage.key),
+                                   big_endian=zip_.big_endian, path=self.path)
+                if masters and name in trained:
+                    lp = LP_PREFIX + name
+                    if lp not in index.tensors:
+                        index.tensors[lp] = replace(meta, name=lp, attrs=meta.attrs + (("group", "optimizer"),
+                                                                                   ("lp_copy_of", name)))
+                    continue
+                if name in index.tensors:
+                    if owner.startswith("tied_modules."):
+                        continue  # the tied module's layer file on another stage
+                    raise CkptError(f"{file_name}: {name!r} is held twice", tag_dir)
+                if masters and name in buffers and meta.dtype_info.is_float and meta.dtype != "float32":
+                    self._upcast[name] = meta.dtype  # read as float32, as the non-pipeline buffers are
+                    meta = replace(meta, dtype="float32", attrs=meta.attrs + (("stored_as", ref.dtype.name),))
+                elif masters and name not in buffers:
+                    meta = replace(meta, attrs=meta.attrs + (("frozen", "not in the fp32 partitions; the layer "
+                                                                         "file's copy"),))
+                index.tensors[name] = meta
+        lacking = sorted(name for name in trained if LP_PREFIX + name not in index.tensors)
+        if lacking:  # every trained param's layer writes its module copy: a layer file is gone
+            index.add_issue("missing-file", f"no layer file holds the module's copy of {len(lacking)} trained "
+                            f"params ({', '.join(lacking[:3])}{' ...' if len(lacking) > 3 else ''}): a "
+                            "layer_NN-model_states.pt file is missing", tensors=tuple(lacking))
 
     def _index_universal(self, index: CheckpointIndex, tag_dir: Path, prefix: str, layout: DsLayout, obj: dict,
                          zip_: TorchZip, file: str, parsed_models: dict[int | None, TorchZip]) -> None:
@@ -746,7 +904,7 @@ class DeepSpeedReader(CheckpointReader):
                         if isinstance(ref, TensorRef):
                             dtype = ref.dtype.name
                     if seg is None:
-                        seg = Segment(hi - lo, None, missing=f"zero_pp_rank_{r}_mp_rank_00_model_states.pt")
+                        seg = Segment(hi - lo, None, missing=f"zero_pp_rank_{r}_mp_rank_{layout.mp:02d}_model_states.pt")
                     pieces.append(_Piece(lo, hi, seg, 0))
                 self._add_param(built, name, shape, dtype or "float32", pieces,
                                 (("frozen", "frozen_param_fragments of every rank"),))
