@@ -239,3 +239,41 @@ def test_special_token_ids_survive_a_round_trip(tmp_path):
     assert run_cli("convert", str(tmp_path / "mcore"), str(tmp_path / "hf"), "--to", "hf").code == 0
     back = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert all(back.get(k) == config.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id"))
+
+
+@pytest.mark.parametrize("ckpt_format", ["torch_dist", "torch"])
+def test_generation_config_survives_a_round_trip(tmp_path, ckpt_format):
+    """generation_config.json (sampling settings, extra stop tokens) was lost by HF -> Megatron -> HF (a
+    probe): transformers then generated greedily with the config's single eos. It travels in the Megatron
+    args (hf_generation_config) now, through a re-shard too; transformers' GenerationConfig reads it back
+    the same. Megatron's own loader (torch.load of the args) sees a plain dict beside hf_config_extra."""
+    from transformers import GenerationConfig
+
+    src = tmp_path / "src"
+    shutil.copytree(HF_SAMPLE, src)
+    written = {"bos_token_id": 1, "eos_token_id": [2, 7], "do_sample": True, "temperature": 0.6, "top_p": 0.9,
+               "max_new_tokens": 77}
+    (src / "generation_config.json").write_text(json.dumps(written))
+    assert run_cli("convert", str(src), str(tmp_path / "mcore"), "--to", "mcore", "--ckpt-format", ckpt_format).code == 0
+    assert run_cli("convert", str(tmp_path / "mcore"), str(tmp_path / "tp2"), "--to", "mcore", "--tp", "2").code == 0
+    result = run_cli("convert", str(tmp_path / "tp2"), str(tmp_path / "hf"), "--to", "hf")
+    assert result.code == 0, result.err
+    want = GenerationConfig.from_pretrained(str(src)).to_diff_dict()
+    got = GenerationConfig.from_pretrained(str(tmp_path / "hf")).to_diff_dict()
+    assert got == want and got["eos_token_id"] == [2, 7] and got["temperature"] == 0.6
+    common = torch.load(str(tmp_path / "tp2" / "iter_0000000" / "common.pt"), weights_only=False)
+    assert vars(common["args"])["hf_generation_config"]["top_p"] == 0.9
+
+
+def test_generation_config_given_beside_the_export_wins(tmp_path):
+    """--hf-config DIR with its own generation_config.json: that file is copied, not the carried one."""
+    src = tmp_path / "src"
+    shutil.copytree(HF_SAMPLE, src)
+    (src / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "do_sample": True}))
+    assert run_cli("convert", str(src), str(tmp_path / "mcore"), "--to", "mcore").code == 0
+    other = tmp_path / "other"
+    shutil.copytree(HF_SAMPLE, other)
+    (other / "generation_config.json").write_text(json.dumps({"temperature": 0.2, "do_sample": True}))
+    assert run_cli("convert", str(tmp_path / "mcore"), str(tmp_path / "hf"), "--to", "hf",
+                   "--hf-config", str(other)).code == 0
+    assert json.loads((tmp_path / "hf" / "generation_config.json").read_text())["temperature"] == 0.2

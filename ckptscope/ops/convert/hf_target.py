@@ -180,6 +180,8 @@ def finish_hf(plan: ConvertPlan, out: Path) -> None:
     if len(dtypes) == 1:
         set_config_dtype(config, dtypes.pop())
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if plan.generation_config is not None:
+        (out / "generation_config.json").write_text(json.dumps(plan.generation_config, indent=2, sort_keys=True) + "\n")
     for source, name in plan.copies:
         if not (out / name).exists():
             shutil.copy2(source, out / name)

@@ -142,6 +142,9 @@ class ConvertPlan:
     shards: list[tuple[str, list[str]]] = field(default_factory=list)
     copies: list[tuple[Path, str]] = field(default_factory=list)
     """Files copied verbatim (tokenizer, generation config): (source path, destination name)."""
+    generation_config: dict[str, Any] | None = None
+    """``generation_config.json`` for an HF export from Megatron whose args carry one (``hf_generation_config``,
+    written by an HF -> Megatron convert) and no file is copied: sampling settings and stop tokens."""
     notes: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     caveats: list[str] = field(default_factory=list)
@@ -209,6 +212,43 @@ def _source_hf_config(index: CheckpointIndex) -> dict[str, Any] | None:
     for key in ("hf_config", "huggingface_config"):
         if isinstance(index.metadata.get(key), dict):
             return dict(index.metadata[key])
+    return None
+
+
+GENERATION_CONFIG = "generation_config.json"
+GENERATION_ARG = "hf_generation_config"
+"""The Megatron args key an HF -> Megatron convert keeps ``generation_config.json`` under, beside
+``hf_config_extra``: Megatron never reads either, and the way back writes the file again (a probe found
+sampling settings and extra stop tokens lost in HF -> Megatron -> HF)."""
+
+
+def _generation_config_file(src: Path, index: CheckpointIndex, hf_config_dir: Path | None) -> dict[str, Any] | None:
+    """The HF source's ``generation_config.json`` (the first of ``_config_dirs``), or None. One that does
+    not parse as a JSON object is not carried, with a warning: it is not the model's to refuse over."""
+    for directory in _config_dirs(src, index, hf_config_dir):
+        path = directory / GENERATION_CONFIG
+        if not path.is_file():
+            continue
+        try:
+            value = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            index.warnings.append(f"{path}: not carried ({type(exc).__name__}: {exc})")
+            return None
+        if not isinstance(value, dict):
+            index.warnings.append(f"{path}: not carried (a JSON {type(value).__name__}, not an object)")
+            return None
+        return value
+    return None
+
+
+def _carried_generation_config(index: CheckpointIndex) -> dict[str, Any] | None:
+    """``hf_generation_config`` from a Megatron source's args, or None."""
+    for obj in index.objects:
+        value = obj.value
+        if isinstance(value, dict) and value.get("__class__", "").endswith("Namespace"):
+            carried = value.get(GENERATION_ARG)
+            if isinstance(carried, dict):
+                return {str(k): v for k, v in carried.items() if k != "__class__"}
     return None
 
 
@@ -543,6 +583,10 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                            dropped=dropped + view.ignored)
         plan.shards = _shard(out, parse_size(max_shard_size))
         plan.copies = _copies(src_path, index, Path(hf_config) if hf_config else None)
+        if family == "mcore" and GENERATION_CONFIG not in {name for _, name in plan.copies}:
+            plan.generation_config = _carried_generation_config(index)
+            if plan.generation_config is not None:
+                plan.notes.append(f"{GENERATION_CONFIG} written from the Megatron args (hf_generation_config)")
         return plan
 
     # --- to Megatron-Core ---
@@ -596,6 +640,11 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
     args = to_megatron_args(cfg_out, tp=tp, pp=pp, ep=ep, ckpt_format=ckpt_format,
                             make_vocab_size_divisible_by=divisible)
     args["iteration"] = iteration
+    generation = (_generation_config_file(src_path, index, Path(hf_config) if hf_config else None)
+                  if family == "hf" else _carried_generation_config(index))
+    if generation is not None:  # the way back to HF writes it again (Megatron itself never reads it)
+        args[GENERATION_ARG] = generation
+        notes.append(f"{GENERATION_CONFIG} carried in the Megatron args ({GENERATION_ARG})")
     if arch_name in MLA_ARCHS or view.arch in MLA_ARCHS:  # MLA's down projections split by spec (legacy_layout)
         args["transformer_impl"] = "local" if spec == "local" else "transformer_engine"
     caveats = warned + (EXPORT_NOTES[view.arch](cfg_out) if view.arch in EXPORT_NOTES else [])
