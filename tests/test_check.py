@@ -445,3 +445,9 @@ def test_tp_ranks_whose_replicated_tensors_differ_are_reported(tmp_path, cli):
     checked = cli("check", str(mcore))
     assert checked.code == 1 and "replica-mismatch" in checked.out and "decoder.final_layernorm.weight" in checked.out
     assert checked.out.count("replica-mismatch") == 1, checked.out
+    # convert took rank 0's copy and exited 0; now it refuses, naming the tensor and the rank file
+    for target in (["--to", "hf"], ["--to", "mcore", "--tp", "1"]):
+        out = tmp_path / f"out_{target[1]}"
+        converted = cli("convert", str(mcore), str(out), *target)
+        assert converted.code == 2 and "TP ranks disagree" in converted.err and not out.exists(), converted.err
+        assert "decoder.final_layernorm.weight" in converted.err and "mp_rank_01" in converted.err

@@ -268,18 +268,19 @@ class CheckpointReader(ABC):
         box = (slice(layer, layer + 1),) + tuple(slice(lo, hi) for lo, hi in bounds)
         return self.read(stored_name, box)[0]
 
-    def differing_replicas(self) -> list[tuple[str, Chunk]]:
+    def differing_replicas(self, max_bytes: int | None = None) -> list[tuple[str, Chunk]]:
         """The stored copies (``_replicas``) whose values differ bit for bit from the copy the index shows:
         a TP rank whose replicated norm drifted from rank 0's runs another model than the one an export
         writes (a probe: diff and check said identical). Reads every copy whole: norms and biases are
-        small, but experts kept whole on every TP rank (expert TP 1) are read once per rank."""
+        small, but experts kept whole on every TP rank (expert TP 1) are read once per rank; ``max_bytes``
+        skips tensors larger than that."""
         import numpy as np
 
         index = self.index()
         differing: list[tuple[str, Chunk]] = []
         for name, copies in self._replicas.items():
             meta = index.tensors.get(name)
-            if meta is None or len(meta.chunks) != 1:
+            if meta is None or len(meta.chunks) != 1 or (max_bytes is not None and meta.nbytes > max_bytes):
                 continue
             whole = tuple((0, size) for size in meta.chunks[0].shape)
             shown = self._read_chunk(meta, meta.chunks[0], whole)

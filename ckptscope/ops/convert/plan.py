@@ -414,6 +414,26 @@ def _refuse_damage(index: CheckpointIndex, entries: ModelEntries, src: Path) -> 
     return passed
 
 
+REPLICA_CHECK_BYTES = 64 * 1024**2
+"""Copies of a tensor every TP rank keeps are compared before an export up to this size each (norms, biases,
+routers); larger ones (experts kept whole on every TP rank) are left to ``check``, which reads them all."""
+
+
+def _refuse_diverged_replicas(reader: CheckpointReader, entries: ModelEntries, src: Path) -> None:
+    """A Megatron per-rank TP save whose ranks hold different values of a tensor they all keep (a norm whose
+    gradients were not reduced): the ranks ran different models, and an export would write rank 0's without
+    a word (``check`` said ``replica-mismatch``; convert took rank 0's). Refused, naming the tensor."""
+    training = set(entries.training_tensors())
+    differing = [(name, chunk) for name, chunk in reader.differing_replicas(max_bytes=REPLICA_CHECK_BYTES)
+                 if name not in training]
+    if differing:
+        name, chunk = differing[0]
+        more = f" (and {len(differing) - 1} more)" if len(differing) > 1 else ""
+        raise CkptError(f"the TP ranks disagree on {name!r}, which every rank keeps a copy of: {chunk.file}'s copy "
+                        f"differs from {reader.index().tensors[name].chunks[0].file}'s{more}; the ranks ran different "
+                        f"weights and an export would keep one: not converted (`ckptscope check` lists them)", src)
+
+
 def _damage(src: str | Path, trust_pickle: bool) -> str | None:
     """The first missing or unreadable file SRC's reader found, or None (or when SRC does not open)."""
     try:
@@ -466,6 +486,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                         f"would lack their tensors", src_path)
     entries = model_entries(index, logical=True)
     warned = _refuse_damage(index, entries, src_path)
+    _refuse_diverged_replicas(reader, entries, src_path)
     several = index.metadata.get("accelerate_models")
     if several:  # exporting the first alone would drop the others without a word
         raise CkptError(f"an accelerate save_state of {len(several)} models ({', '.join(several)}): convert one "
