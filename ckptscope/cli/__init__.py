@@ -103,7 +103,8 @@ def cli() -> None:
 def open_(path: str, other: str | None, trust_pickle: bool, light: bool, iteration: int | str | None) -> None:
     """Browse a checkpoint in the terminal: tensor tree, shard layout, stats, values, objects.
 
-    `ckptscope open A B` opens the diff screen of A and B (as `ckptscope diff A B` in a terminal)."""
+    `ckptscope open A B` opens the diff screen of A and B (as `ckptscope diff A B` in a terminal), and
+    exits as diff does: 0 equal, 1 different, 2 trouble."""
     from ckptscope.ops.opening import check_openable
 
     theme = "ckptscope-light" if light else None

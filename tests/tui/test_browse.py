@@ -260,6 +260,29 @@ async def test_filter_narrows_live_and_jumps(in_repo):
 
 
 @sync
+async def test_a_filter_that_matches_nothing_clears_the_tensor_panes(in_repo):
+    """A probe filtered for a name no tensor has: the tree emptied and the status said "no tensor matches",
+    but the detail pane still showed the tensor the cursor had left. It says to move onto a tensor now,
+    and esc brings the tree (and a tensor under the cursor) back."""
+    from ckptscope.tui.widgets.tensor_detail import TensorDetail
+
+    app = make_app(Path("sample_ckpts/hf_llama_sharded"), keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = browse(app)
+        await pilot.press("j", "j")
+        await settle(pilot)
+        assert screen.current is not None
+        await type_filter(pilot, "no_such_tensor")
+        assert text_of(screen.query_one("#filter-status", Static)).strip() == "no tensor matches"
+        facts = text_of(screen.query_one(TensorDetail).query_one("#facts", Static))
+        assert screen.current is None and "Move the cursor onto a tensor" in facts, facts
+        await pilot.press("escape")
+        await settle(pilot)
+        assert any("lm_head" in line for line in tree_lines(app))
+
+
+@sync
 async def test_filter_jump_cycles_through_matches(in_repo):
     path = Path("sample_ckpts/dtypes.safetensors")
     app = make_app(path, keymap={})

@@ -483,9 +483,20 @@ class BrowseScreen(RenameActions, Screen[None]):
             status.update(f"{message.matched:,} tensors match · {rows} row{'s' if rows != 1 else ''} · n / N to jump")
         else:
             status.update("no tensor matches")
+            self._show_no_tensor()
         if message.jump:
             tree.focus()
             self.action_next_match()
+
+    def _show_no_tensor(self) -> None:
+        """The tree is empty (a filter matched nothing): the panes stop showing the tensor the cursor left
+        (a probe saw the previous tensor's facts beside "no tensor matches")."""
+        self._highlighted, self.current = None, None
+        self.refresh_bindings()
+        if self._panes_ready:
+            self.query_one(TensorDetail).show(None)
+            self.query_one(StatsView).show_hint(None)
+            self.query_one(ValuesPager).show_hint(None)
 
     def _jump(self, step: int) -> None:
         if not self._leaves:
