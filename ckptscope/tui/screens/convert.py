@@ -160,10 +160,11 @@ class ConvertScreen(ModalScreen[str | None]):
             with Horizontal(id="convert-dst-row"):
                 yield Label("destination", classes="convert-label")
                 yield Input(str(self._default_dst), id="convert-dst", suggester=PathSuggester())
-                yield Checkbox("overwrite", id="convert-overwrite")
-                yield Checkbox("skip unknown", id="convert-skip-unknown",
-                               tooltip="Leave out entries that are neither model weights nor known training state "
-                                       "(--skip-unknown); without it they stop the conversion")
+                with Horizontal(id="convert-dst-flags"):  # under the path when narrow: the path keeps the width
+                    yield Checkbox("overwrite", id="convert-overwrite")
+                    yield Checkbox("skip unknown", id="convert-skip-unknown",
+                                   tooltip="Leave out entries that are neither model weights nor known training state "
+                                           "(--skip-unknown); without it they stop the conversion")
             yield Static(Text("planning…", style="italic"), id="convert-status")
             yield ProgressBar(id="convert-progress", show_eta=True)
             yield DataTable(id="convert-plan", cursor_type="row")

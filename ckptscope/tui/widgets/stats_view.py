@@ -23,7 +23,9 @@ def fmt(value: float) -> str:
 
 
 def histogram(stats: TensorStats, height: int = 8, bar_width: int = 1) -> list[Text]:
-    """A vertical bar chart of ``stats.hist_counts``, ``height`` rows tall, with the range below."""
+    """A vertical bar chart of ``stats.hist_counts``, ``height`` rows tall, with the range below. The
+    tallest bar's count is in the title (``histogram_title``): beside the top row it made a 40-bin chart
+    one line wider than the pane at 80 columns, and the wrapped count landed in the middle of the bars."""
     counts = stats.hist_counts
     if not counts:
         return [Text("no finite values to plot", style="dim")]
@@ -36,14 +38,19 @@ def histogram(stats: TensorStats, height: int = 8, bar_width: int = 1) -> list[T
             part = level - row * 8
             index = 0 if part <= 0 else 8 if part >= 8 else max(1, int(part))
             line.append(BARS[index] * bar_width, style="#5fafd7")
-        if row == height - 1:
-            line.append(f"  {peak:,}", style="dim")
         lines.append(line)
     width = len(counts) * bar_width
     lo, hi = fmt(stats.hist_lo), fmt(stats.hist_hi)
     lines.append(Text("▔" * width, style="dim"))
     lines.append(Text(lo + " " * max(1, width - len(lo) - len(hi)) + hi, style="dim"))
     return lines
+
+
+def histogram_title(stats: TensorStats) -> Text:
+    title = Text(f"histogram of finite values ({len(stats.hist_counts)} bins)", style="bold")
+    if stats.hist_counts:
+        title.append(f"  tallest {max(stats.hist_counts):,}", style="dim")
+    return title
 
 
 def stats_table(stats: TensorStats) -> Table:
@@ -81,6 +88,6 @@ class StatsView(Static):
         parts: list[RenderableType] = [Text(stats.name, style="bold"), Text(), stats_table(stats), Text()]
         if stats.note:
             parts.insert(1, Text(stats.note, style="italic dim"))
-        parts.append(Text(f"histogram of finite values ({len(stats.hist_counts)} bins)", style="bold"))
+        parts.append(histogram_title(stats))
         parts.extend(histogram(stats, bar_width=1 if len(stats.hist_counts) > 30 else 2))
         self.update(Group(*parts))
