@@ -184,9 +184,10 @@ def write_deepspeed_steps(out: Path) -> Path:
 
 
 PIPELINE_DIR, PIPELINE_FP32_DIR, MOE_DIR = "pipeline_zero1", "pipeline_zero0_fp32", "moe_zero0"
-PIPELINE_TP_DIR = "pipeline_tp2"
+PIPELINE_TP_DIR, PIPELINE_BF16_DIR = "pipeline_tp2", "pipeline_bf16_zero0"
 PIPELINE_VARIANTS = {PIPELINE_DIR: {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}},
                      PIPELINE_FP32_DIR: {"zero_optimization": {"stage": 0}},
+                     PIPELINE_BF16_DIR: {"bf16": {"enabled": True}, "zero_optimization": {"stage": 0}},
                      PIPELINE_TP_DIR: {"zero_optimization": {"stage": 0}}}
 """Save dir -> its config beyond the common one. ``pipeline_tp2`` runs on a topology with a model axis
 (``PipeModelDataParallelTopology``, pp=1 x tp=2, as Megatron-DeepSpeed builds it): layer files
@@ -216,7 +217,11 @@ def _run_pipeline_rank(rank: int, world_size: int, out: str, init_file: str) -> 
     * ``pipeline_zero1/``: bf16 ZeRO-1: ``layer_0{0..5}-model_states.pt`` (the bf16 module weights, one
       file per layer; ReLU's is empty), ``mp_rank_0{0,1}_model_states.pt`` (one per stage, no ``module``)
       and per-stage ``bf16_zero_pp_rank_0_mp_rank_0{0,1}_optim_states.pt`` holding the fp32 masters;
-    * ``pipeline_zero0_fp32/``: fp32, ZeRO-0: the layer files are the model.
+    * ``pipeline_zero0_fp32/``: fp32, ZeRO-0: the layer files are the model;
+    * ``pipeline_bf16_zero0/``: bf16, ZeRO-0 (Megatron-DeepSpeed's usual setup): DeepSpeed's BF16_Optimizer
+      keeps the fp32 masters in ``bf16_zero_pp_rank_0_mp_rank_0S_optim_states.pt`` and records no param
+      shapes, only ``param_slice_mappings``;
+    * ``pipeline_tp2/``: ZeRO-0 on a topology with a model axis (see ``PIPELINE_VARIANTS``).
 
     The oracle (``pipeline_oracle_path``): each stage's ``safe_get_full_fp32_param`` of every param (the
     param itself where there are no masters apart) and its ``module.state_dict()``, merged by rank 0."""

@@ -497,15 +497,20 @@ def _pipeline_oracle(name: str) -> dict:
     return {kind: {n: t.float().numpy() for n, t in tensors.items()} for kind, tensors in loaded.items()}
 
 
-def test_pipeline_save_reads_every_stage_masters_and_layer_files_bitwise():
-    """``PipelineModule`` in 2 stages, bf16 ZeRO-1 (shipped, written by DeepSpeed 0.19.8): each stage has
-    its own ``mp_rank_0S`` model states (no ``module``) and optim file, and every layer its own
+@pytest.mark.parametrize("save, stage_text", [("pipeline_zero1", "ZeRO-1"),
+                                              ("pipeline_bf16_zero0", "ZeRO-0, BF16_Optimizer (ZeRO-0)")])
+def test_pipeline_save_reads_every_stage_masters_and_layer_files_bitwise(save, stage_text):
+    """``PipelineModule`` in 2 stages (shipped, written by DeepSpeed 0.19.8): each stage has its own
+    ``mp_rank_0S`` model states (no ``module``) and optim file, and every layer its own
     ``layer_NN-model_states.pt``. The model is every stage's fp32 masters under the module's names,
     bitwise what DeepSpeed's ``safe_get_full_fp32_param`` returns; the layer files' bf16 weights are the
     ``lp_params.`` copies, bitwise the engine's ``module.state_dict()``. The tied module (first layer of
-    stage 0, last of stage 1) is one master. Before, only stage 0's masters were shown and check failed."""
-    oracle = _pipeline_oracle("pipeline_zero1")
-    with open_checkpoint(SHIPPED / "pipeline_zero1") as reader:
+    stage 0, last of stage 1) is one master. Before, only stage 0's masters were shown and check failed.
+    bf16 at ZeRO-0 (Megatron-DeepSpeed's usual setup) runs DeepSpeed's BF16_Optimizer, which records
+    neither a zero_stage nor param shapes (only ``param_slice_mappings``): it was refused ("unknown
+    zero_stage None")."""
+    oracle = _pipeline_oracle(save)
+    with open_checkpoint(SHIPPED / save) as reader:
         index = reader.index()
         model = {n for n, t in index.tensors.items() if t.attr("zero") is not None}
         assert model == set(oracle["fp32"]) and "tied_modules.tie.weight" in model
@@ -516,11 +521,11 @@ def test_pipeline_save_reads_every_stage_masters_and_layer_files_bitwise():
             assert index.tensors["lp_params." + name].dtype == "bfloat16" and np.array_equal(got, want), name
         assert not index.issues and not index.warnings
         assert index.metadata["deepspeed"]["pipeline_stages"] == 2
-    result = run_cli("check", str(SHIPPED / "pipeline_zero1"))
+    result = run_cli("check", str(SHIPPED / save))
     assert result.code == 0, result.out + result.err
-    doc = json.loads(run_cli("inspect", "--json", str(SHIPPED / "pipeline_zero1")).out)
+    doc = json.loads(run_cli("inspect", "--json", str(SHIPPED / save)).out)
     assert doc["metadata"]["num_params"] == sum(v.size for v in oracle["fp32"].values())
-    assert "pipeline of 2 stages" in doc["iteration_layout"]
+    assert f"DeepSpeed ZeRO save ({stage_text}, pipeline of 2 stages" in doc["iteration_layout"]
 
 
 def test_pipeline_save_without_masters_is_its_layer_files():

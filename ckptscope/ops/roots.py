@@ -608,7 +608,8 @@ def describe_checkpoint(path: str | Path, index: CheckpointIndex, *, fallback: b
     if fmt == "deepspeed":
         info = index.metadata.get("deepspeed") or {}
         what = "DeepSpeed universal checkpoint (ds_to_universal)" if info.get("universal") else "DeepSpeed ZeRO save"
-        parts = [f"ZeRO-{info['zero_stage']}" if info.get("zero_stage") else None,
+        parts = [f"ZeRO-{info['zero_stage']}" if info.get("zero_stage") is not None else None,
+                 info.get("optimizer"),
                  f"pipeline of {info['pipeline_stages']} stages" if info.get("pipeline_stages") else None,
                  f"tag {info['tag']}" if info.get("tag") else None]
         return f"{what} ({', '.join(p for p in parts if p)})" if any(parts) else what

@@ -355,6 +355,9 @@ class DeepSpeedReader(CheckpointReader):
         super().__init__(path, trust_pickle=trust_pickle)
         self._upcast: dict[str, str] = {}
         """Buffers read as float32 from another stored float dtype: name -> stored dtype."""
+        self._layer_zips: dict[int, TorchZip] = {}
+        self._layer_shapes: dict[str, tuple[int, ...]] = {}
+        """A pipeline save's layer files, parsed once, and their tensors' shapes under ``<layer>.<param>``."""
 
     @classmethod
     def supports(cls, path: Path) -> bool:
@@ -467,12 +470,19 @@ class DeepSpeedReader(CheckpointReader):
         first_dp = min(osds)
         first = osds[first_dp]
         stage = _as_int(first.get("zero_stage"))
+        # DeepSpeed's BF16_Optimizer (bf16 at ZeRO stage 0, Megatron-DeepSpeed's usual setup) keeps the fp32
+        # masters as ZeRO-1 does (flat partitions, the group aligned to 2 x world) but records no zero_stage
+        bf16_optimizer = stage is None and isinstance(first.get("single_partition_of_fp32_groups"), list)
+        if bf16_optimizer:
+            stage = 1
+            info["optimizer"] = "BF16_Optimizer (ZeRO-0)"
         count = first.get("partition_count")
         world = max(count) if isinstance(count, list) and count else count
         if stage not in _FLAT_KEYS or not isinstance(world, int) or world < 1:
             raise CkptError(f"{layout.optim[first_dp]}: unknown zero_stage {to_plain(first.get('zero_stage'))!r} or "
                             f"partition_count {to_plain(count)!r}", tag_dir)
-        info.update({"zero_stage": stage, "world_size": world, "optim_files": "bf16_" if layout.bf16 else ""})
+        info.update({"zero_stage": 0 if bf16_optimizer else stage, "world_size": world,
+                     "optim_files": "bf16_" if layout.bf16 else ""})
         optim_name = ("bf16_" if layout.bf16 else "") + "zero_pp_rank_{}_mp_rank_" + f"{layout.mp:02d}_optim_states.pt"
         for dp in sorted(d for d in parsed_optim if d >= world):
             index.warnings.append(f"{layout.optim[dp]}: rank {dp} is outside world size {world}; ignored")
@@ -492,6 +502,8 @@ class DeepSpeedReader(CheckpointReader):
         shapes: list[dict[str, tuple[int, ...]]] = []
         for group in param_groups:
             shapes.append({name: s for name, value in group.items() if (s := _shape(value)) is not None})
+        if not shapes and bf16_optimizer:
+            shapes = self._slice_mapping_shapes(osds, model_obj, tag_dir)
         built = _Built()
         files = {dp: prefix + layout.optim[dp] for dp in osds}
         if stage in (1, 2):
@@ -503,6 +515,49 @@ class DeepSpeedReader(CheckpointReader):
         self._finish(index, built, model_obj)
         self._optimizer_objects(index, first, parsed_optim[first_dp], files[first_dp], stage)
 
+    def _slice_mapping_shapes(self, osds: dict[int, dict], model_obj: dict,
+                              tag_dir: Path) -> list[dict[str, tuple[int, ...]]]:
+        """The param shapes of a BF16_Optimizer save, which records none: its params in flat order are the
+        names of every rank's ``param_slice_mappings`` (rank after rank, each name once), each as many
+        elements as its fragments hold; the shape is that of the module's own copy of the param (the
+        model-states ``module``, or a pipeline's layer files), which must hold as many."""
+        module = {str(k): v.shape for k, v in _ordered(model_obj.get("module")).items() if isinstance(v, TensorRef)}
+        module.update(self._layer_shapes)
+        groups: list[dict[str, int]] = []
+        for dp in sorted(osds):
+            mappings = osds[dp].get("param_slice_mappings")
+            for g, mapping in enumerate(mappings if isinstance(mappings, list) else []):
+                while len(groups) <= g:
+                    groups.append({})
+                for name, address in _ordered(mapping).items():
+                    numel = _as_int((getattr(address, "state", None) or {}).get("numel"))
+                    if numel is None:
+                        raise CkptError(f"param_slice_mappings: {name!r} has no fragment size", tag_dir)
+                    groups[g][str(name)] = groups[g].get(str(name), 0) + numel
+        if not groups:
+            raise CkptError("a BF16_Optimizer save with neither param_shapes nor param_slice_mappings: the flat fp32 "
+                            "partitions cannot be cut into params", tag_dir)
+        shapes: list[dict[str, tuple[int, ...]]] = []
+        for group in groups:
+            shapes.append({})
+            for name, numel in group.items():
+                shape = module.get(name) or self._tied_shape(name, numel)
+                if shape is None or math.prod(shape) != numel:
+                    raise CkptError(f"{name!r}: param_slice_mappings give it {numel} elements but no module weight of "
+                                    f"that name and size says its shape", tag_dir)
+                shapes[-1][name] = tuple(shape)
+        return shapes
+
+    def _tied_shape(self, name: str, numel: int) -> tuple[int, ...] | None:
+        """A ``tied_modules.<key>.<param>``'s shape from the layer file that holds it (under its layer id)."""
+        if not name.startswith("tied_modules.") or name.count(".") < 2:
+            return None
+        local = name.split(".", 2)[2]
+        for candidate, shape in self._layer_shapes.items():
+            if candidate.split(".", 1)[-1] == local and math.prod(shape) == numel:
+                return shape
+        return None
+
     # --- pipeline saves ------------------------------------------------------------------------------
 
     def _index_pipeline(self, index: CheckpointIndex, tag_dir: Path, prefix: str, layout: DsLayout,
@@ -513,6 +568,10 @@ class DeepSpeedReader(CheckpointReader):
         name but a tied module's), then the layer files: the module's weights, the model itself when
         there are no masters apart (fp32 ZeRO-0), else their low-precision copies (``lp_params.``)."""
         info["pipeline_stages"] = len(stages)
+        self._layer_zips = {layer: read_rank_file(tag_dir / name) for layer, name in sorted(layout.layers.items())}
+        self._layer_shapes = {f"{layer}.{local}": ref.shape for layer, zip_ in self._layer_zips.items()
+                              if isinstance(zip_.obj, dict)
+                              for local, ref in _ordered(zip_.obj).items() if isinstance(ref, TensorRef)}
         trained: set[str] = set()
         buffers: set[str] = set()
         for mp in stages:
@@ -576,7 +635,7 @@ class DeepSpeedReader(CheckpointReader):
         tied_keys = sorted({n.split(".")[1] for n in trained if n.startswith("tied_modules.") and n.count(".") >= 2})
         for layer, file_name in sorted(layout.layers.items()):
             path = tag_dir / file_name
-            zip_ = read_rank_file(path)
+            zip_ = self._layer_zips[layer]
             index.files.append(FileInfo(prefix + file_name, path.stat().st_size, "data"))
             state = _ordered(zip_.obj)
             if not isinstance(zip_.obj, dict):
