@@ -189,6 +189,12 @@ PIPELINE_VARIANTS = {PIPELINE_DIR: {"bf16": {"enabled": True}, "zero_optimizatio
                      PIPELINE_FP32_DIR: {"zero_optimization": {"stage": 0}},
                      PIPELINE_BF16_DIR: {"bf16": {"enabled": True}, "zero_optimization": {"stage": 0}},
                      PIPELINE_TP_DIR: {"zero_optimization": {"stage": 0}}}
+PIPELINE_DP2_VARIANTS = {"pipeline_bf16_zero0_dp2": {"bf16": {"enabled": True}, "zero_optimization": {"stage": 0}},
+                         "pipeline_bf16_zero1_acc32_dp2": {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1},
+                                                           "data_types": {"grad_accum_dtype": "fp32"}}}
+"""Run on 4 ranks (pp=2 x dp=2): BF16_Optimizer partitions each stage's masters over its 2 data-parallel
+ranks (``bf16_zero_pp_rank_{0,1}_mp_rank_0S``). The second is ZeRO-1 with bf16 params and fp32 gradient
+accumulation, which DeepSpeed also runs with its BF16_Optimizer (param shapes recorded, no zero_stage)."""
 """Save dir -> its config beyond the common one. ``pipeline_tp2`` runs on a topology with a model axis
 (``PipeModelDataParallelTopology``, pp=1 x tp=2, as Megatron-DeepSpeed builds it): layer files
 ``layer_0N-model_0{0,1}-model_states.pt`` and one ``mp_rank_0T`` per tensor-parallel rank."""
@@ -211,7 +217,13 @@ def _pipeline_layers():
             LayerSpec(nn.Linear, 10, 6), LayerSpec(nn.LayerNorm, 6), TiedLayerSpec("tie", nn.Linear, 6, 6, bias=False)]
 
 
-def _run_pipeline_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+def _run_pipeline_dp2_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    """``PIPELINE_DP2_VARIANTS`` (see ``_run_pipeline_rank``)."""
+    _run_pipeline_rank(rank, world_size, out, init_file, variants=PIPELINE_DP2_VARIANTS)
+
+
+def _run_pipeline_rank(rank: int, world_size: int, out: str, init_file: str,
+                       variants: dict[str, dict] | None = None) -> None:
     """The pipeline samples, each saved by DeepSpeed's engine on 2 ranks (pp=2, dp=1) after 2 steps:
 
     * ``pipeline_zero1/``: bf16 ZeRO-1: ``layer_0{0..5}-model_states.pt`` (the bf16 module weights, one
@@ -240,7 +252,7 @@ def _run_pipeline_rank(rank: int, world_size: int, out: str, init_file: str) -> 
     from deepspeed.utils import safe_get_full_fp32_param
 
     deepspeed.init_distributed(dist_backend="gloo")  # PipelineModule asks DeepSpeed's comm for groups
-    for name, extra in PIPELINE_VARIANTS.items():
+    for name, extra in (PIPELINE_VARIANTS if variants is None else variants).items():
         torch.manual_seed(3)
         if name == PIPELINE_TP_DIR:
             topology = PipeModelDataParallelTopology(num_pp=1, num_mp=2, num_dp=1)
@@ -338,13 +350,15 @@ def _run_moe_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
 
 
 def write_pipeline_and_moe_samples(out: Path) -> tuple[Path, ...]:
-    """``out/pipeline_zero1``, ``out/pipeline_zero0_fp32`` (with their oracles) and ``out/moe_zero0``."""
+    """The pipeline samples (``PIPELINE_VARIANTS``, ``PIPELINE_DP2_VARIANTS``, with their oracles) and
+    ``out/moe_zero0``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     _spawn(_run_pipeline_rank, out, world_size=2)
+    _spawn(_run_pipeline_dp2_rank, out, world_size=4)
     _spawn(_run_moe_rank, out, world_size=2)
-    names = (*PIPELINE_VARIANTS, MOE_DIR)
+    names = (*PIPELINE_VARIANTS, *PIPELINE_DP2_VARIANTS, MOE_DIR)
     for name in names:  # DeepSpeed's helper script is its code, not data
         for script in (out / name).glob("zero_to_*.py"):
             script.unlink()

@@ -498,7 +498,9 @@ def _pipeline_oracle(name: str) -> dict:
 
 
 @pytest.mark.parametrize("save, stage_text", [("pipeline_zero1", "ZeRO-1"),
-                                              ("pipeline_bf16_zero0", "ZeRO-0, BF16_Optimizer (ZeRO-0)")])
+                                              ("pipeline_bf16_zero0", "ZeRO-0, BF16_Optimizer"),
+                                              ("pipeline_bf16_zero0_dp2", "ZeRO-0, BF16_Optimizer"),
+                                              ("pipeline_bf16_zero1_acc32_dp2", "ZeRO-1, BF16_Optimizer")])
 def test_pipeline_save_reads_every_stage_masters_and_layer_files_bitwise(save, stage_text):
     """``PipelineModule`` in 2 stages (shipped, written by DeepSpeed 0.19.8): each stage has its own
     ``mp_rank_0S`` model states (no ``module``) and optim file, and every layer its own

@@ -473,15 +473,16 @@ class DeepSpeedReader(CheckpointReader):
         # DeepSpeed's BF16_Optimizer (bf16 at ZeRO stage 0, Megatron-DeepSpeed's usual setup) keeps the fp32
         # masters as ZeRO-1 does (flat partitions, the group aligned to 2 x world) but records no zero_stage
         bf16_optimizer = stage is None and isinstance(first.get("single_partition_of_fp32_groups"), list)
-        if bf16_optimizer:
+        if bf16_optimizer:  # (also ZeRO-1 with bf16 params and fp32 gradient accumulation)
             stage = 1
-            info["optimizer"] = "BF16_Optimizer (ZeRO-0)"
+            info["optimizer"] = "BF16_Optimizer"
         count = first.get("partition_count")
         world = max(count) if isinstance(count, list) and count else count
         if stage not in _FLAT_KEYS or not isinstance(world, int) or world < 1:
             raise CkptError(f"{layout.optim[first_dp]}: unknown zero_stage {to_plain(first.get('zero_stage'))!r} or "
                             f"partition_count {to_plain(count)!r}", tag_dir)
-        info.update({"zero_stage": 0 if bf16_optimizer else stage, "world_size": world,
+        info.update({"zero_stage": (self._stage_from_config(ds_config) or 0) if bf16_optimizer else stage,
+                     "world_size": world,
                      "optim_files": "bf16_" if layout.bf16 else ""})
         optim_name = ("bf16_" if layout.bf16 else "") + "zero_pp_rank_{}_mp_rank_" + f"{layout.mp:02d}_optim_states.pt"
         for dp in sorted(d for d in parsed_optim if d >= world):
