@@ -451,3 +451,25 @@ def test_tp_ranks_whose_replicated_tensors_differ_are_reported(tmp_path, cli):
         converted = cli("convert", str(mcore), str(out), *target)
         assert converted.code == 2 and "TP ranks disagree" in converted.err and not out.exists(), converted.err
         assert "decoder.final_layernorm.weight" in converted.err and "mp_rank_01" in converted.err
+
+
+def test_dcp_item_whose_storage_offset_misses_it_is_reported(tmp_path, cli):
+    """A probe shifted one item's storage offset in a DCP ``.metadata`` by 64 bytes (re-pickled with torch's own
+    classes): check said clean and only convert failed. check reads each item's first 4 bytes now; the shifted
+    one is ``bad-offset``, naming its tensor, and the untouched sample stays clean."""
+    import dataclasses
+    import pickle
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    assert cli("check", str(FSDP2)).code == 0
+    ckpt = copy(FSDP2, tmp_path)
+    md = FileSystemReader(str(ckpt)).read_metadata()
+    key, info = next(iter(md.storage_data.items()))
+    md.storage_data[key] = dataclasses.replace(info, offset=info.offset + 64)
+    with open(ckpt / ".metadata", "wb") as handle:
+        pickle.dump(md, handle)
+    result = cli("check", str(ckpt))
+    assert result.code == 1, result.out + result.err
+    lines = [line for line in problem_lines(result) if line.startswith("bad-offset")]
+    assert len(lines) == 1 and key.fqn in lines[0] and info.relative_path in lines[0], result.out

@@ -77,10 +77,34 @@ def test_overlap_is_an_error_in_either_order(written, tmp_path, reverse):
         parse_safetensors_header(_write(tmp_path / "o.safetensors", header, data), "o")
 
 
-def test_hole_and_trailing_bytes_are_a_warning(written, tmp_path):
+def test_hole_and_trailing_bytes_are_read_but_make_the_file_unloadable(written, tmp_path, cli):
+    """Bytes that belong to no tensor: every tensor still reads (a warning), but the safetensors library
+    refuses the file ("file not fully covered"), and so does transformers. check said ok (a probe); it is
+    an ``unloadable-file`` problem now."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
     header, data = _header(written)
-    parsed = parse_safetensors_header(_write(tmp_path / "h.safetensors", header, data + b"\0" * 8), "h")
+    path = _write(tmp_path / "h.safetensors", header, data + b"\0" * 8)
+    parsed = parse_safetensors_header(path, "h.safetensors")
     assert parsed.warnings == ("h.safetensors: 8 bytes of the data buffer belong to no tensor",)
+    assert parsed.unloadable == parsed.warnings[0]
+    with pytest.raises(SafetensorError, match="not fully covered"):
+        load_file(str(path))
+    result = cli("check", str(path))
+    assert result.code == 1 and "unloadable-file: h.safetensors: 8 bytes" in result.out, result.out
+    assert cli("check", str(written)).code == 0
+    # a gap between two tensors, not at the end: the same
+    gap = dict(header)
+    names = sorted((n for n in gap if n != "__metadata__"), key=lambda n: gap[n]["data_offsets"][0])
+    cut = gap[names[-1]]["data_offsets"][0]
+    for name in names[-1:]:
+        begin, end = gap[name]["data_offsets"]
+        gap[name] = {**gap[name], "data_offsets": [begin + 8, end + 8]}
+    gapped = _write(tmp_path / "g.safetensors", gap, data[:cut] + b"\0" * 8 + data[cut:])
+    assert parse_safetensors_header(gapped, "g.safetensors").unloadable is not None
+    with pytest.raises(SafetensorError):
+        load_file(str(gapped))
 
 
 def test_truncated_file(written, tmp_path):
@@ -143,3 +167,18 @@ def test_a_tensor_name_with_a_lone_surrogate_prints_escaped(tmp_path):
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 4)
     result = run_cli("inspect", str(path))
     assert result.code == 0 and "a\\ud800b" in result.out, result.err
+
+
+def test_an_hf_model_with_trailing_bytes_converts_whole_with_a_warning(tmp_path, cli):
+    """convert reads every tensor from its own byte range, so it writes a whole model from a shard the
+    safetensors library refuses, and says what it found; check lists the shard."""
+    import shutil
+
+    src = tmp_path / "hf"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "sample_ckpts" / "hf_llama_gqa", src)
+    with open(src / "model.safetensors", "ab") as handle:
+        handle.write(b"junk")
+    assert "unloadable-file: model.safetensors" in cli("check", str(src)).out
+    result = cli("convert", str(src), str(tmp_path / "back"), "--to", "hf", "--arch", "llama")
+    assert result.code == 0 and "4 bytes of the data buffer belong to no tensor" in result.err, result.err
+    assert cli("check", str(tmp_path / "back")).code == 0

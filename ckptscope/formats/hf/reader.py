@@ -32,7 +32,7 @@ from ckptscope.formats.pickles.trusted import TrustedTorchFile
 from ckptscope.formats.registry import register_reader
 from ckptscope.formats.hf.side_files import add_side_files, load_json
 from ckptscope.formats.hf.quantization import unhandled_quantization
-from ckptscope.formats.safetensors.reader import SafetensorsHeader, parse_safetensors_header
+from ckptscope.formats.safetensors.reader import SafetensorsHeader, note_header, parse_safetensors_header
 from ckptscope.formats.torch_save.legacy_reader import TorchLegacyReader, read_legacy
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -182,7 +182,7 @@ class HFDirReader(CheckpointReader):
                                     warning=f"{shard}: {len(extra)} tensors not listed in {index_file.name}")
                     for name in extra:
                         index.tensors.setdefault(name, header.tensors[name])
-                index.warnings.extend(header.warnings)
+                note_header(index, header, shard)
             unindexed = [p.name for p in files if p.name not in headers]
             if unindexed:
                 index.warnings.append(f"not named by {index_file.name}, ignored: {', '.join(unindexed)}")
@@ -191,7 +191,7 @@ class HFDirReader(CheckpointReader):
         owners: dict[str, str] = {}
         for path in files:
             header = self._header(index, path.name)
-            index.warnings.extend(header.warnings)
+            note_header(index, header, path.name)
             if header.metadata:
                 index.metadata.setdefault("__metadata__", header.metadata)
             for name, meta in header.tensors.items():

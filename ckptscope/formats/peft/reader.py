@@ -20,7 +20,7 @@ from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.hf.side_files import add_side_files
 from ckptscope.formats.peft.lora import describe_lora
 from ckptscope.formats.registry import register_reader
-from ckptscope.formats.safetensors.reader import parse_safetensors_header
+from ckptscope.formats.safetensors.reader import note_header, parse_safetensors_header
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_SAFETENSORS = "adapter_model.safetensors"
@@ -61,7 +61,7 @@ class PeftAdapterReader(CheckpointReader):
             weights = ADAPTER_SAFETENSORS
             header = parse_safetensors_header(self.path / weights, weights)
             index.tensors.update(header.tensors)
-            index.warnings.extend(header.warnings)
+            note_header(index, header, weights)
             if header.metadata:
                 index.metadata["__metadata__"] = header.metadata
             if (self.path / ADAPTER_BIN).is_file():

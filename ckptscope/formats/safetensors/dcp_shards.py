@@ -24,7 +24,7 @@ from ckptscope.core.names import natural_key
 from ckptscope.core.tensor import Chunk, TensorMeta
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import register_reader
-from ckptscope.formats.safetensors.reader import parse_safetensors_header
+from ckptscope.formats.safetensors.reader import note_header, parse_safetensors_header
 
 SHARD_FILE = re.compile(r"shard-\d+-model-\d+-of-\d+\.safetensors\Z")
 SHARDING_INFO = "DCP_SHARDING_INFO"
@@ -61,7 +61,7 @@ class DcpSafetensorsShardsReader(CheckpointReader):
         for path in _shard_files(self.path):
             header = parse_safetensors_header(path, path.name, allow_truncated=True)
             index.files.append(FileInfo(path.name, header.file_size, "data"))
-            index.warnings.extend(header.warnings)
+            note_header(index, header, path.name)
             if header.truncated:
                 index.add_issue("truncated", f"the file has {header.file_size} bytes, its header places data "
                                 "beyond that", file=path.name, tensors=header.truncated)

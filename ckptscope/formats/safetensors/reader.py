@@ -35,6 +35,10 @@ class SafetensorsHeader:
     warnings: tuple[str, ...] = ()
     truncated: tuple[str, ...] = ()
     """Tensors whose bytes run past the end of the file (only with ``allow_truncated``)."""
+    unloadable: str | None = None
+    """Why the safetensors library (and so transformers) refuses this file although its tensors read fine:
+    data bytes that belong to no tensor (a gap or trailing bytes: "incomplete metadata, file not fully
+    covered"). ``note_header`` makes it a ``check`` problem."""
 
 
 def sniff_safetensors(path: Path) -> bool:
@@ -90,8 +94,23 @@ def parse_safetensors_header(path: Path, rel_name: str, *, allow_truncated: bool
     if not isinstance(metadata, dict):
         raise CkptError("bad safetensors header: __metadata__ is not an object", path)
     tensors, truncated, warnings = _parse_entries(path, header, data_start, data_size, rel_name, allow_truncated)
+    unloadable = warnings[0] if warnings and not truncated and UNCOVERED in warnings[0] else None
     return SafetensorsHeader(tensors, {str(k): str(v) for k, v in metadata.items()}, data_start, file_size,
-                             tuple(warnings), tuple(truncated))
+                             tuple(warnings), tuple(truncated), unloadable)
+
+
+UNCOVERED = "belong to no tensor"
+
+
+def note_header(index: CheckpointIndex, header: SafetensorsHeader, rel_name: str) -> None:
+    """A parsed header's warnings into ``index``; a file the safetensors library would refuse is also an
+    ``unloadable-file`` issue for ``check`` (it said ok: transformers then failed on the file). Exports
+    are not refused for it: every tensor is read from its own byte range, and the file written is whole."""
+    if header.unloadable is not None:
+        index.add_issue("unloadable-file", header.unloadable.split(": ", 1)[-1] + ": the safetensors library "
+                        "(and so transformers) refuses the file (\"file not fully covered\")", file=rel_name,
+                        warning=header.unloadable)
+    index.warnings.extend(w for w in header.warnings if w != header.unloadable)
 
 
 def _parse_entries(path: Path, header: dict[str, Any], data_start: int, data_size: int, rel_name: str,
@@ -149,7 +168,7 @@ def _parse_entries(path: Path, header: dict[str, Any], data_start: int, data_siz
         return tensors, truncated, [f"{path.name}: truncated: the header places data up to byte {data_start + last}, "
                                     f"the file has {file_size}"]
     if covered != data_size:
-        return tensors, truncated, [f"{path.name}: {data_size - covered} bytes of the data buffer belong to no tensor"]
+        return tensors, truncated, [f"{path.name}: {data_size - covered} bytes of the data buffer {UNCOVERED}"]
     return tensors, truncated, []
 
 
@@ -214,5 +233,5 @@ class SafetensorsFileReader(CheckpointReader):
         if header.metadata:
             index.metadata["__metadata__"] = header.metadata
         index.files.append(FileInfo(self.path.name, header.file_size, "data"))
-        index.warnings.extend(header.warnings)
+        note_header(index, header, self.path.name)
         return index
