@@ -214,3 +214,23 @@ def test_a_model_that_lacks_weights_transformers_builds_is_not_exported(tmp_path
     for command in (["convert", str(hf), str(tmp_path / "out"), "--to", "hf"], ["merge", str(hf), str(tmp_path / "out")]):
         result = run_cli(*command)
         _refused(result, tmp_path / "out", said)
+
+
+def test_a_qwen2_moe_without_its_shared_expert_gate_is_not_exported(tmp_path):
+    """Every Qwen2-MoE block gates its shared expert. A probe's megatron-core MoE with an ungated shared
+    expert (args without ``moe_shared_expert_gate``) exported as Qwen2-MoE, exit 0, and transformers
+    initialised the gates at random (logits off by 2.3). The gate is now a tensor every MoE layer must
+    have; here a transformers-written Qwen2-MoE with its gates removed."""
+    from safetensors.torch import load_file, save_file
+
+    cls, variant = VARIANTS["qwen2_moe"][0], VARIANTS["qwen2_moe"][1][0]
+    torch.manual_seed(0)
+    hf = tmp_path / "hf"
+    transformers.AutoModelForCausalLM.from_config(cls(**{**BASE, **variant})).save_pretrained(hf)
+    weights = load_file(hf / "model.safetensors")
+    assert any(k.endswith("shared_expert_gate.weight") for k in weights)
+    save_file({k: v for k, v in weights.items() if not k.endswith("shared_expert_gate.weight")},
+              hf / "model.safetensors", metadata={"format": "pt"})
+    result = run_cli("convert", str(hf), str(tmp_path / "out"), "--to", "hf")
+    _refused(result, tmp_path / "out", "lacks mlp.shared_expert_gate.weight")
+    assert "ungated shared expert" in result.err

@@ -197,7 +197,12 @@ def _required(arch: str, text: dict[str, Any]) -> dict[bool, set[str]]:
     attention, the two norms, and a dense layer's MLP."""
     mlp = "feed_forward." if arch == "llama4" else "mlp."
     common = set(_NORMS) | set(_MLA if arch == "deepseek_v3" else _ATTENTION)
-    return {False: common | {f"{mlp}{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}, True: common}
+    moe = set(common)
+    if arch == "qwen2_moe":  # every Qwen2-MoE block has a shared expert behind a sigmoid gate (a probe: a
+        # Megatron MoE whose shared expert has no gate exported with the gate initialised at random)
+        moe |= {f"mlp.shared_expert.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}
+        moe.add("mlp.shared_expert_gate.weight")
+    return {False: common | {f"{mlp}{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}, True: moe}
 
 
 def _missing_in_layers(per_layer: dict[int, dict[str, tuple[int, ...]]], moe: set[int] | None,
@@ -215,9 +220,11 @@ def _missing_in_layers(per_layer: dict[int, dict[str, tuple[int, ...]]], moe: se
         lacking = sorted(union[kind(i)] - names.keys())
         if lacking:
             more = f" (+{len(lacking) - 3} more)" if len(lacking) > 3 else ""
+            why = ("an ungated shared expert: Megatron's moe_shared_expert_gate was off, and Qwen2-MoE always gates "
+                   "it" if lacking == ["mlp.shared_expert_gate.weight"] else "a save that left frozen parameters out?")
             return (f"layer {i} lacks {', '.join(lacking[:3])}{more}, which transformers builds in every "
                     f"{'MoE ' if kind(i) and moe != set(per_layer) else ''}layer and would initialise at random "
-                    f"(a save that left frozen parameters out?)")
+                    f"({why})")
     return None
 
 
