@@ -101,3 +101,20 @@ def test_glm45_without_hf_extra_gets_its_moe_layout_in_the_derived_config(tmp_pa
     torch.save(common, iteration / "common.pt")
     result = run_cli("convert", str(mcore), str(tmp_path / "none"), "--to", "hf")
     assert result.code == 2 and "no shared experts" in result.err, result.err
+
+
+def test_mixtral_with_its_own_dense_ffn_size_in_the_args_exports_the_experts_size(mcore_of, tmp_path):
+    """Megatron-LM's args always carry ``ffn_hidden_size`` (4 x hidden when not given) beside the experts'
+    ``moe_ffn_hidden_size``. A probe's megatron-core Mixtral with 48 / 24 was refused: the config derived
+    from the args took Mixtral's ``intermediate_size`` (the experts' size) from ffn_hidden_size, then found
+    it contradicting the args. The export now says the experts' size, and transformers loads it whole."""
+    from transformers import AutoModelForCausalLM
+
+    common = torch.load(iteration_dir(mcore_of["mixtral"]) / "common.pt", weights_only=False)
+    experts = common["args"].moe_ffn_hidden_size
+    src = _with_args(mcore_of["mixtral"], tmp_path / "src", ffn_hidden_size=4 * common["args"].hidden_size)
+    result = run_cli("convert", str(src), str(tmp_path / "hf"), "--to", "hf")
+    assert result.code == 0, result.err
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["intermediate_size"] == experts
+    _, info = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info

@@ -444,8 +444,7 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
         "architectures": [HF_CLASS_BY_ARCH[arch]],
         "model_type": HF_MODEL_TYPE_BY_ARCH.get(arch, arch),
         "hidden_size": cfg.require("hidden_size"),
-        "intermediate_size": cfg.require("ffn_hidden_size") if not cfg.is_moe or arch == "qwen2_moe" or
-        cfg.ffn_hidden_size else cfg.moe_ffn_hidden_size,
+        "intermediate_size": _hf_intermediate_size(cfg, arch),
         "num_hidden_layers": cfg.require("num_layers"),
         "num_attention_heads": heads,
         "num_key_value_heads": cfg.num_kv_heads or heads,
@@ -723,6 +722,17 @@ def _llama_moe_problems(cfg: ModelConfig, arch: str) -> list[str]:
     elif shared:
         problems.append(f"it has a shared expert (moe_shared_expert_intermediate_size), which {arch} has not")
     return problems
+
+
+def _hf_intermediate_size(cfg: ModelConfig, arch: str) -> int:
+    """HF ``intermediate_size``: Mixtral's is its experts' FFN (Megatron's ``moe_ffn_hidden_size`` when set:
+    Megatron-LM's args always carry ``ffn_hidden_size`` too, and a probe's save with 48 / 24 was refused with a
+    conflict the derived config made with itself); the dense MLP's for the others."""
+    if cfg.is_moe and arch in EXPERT_FFN_IS_INTERMEDIATE:
+        return cfg.moe_ffn_hidden_size or cfg.require("ffn_hidden_size")
+    if not cfg.is_moe or arch == "qwen2_moe" or cfg.ffn_hidden_size:
+        return cfg.require("ffn_hidden_size")
+    return cfg.moe_ffn_hidden_size
 
 
 def _window_text(cfg: ModelConfig) -> dict[str, Any]:

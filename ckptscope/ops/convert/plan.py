@@ -554,15 +554,16 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
             warned = warned + [
                 f"the true vocabulary size is unknown (the Megatron args have only padded_vocab_size): all "
                 f"{cfg.padded_vocab_size} rows kept, padding included; pass --hf-config DIR to strip the padding"]
+        config_source = "--hf-config" if hf_config else "the HF config it carries"
         if hf_cfg_dict is None:
             if cfg.num_attention_heads and cfg.hidden_size and cfg.num_layers and cfg.vocab_size:
                 hf_cfg_dict = to_hf_config(cfg.merged(ModelConfig(arch=view.arch)))
                 notes.append("config.json derived from the Megatron args")
+                config_source = "the config derived from the Megatron args (an internal inconsistency: report it)"
             else:
                 raise CkptError(_no_config_reason(src_path) + "; pass --hf-config DIR")
         if family == "mcore":
-            _agrees_with_the_args(index, hf_cfg_dict, "--hf-config" if hf_config else "the HF config it carries",
-                                  src_path)
+            _agrees_with_the_args(index, hf_cfg_dict, config_source, src_path)
         recipes = dict(view.recipes)
         dropped = list(split_dropped)
         tied = bool(hf_cfg_dict.get("tie_word_embeddings", cfg.tie_word_embeddings))
