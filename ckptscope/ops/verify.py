@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ckptscope.core.errors import CkptError
 from ckptscope.ops.atomic import owned_temp_dir
 from ckptscope.ops.config_check import config_differences
 from ckptscope.ops.convert.execute import execute_convert
@@ -42,8 +43,11 @@ def verify_round_trip(src: str | Path, *, via: str = "mcore", tp: int = 1, pp: i
         first = plan_convert(src, there, to=via, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format,
                              arch=arch, hf_config=hf_config, skip_unknown=skip_unknown)
         _convert(first, group)
-        _convert(plan_convert(there, back, to=back_to, arch=arch, hf_config=hf_config, ckpt_format=ckpt_format),
-                 group)
+        try:
+            back_plan = plan_convert(there, back, to=back_to, arch=arch, hf_config=hf_config, ckpt_format=ckpt_format)
+        except CkptError as exc:  # the way back failed on our own temp copy: name the leg, not the temp dir
+            raise CkptError(f"the way back ({via} -> {back_to}) failed: {exc.problem}", src) from None
+        _convert(back_plan, group)
         plan = plan_diff(src, back, mapping="auto", compare_unknown=not skip_unknown)
         if group is None:
             report: DiffReport | None = diff_checkpoints(plan, DiffOptions(device="cpu"))
