@@ -369,8 +369,11 @@ def megatron_common_state(args: argparse.Namespace) -> dict:
     return {"args": args, "checkpoint_version": 3.0, "iteration": ITERATION}
 
 
-def _save_megatron(model, args: argparse.Namespace, root: Path) -> None:
-    """dist_checkpointing.save of {"model": sharded_state_dict, ...} into ``root/iter_XXXXXXX``."""
+def _save_megatron(model, args: argparse.Namespace, root: Path, singleton_local_shards: bool = False) -> None:
+    """dist_checkpointing.save of {"model": sharded_state_dict, ...} into ``root/iter_XXXXXXX``.
+
+    ``singleton_local_shards``: the layout Megatron-LM 0.14/0.15 wrote with ``--dist-ckpt-save-pre-mcore-014``
+    (per-layer keys, SwiGLU fc1 as ``linear_fc1.weight_w`` / ``weight_v``), which megatron-core 0.16 still loads."""
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
@@ -379,7 +382,9 @@ def _save_megatron(model, args: argparse.Namespace, root: Path) -> None:
         shutil.rmtree(ckpt_dir, ignore_errors=True)  # regenerate cleanly, never on top of an old save
         ckpt_dir.mkdir(parents=True)
     dist.barrier()
-    dist_checkpointing.save({**megatron_common_state(args), "model": model.sharded_state_dict()}, str(ckpt_dir))
+    metadata = {"singleton_local_shards": True} if singleton_local_shards else None
+    dist_checkpointing.save({**megatron_common_state(args), "model": model.sharded_state_dict(metadata=metadata)},
+                            str(ckpt_dir))
     dist.barrier()
     if dist.get_rank() == 0:
         (root / "latest_checkpointed_iteration.txt").write_text(str(ITERATION))
@@ -403,7 +408,8 @@ def _assert_logits_match(hf_logits, mcore_logits, args: argparse.Namespace, wher
                              f"padding logits max {pad}")
 
 
-def save_mcore_from_hf(hf_dir: Path, root: Path, qkv_layout: str = "grouped", check: bool = True) -> Path:
+def save_mcore_from_hf(hf_dir: Path, root: Path, qkv_layout: str = "grouped", check: bool = True,
+                       singleton_local_shards: bool = False) -> Path:
     """Convert ``hf_dir`` into a TP=1 Megatron save root ``root`` in this process (gloo world of 1).
 
     ``check`` asserts the logits match before saving; tests pass ``qkv_layout="naive", check=False``
@@ -417,7 +423,7 @@ def save_mcore_from_hf(hf_dir: Path, root: Path, qkv_layout: str = "grouped", ch
         model, hf_logits, mc_logits = convert_and_check(Path(hf_dir), args, qkv_layout=qkv_layout)
         if check:
             _assert_logits_match(hf_logits, mc_logits, args, str(root))
-        _save_megatron(model, args, Path(root))
+        _save_megatron(model, args, Path(root), singleton_local_shards=singleton_local_shards)
     return Path(root)
 
 

@@ -70,11 +70,12 @@ DENSE_MLP = (
 
 
 def _experts(hf_gate: str, hf_up: str, hf_down: str) -> tuple[Rule, ...]:
-    """Expert weights: SequentialMLP, TEGroupedMLP and torch_dist's stacked ``experts.experts``."""
+    """Expert weights: SequentialMLP, TEGroupedMLP, torch_dist's stacked ``experts.experts`` and its
+    ``singleton_local_shards`` layout (``experts.experts.{e}.``, global expert ids)."""
     fc1 = ("mlp.experts.local_experts.{e}.linear_fc1.weight", "mlp.experts.experts.linear_fc1.weight[{e}]",
-           "mlp.experts.linear_fc1.weight{e}")
+           "mlp.experts.linear_fc1.weight{e}", "mlp.experts.experts.{e}.linear_fc1.weight")
     fc2 = ("mlp.experts.local_experts.{e}.linear_fc2.weight", "mlp.experts.experts.linear_fc2.weight[{e}]",
-           "mlp.experts.linear_fc2.weight{e}")
+           "mlp.experts.linear_fc2.weight{e}", "mlp.experts.experts.{e}.linear_fc2.weight")
     return (_layer((hf_gate, hf_up), fc1, "gate_up"), _layer(hf_down, fc2))
 
 

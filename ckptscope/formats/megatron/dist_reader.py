@@ -29,6 +29,7 @@ from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.formats.dcp.reader import METADATA_FILE, DcpContents, DcpReader, group_summary
 from ckptscope.formats.pickles.safe import TensorRef, to_plain, type_name
+from ckptscope.formats.megatron.dcp_layout import fuse_split_fc1
 from ckptscope.formats.megatron.run_config import add_run_config
 from ckptscope.formats.pickles.torch_file import flatten, read_torch_zip, tensor_meta
 from ckptscope.formats.registry import register_reader
@@ -138,6 +139,10 @@ class MegatronDistReader(DcpReader):
         contents: DcpContents | None = None
         if (self.path / METADATA_FILE).is_file():
             contents = self.fill_index(index)
+            # megatron-core's singleton_local_shards layout (Megatron-LM 0.14/0.15 --dist-ckpt-save-pre-mcore-014,
+            # still loaded by 0.16) splits the SwiGLU fc1 into ``_w`` (gate) / ``_v`` (up) as fsdp_dtensor does
+            index.tensors, fused_warnings = fuse_split_fc1(index.tensors)
+            index.warnings.extend(fused_warnings)
         else:  # an incomplete save: common.pt (args, iteration) is still worth showing
             self.index_without_metadata(index)
         index.files.append(FileInfo(MARKER_FILE, (self.path / MARKER_FILE).stat().st_size, "metadata"))
