@@ -283,3 +283,28 @@ def test_a_megatron_sliding_window_is_not_exported_as_full_attention(tmp_path, c
     assert result.code == 0, result.err
     written = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert (written["model_type"], written["sliding_window"]) == ("mistral", 4)
+
+
+def test_a_tied_config_never_drops_a_stored_lm_head_that_differs(tmp_path, cli):
+    """An FSDP / DCP / Trainer save keeps ``lm_head.weight`` beside the embedding (a copy when tied). With a
+    config that says tied, convert dropped it on the flag alone: a probe's FSDP2 model whose lm_head was
+    trained apart exported with logits off by 0.6, exit 0. Now a differing copy is refused (as it was for
+    Megatron sources); an equal copy (what FSDP's full state dict of a tied model holds) is still dropped."""
+    from safetensors.torch import load_file, save_file
+
+    tied_config = tmp_path / "tied"
+    tied_config.mkdir()
+    config = json.loads((HF / "config.json").read_text())
+    (tied_config / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    result = cli("convert", str(HF), str(tmp_path / "out"), "--to", "hf", "--hf-config", str(tied_config))
+    assert result.code == 2 and "stores an lm_head.weight of its own" in result.err, result.err
+    assert not (tmp_path / "out").exists()
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    weights = load_file(str(HF / "model.safetensors"))
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()  # FSDP's full state dict of a tie
+    save_file(weights, str(copy / "model.safetensors"), metadata={"format": "pt"})
+    (copy / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    result = cli("convert", str(copy), str(tmp_path / "out2"), "--to", "hf")
+    assert result.code == 0, result.err
+    assert "lm_head.weight" not in load_file(str(tmp_path / "out2" / "model.safetensors"))

@@ -360,6 +360,8 @@ def _same_values(reader: CheckpointReader, entries: ModelEntries, a: str, b: str
         return meta_a is None  # nothing stored apart: nothing to lose
     if meta_a.shape != meta_b.shape or meta_a.dtype != meta_b.dtype:
         return False
+    if meta_a.chunks == meta_b.chunks:  # one storage (a torch.save tie): the same bytes, nothing to read
+        return True
     if not meta_a.shape:
         return reader.read(entries.stored[a]).tobytes() == reader.read(entries.stored[b]).tobytes()
     rows = meta_a.shape[0]
@@ -574,6 +576,12 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                                 "output layer of its own (output_layer.weight differs from the word embeddings): "
                                 "the export would drop the trained output layer; set tie_word_embeddings false",
                                 src_path)
+            # an FSDP / DCP / Trainer save keeps lm_head as a copy of the tied embedding; one that differs was
+            # trained apart, and dropping it exported another model, exit 0 (a probe: logits off by 0.6)
+            if family == "hf" and not _same_values(reader, entries, "lm_head.weight", "model.embed_tokens.weight"):
+                raise CkptError("the config ties lm_head to the embedding, but this model stores an lm_head.weight "
+                                "of its own that differs from model.embed_tokens.weight: the export would drop the "
+                                "trained output layer; pass an --hf-config with tie_word_embeddings false", src_path)
             del recipes["lm_head.weight"]  # P7c: both keys written and transformers refuses to re-tie
             dropped.append("lm_head.weight")
             notes.append("tied embeddings: lm_head.weight not written (it is model.embed_tokens.weight)")
