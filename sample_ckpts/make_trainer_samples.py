@@ -268,6 +268,78 @@ def write_accelerate_fsdp2(out: Path, *, reference: bool = False) -> Path:
     return out / "accelerate_fsdp2"
 
 
+def _trainer_fsdp2_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    """``Trainer.train()`` under FSDP2 with ``SHARDED_STATE_DICT`` (see ``write_hf_trainer_fsdp2``)."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("accelerate").setLevel(logging.ERROR)
+    _init_gloo(rank, world_size, init_file)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1")
+    import accelerate
+    import torch
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+    from safetensors.torch import save_file
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    torch.set_num_threads(1)
+    plain_init = accelerate.Accelerator.__init__
+
+    def fsdp_on_cpu(self, *args, **kwargs):  # the liberty the module docstring describes, inside the Trainer
+        plain_init(self, *args, **kwargs)
+        plugin = AcceleratorState._shared_state.get("fsdp_plugin") or kwargs.get("fsdp_plugin")
+        PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+        AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
+        AcceleratorState._shared_state["fsdp_plugin"] = plugin
+
+    accelerate.Accelerator.__init__ = fsdp_on_cpu
+    target = Path(out) / TRAINER_FSDP2
+    ref = reference_dir(target)
+
+    class SaveReference(TrainerCallback):
+        def on_save(self, args, state, control, model=None, **kwargs):
+            full = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
+            if rank == 0:
+                ref.mkdir(parents=True, exist_ok=True)
+                save_file(_clone_state(full), str(ref / f"checkpoint-{state.global_step}.safetensors"))
+
+    args = TrainingArguments(
+        output_dir=str(target), max_steps=MAX_STEPS, save_strategy="steps", save_steps=SAVE_STEPS,
+        per_device_train_batch_size=2, learning_rate=1e-2, report_to="none", use_cpu=True, seed=0, data_seed=0,
+        disable_tqdm=True, dataloader_num_workers=0, logging_steps=100, fsdp="full_shard auto_wrap",
+        fsdp_config={"fsdp_version": 2, "state_dict_type": "SHARDED_STATE_DICT", "reshard_after_forward": True,
+                     "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "cpu_ram_efficient_loading": False})
+    trainer = Trainer(model=tiny_model(seed=0), args=args, train_dataset=_random_dataset(),
+                      callbacks=[SaveReference()])
+    assert trainer.is_fsdp_enabled
+    trainer.train()
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+TRAINER_FSDP2 = "hf_trainer_fsdp2"
+
+
+def write_hf_trainer_fsdp2(out: Path) -> Path:
+    """``out/hf_trainer_fsdp2/``: a transformers ``Trainer`` output dir of an FSDP2 run with
+    ``fsdp_config.state_dict_type = SHARDED_STATE_DICT`` on 2 gloo ranks (4 steps, ``save_steps=2``). The
+    Trainer saves through accelerate (``save_fsdp_model`` / ``save_fsdp_optimizer``), so each
+    ``checkpoint-N/`` holds ``pytorch_model_fsdp_0/`` and ``optimizer_0/`` (DCP dirs), ``scheduler.pt``,
+    ``rng_state_{0,1}.pth`` and ``trainer_state.json``: no config and no HF weights. The reference
+    (``hf_trainer_fsdp2_ref/checkpoint-N.safetensors``) is each save's ``full_tensor()`` state dict from
+    the Trainer's ``on_save`` callback."""
+    from make_trainer_samples import _trainer_fsdp2_rank as rank_fn
+
+    out.mkdir(parents=True, exist_ok=True)
+    _spawn(rank_fn, out, world_size=ACCELERATE_WORLD)
+    return out / TRAINER_FSDP2
+
+
 def _fsdp1_local_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
     """``Accelerator.save_state`` of an FSDP1 run with ``state_dict_type="LOCAL_STATE_DICT"``: accelerate
     writes ``pytorch_model_fsdp_rank{r}.bin`` (each rank's flattened parameters as FSDP's local state

@@ -531,3 +531,40 @@ def test_accelerate_save_state_of_two_models(tmp_path, gen):
     assert refused.code == 2 and "2 models" in refused.err and refused.err.count("\n") == 1, refused.err
     other = json.loads(run_cli("inspect", "--json", str(out / "model_1.safetensors")).out)
     assert other["metadata"]["num_params"] == sum(p.numel() for p in second.parameters())
+
+
+# --- the Trainer under FSDP with SHARDED_STATE_DICT ----------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def trainer_fsdp2(tmp_path_factory, worker, gen) -> Path:
+    return _write_once(tmp_path_factory, worker, "hf_trainer_fsdp2", gen.write_hf_trainer_fsdp2)
+
+
+def test_trainer_fsdp_sharded_output_dir_opens_as_a_root(trainer_fsdp2, gen, tmp_path):
+    """A Trainer run under FSDP with SHARDED_STATE_DICT saves through accelerate: each ``checkpoint-N/`` holds
+    ``pytorch_model_fsdp_0/`` and ``optimizer_0/`` (DCP), no HF weights. A probe found inspect and timeline
+    refusing the output dir ("checkpoint-4: not a checkpoint ckptscope can read") and check calling it
+    incomplete. The root lists both saves, opens the newest, and its model is the Trainer's own (diff against
+    the on_save reference, bitwise)."""
+    result = run_cli("inspect", str(trainer_fsdp2))
+    assert result.code == 0, result.err
+    assert "HF Trainer output dir with FSDP sharded models (newest complete: checkpoint-4)" in result.out
+    assert run_cli("check", str(trainer_fsdp2)).code == 0
+    assert run_cli("timeline", str(trainer_fsdp2)).code == 0
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    shutil.copy(gen.reference_dir(trainer_fsdp2) / "checkpoint-4.safetensors", ref / "model.safetensors")
+    assert run_cli("diff", str(trainer_fsdp2), str(ref)).code == 0
+    assert run_cli("diff", "--iteration", "2", str(trainer_fsdp2), str(ref)).code == 1
+
+
+def test_checking_a_root_checks_every_part_of_its_newest_save(trainer_fsdp2, tmp_path):
+    """The root's check took the newest save's model dir only: a probe truncated its ``optimizer_0/`` (a resume
+    would fail) and ``check ROOT`` said ok. Every part of that save is checked now."""
+    root = tmp_path / "run"
+    shutil.copytree(trainer_fsdp2, root)
+    shard = root / "checkpoint-4" / "optimizer_0" / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    result = run_cli("check", str(root))
+    assert result.code == 1 and "truncated: checkpoint-4/optimizer_0/__1_0.distcp" in result.out, result.out

@@ -586,6 +586,15 @@ def _check_parts(given: Path, parts: list[Path], layout: str, target: str) -> Ch
     return report
 
 
+def _merge_part(report: CheckReport, sub: CheckReport, rel: str) -> CheckReport:
+    """``sub`` (a check of ``rel`` under the root) as the root's report: its problems under ``rel/``."""
+    report.target = rel
+    report.format = sub.format
+    report.tensors, report.files, report.chunks = sub.tensors, sub.files, sub.chunks
+    report.problems += [replace(p, file=f"{rel}/{p.file}" if p.file else rel) for p in sub.problems]
+    return report
+
+
 def check_checkpoint(path: str | Path, iteration: Iteration | None = None) -> CheckReport:
     """Check ``path`` (a checkpoint, or a save root: its trainer's markers and the iteration it would
     resume from, or ``iteration``).
@@ -613,6 +622,10 @@ def check_checkpoint(path: str | Path, iteration: Iteration | None = None) -> Ch
     if label is not None:
         report.target = target.relative_to(given).as_posix()
         prefix = "" if report.target == "." else report.target + "/"
+        if target.name == ACCELERATE_FSDP_MODEL and save_state_model(target.parent) is not None:
+            # the iteration is a save_state dir (accelerate, or the Trainer under FSDP): every part of it, not
+            # only the model (a probe truncated the newest save's optimizer_0/ and the root's check said ok)
+            return _merge_part(report, _check_save_state(target.parent), target.parent.relative_to(given).as_posix())
     try:
         reader = open_checkpoint(target)
     except UnknownFormat as exc:

@@ -261,7 +261,9 @@ def discover_iterations(path: str | Path) -> list[IterationInfo] | None:
         elif m := _TORCHTITAN.match(entry.name):
             target, kind, iteration = entry, "torchtitan", int(m.group(1))
         elif m := _HF_TRAINER.match(entry.name):
-            target, kind, iteration = entry, "hf-trainer", int(m.group(1))
+            # under FSDP's SHARDED_STATE_DICT the Trainer saves through accelerate: the model is one level
+            # down (pytorch_model_fsdp_0/), beside optimizer_0/ (a probe: inspect and timeline refused the root)
+            target, kind, iteration = Path(save_state_model(entry) or entry), "hf-trainer", int(m.group(1))
         elif m := _DEEPSPEED.match(entry.name):
             target, kind, iteration = entry, "deepspeed", int(m.group(1))
         elif (m := _ACCELERATE.match(entry.name)) and _is_save_state(entry):
@@ -272,7 +274,7 @@ def discover_iterations(path: str | Path) -> list[IterationInfo] | None:
             target, kind, iteration = Path(nemo_weights(entry)), "nemo", int(m.group(1))
         if target is None or iteration is None:
             continue
-        whole = entry if kind == "accelerate" else target  # (its model may be one level down)
+        whole = entry if kind in ("accelerate", "hf-trainer") else target  # (its model may be one level down)
         size, saved = _dir_stats(whole)
         found.append(IterationInfo(path=str(target), iteration=iteration, size=size, saved=saved,
                                    complete=_is_complete(whole, kind), latest=has_tracker and iteration == latest,
@@ -562,8 +564,9 @@ def describe_root(root: str | Path, found: list[IterationInfo]) -> str:
     steps = sum(1 for i in found if i.number is not None)
     if any(i.iteration == FINAL for i in found):
         return f"HF Trainer output dir (final model + {steps} checkpoint{'s' if steps != 1 else ''})"
-    where = f"newest complete: {Path(newest.path).name}" if newest else "no complete checkpoint"
-    return f"HF Trainer output dir ({where})"
+    where = f"newest complete: checkpoint-{newest.label}" if newest else "no complete checkpoint"
+    sharded = " with FSDP sharded models" if any(Path(i.path).name == ACCELERATE_FSDP_MODEL for i in found) else ""
+    return f"HF Trainer output dir{sharded} ({where})"
 
 
 _FORMAT_LAYOUTS = {
