@@ -268,8 +268,9 @@ def write_accelerate_fsdp2(out: Path, *, reference: bool = False) -> Path:
     return out / "accelerate_fsdp2"
 
 
-def _trainer_fsdp2_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
-    """``Trainer.train()`` under FSDP2 with ``SHARDED_STATE_DICT`` (see ``write_hf_trainer_fsdp2``)."""
+def _trainer_fsdp2_rank(rank: int, world_size: int, out: str, init_file: str, *, full: bool = False) -> None:
+    """``Trainer.train()`` under FSDP2 with ``SHARDED_STATE_DICT``, or with ``full`` ``FULL_STATE_DICT`` and tied
+    embeddings (see ``write_hf_trainer_fsdp2``)."""
     import logging
     import warnings
 
@@ -298,7 +299,7 @@ def _trainer_fsdp2_rank(rank: int, world_size: int, out: str, init_file: str) ->
         AcceleratorState._shared_state["fsdp_plugin"] = plugin
 
     accelerate.Accelerator.__init__ = fsdp_on_cpu
-    target = Path(out) / TRAINER_FSDP2
+    target = Path(out) / (TRAINER_FSDP2_FULL_TIED if full else TRAINER_FSDP2)
     ref = reference_dir(target)
 
     class SaveReference(TrainerCallback):
@@ -312,32 +313,38 @@ def _trainer_fsdp2_rank(rank: int, world_size: int, out: str, init_file: str) ->
         output_dir=str(target), max_steps=MAX_STEPS, save_strategy="steps", save_steps=SAVE_STEPS,
         per_device_train_batch_size=2, learning_rate=1e-2, report_to="none", use_cpu=True, seed=0, data_seed=0,
         disable_tqdm=True, dataloader_num_workers=0, logging_steps=100, fsdp="full_shard auto_wrap",
-        fsdp_config={"fsdp_version": 2, "state_dict_type": "SHARDED_STATE_DICT", "reshard_after_forward": True,
-                     "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "cpu_ram_efficient_loading": False})
-    trainer = Trainer(model=tiny_model(seed=0), args=args, train_dataset=_random_dataset(),
-                      callbacks=[SaveReference()])
+        fsdp_config={"fsdp_version": 2, "state_dict_type": "FULL_STATE_DICT" if full else "SHARDED_STATE_DICT",
+                     "reshard_after_forward": True, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
+                     "cpu_ram_efficient_loading": False})
+    model = tiny_model(seed=0, tie_word_embeddings=True) if full else tiny_model(seed=0)
+    trainer = Trainer(model=model, args=args, train_dataset=_random_dataset(), callbacks=[SaveReference()])
     assert trainer.is_fsdp_enabled
     trainer.train()
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
-TRAINER_FSDP2 = "hf_trainer_fsdp2"
+TRAINER_FSDP2, TRAINER_FSDP2_FULL_TIED = "hf_trainer_fsdp2", "hf_trainer_fsdp2_full_tied"
 
 
-def write_hf_trainer_fsdp2(out: Path) -> Path:
+def write_hf_trainer_fsdp2(out: Path, *, full: bool = False) -> Path:
     """``out/hf_trainer_fsdp2/``: a transformers ``Trainer`` output dir of an FSDP2 run with
     ``fsdp_config.state_dict_type = SHARDED_STATE_DICT`` on 2 gloo ranks (4 steps, ``save_steps=2``). The
     Trainer saves through accelerate (``save_fsdp_model`` / ``save_fsdp_optimizer``), so each
     ``checkpoint-N/`` holds ``pytorch_model_fsdp_0/`` and ``optimizer_0/`` (DCP dirs), ``scheduler.pt``,
     ``rng_state_{0,1}.pth`` and ``trainer_state.json``: no config and no HF weights. The reference
     (``hf_trainer_fsdp2_ref/checkpoint-N.safetensors``) is each save's ``full_tensor()`` state dict from
-    the Trainer's ``on_save`` callback."""
+    the Trainer's ``on_save`` callback.
+
+    ``full``: ``out/hf_trainer_fsdp2_full_tied/``, the same run with ``FULL_STATE_DICT`` and
+    ``tie_word_embeddings=True``: each checkpoint holds ``model.safetensors`` + ``config.json`` as
+    ``save_model`` writes them from FSDP's gathered state dict, ``lm_head.weight`` and
+    ``model.embed_tokens.weight`` as two equal tensors on separate storage."""
     from make_trainer_samples import _trainer_fsdp2_rank as rank_fn
 
     out.mkdir(parents=True, exist_ok=True)
-    _spawn(rank_fn, out, world_size=ACCELERATE_WORLD)
-    return out / TRAINER_FSDP2
+    _spawn(functools.partial(rank_fn, full=full), out, world_size=ACCELERATE_WORLD)
+    return out / (TRAINER_FSDP2_FULL_TIED if full else TRAINER_FSDP2)
 
 
 def _fsdp1_local_rank(rank: int, world_size: int, out: str, init_file: str) -> None:

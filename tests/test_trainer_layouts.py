@@ -568,3 +568,25 @@ def test_checking_a_root_checks_every_part_of_its_newest_save(trainer_fsdp2, tmp
     shard.write_bytes(shard.read_bytes()[:1000])
     result = run_cli("check", str(root))
     assert result.code == 1 and "truncated: checkpoint-4/optimizer_0/__1_0.distcp" in result.out, result.out
+
+
+@pytest.fixture(scope="session")
+def trainer_fsdp2_full_tied(tmp_path_factory, worker, gen) -> Path:
+    return _write_once(tmp_path_factory, worker, "hf_trainer_fsdp2_full_tied",
+                       lambda out: gen.write_hf_trainer_fsdp2(out, full=True))
+
+
+def test_a_tied_model_saved_with_both_copies_counts_its_parameters_once(trainer_fsdp2_full_tied):
+    """The Trainer under FSDP2 with FULL_STATE_DICT writes a tied model's ``lm_head.weight`` beside
+    ``model.embed_tokens.weight`` (equal values, separate storage). inspect counted both (a probe: 6,736 where
+    ``model.parameters()`` gives 5,712); the config's tie makes it one parameter, as transformers builds it.
+    The bytes line still counts what is stored."""
+    from transformers import AutoModelForCausalLM
+
+    checkpoint = trainer_fsdp2_full_tied / "checkpoint-4"
+    doc = json.loads(run_cli("inspect", "--json", str(checkpoint)).out)
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint))
+    assert doc["metadata"]["num_params"] == sum(p.numel() for p in model.parameters())
+    stored = sum(t["nbytes"] for t in doc["tensors"] if t["role"] == "model")
+    assert doc["metadata"]["roles"]["model"]["bytes"] == stored
+    assert not any("pytorch_model" in w for w in doc["metadata"]["warnings"]), doc["metadata"]["warnings"]

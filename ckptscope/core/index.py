@@ -85,12 +85,20 @@ def bytes_by_dtype(metas: Iterable[TensorMeta]) -> dict[str, int]:
     return dict(counts.most_common())
 
 
-def storage_aliases(metas: Iterable[TensorMeta], stored: Iterable[str] | None = None) -> dict[str, str]:
+TIED_BY_CONFIG = "tied_by_config"
+"""Attr of a stored copy of a tied weight (``lm_head.weight`` beside ``model.embed_tokens.weight`` when the
+config ties them: FSDP, DCP and Trainer saves keep both, on separate storage). transformers builds one
+parameter of them, so it is counted once, like a ``shares_storage_with`` pair; the bytes are not shared."""
+
+
+def storage_aliases(metas: Iterable[TensorMeta], stored: Iterable[str] | None = None, *,
+                    ties: bool = True) -> dict[str, str]:
     """Stored name -> the earlier tensor whose bytes it shares (``shares_storage_with``: tied embeddings
-    in a ``torch.save`` file), in the order given. The one rule by which parameters, bytes and an HF index's
+    in a ``torch.save`` file) or that the config ties it to (``TIED_BY_CONFIG``), in the order given. The one rule by which parameters, bytes and an HF index's
     ``total_size`` count such a pair once, as ``sum(p.numel() for p in model.parameters())`` does.
     ``stored``: each meta's stored name, where the metas carry other names (a model view without its
-    ``state_dict.`` wrapper); ``shares_storage_with`` always names stored tensors."""
+    ``state_dict.`` wrapper); ``shares_storage_with`` always names stored tensors. ``ties=False`` leaves
+    the config's ties out: for counting bytes, which such a copy has of its own."""
     metas = list(metas)
     if not any(map(_attrs_of, metas)):  # most checkpoints: one C-level pass
         return {}
@@ -98,7 +106,8 @@ def storage_aliases(metas: Iterable[TensorMeta], stored: Iterable[str] | None = 
     seen: set[str] = set()
     aliases: dict[str, str] = {}
     for meta, name in zip(metas, names):
-        sharers = meta.attr("shares_storage_with") if meta.attrs else None
+        sharers = (meta.attr("shares_storage_with") or (meta.attr(TIED_BY_CONFIG) if ties else None)
+                   if meta.attrs else None)
         earlier = next((o for o in sharers.split(",") if o in seen), None) if sharers else None
         if earlier is None:
             seen.add(name)
@@ -166,7 +175,7 @@ class CheckpointIndex:
 
     def bytes_per_dtype(self) -> dict[str, int]:
         """Bytes per dtype, largest first (see ``bytes_by_dtype``); bytes two tensors share count once."""
-        aliases = storage_aliases(self.tensors.values())
+        aliases = storage_aliases(self.tensors.values(), ties=False)
         if not aliases:
             return bytes_by_dtype(self.tensors.values())
         return bytes_by_dtype(t for n, t in self.tensors.items() if n not in aliases)

@@ -50,10 +50,11 @@ class ModelEntries:
 
     @property
     def nbytes(self) -> int:
-        return sum(bytes_by_dtype(self.unique_tensors()).values())
+        return sum(bytes_by_dtype(self.unique_tensors(ties=False)).values())
 
-    def unique_tensors(self) -> list[TensorMeta]:
-        aliases = storage_aliases(self.tensors.values(), (self.stored[name] for name in self.tensors))
+    def unique_tensors(self, *, ties: bool = True) -> list[TensorMeta]:
+        """The model's tensors, each storage (and, with ``ties``, each weight the config ties) once."""
+        aliases = storage_aliases(self.tensors.values(), (self.stored[name] for name in self.tensors), ties=ties)
         if not aliases:  # no storage shared: every tensor counts
             return list(self.tensors.values())
         return [meta for name, meta in self.tensors.items() if self.stored[name] not in aliases]
@@ -81,16 +82,18 @@ class ModelEntries:
         return {
             "prefix": self.prefix,
             "naming": self.naming,
-            "model": _totals(self.unique_tensors()),
+            "model": _totals(self.unique_tensors(), self.unique_tensors(ties=False)),
             "training_state": {kind: _totals(group.values()) for kind, group in self.training.items()},
             "unknown": sorted(self.unknown),
         }
 
 
-def _totals(metas) -> dict[str, int]:
-    """Count, elements and bytes of some tensors."""
+def _totals(metas, stored=None) -> dict[str, int]:
+    """Count, elements and bytes of some tensors (bytes of ``stored`` when given: the same tensors with the
+    config's tied copies, which have bytes of their own)."""
     metas = list(metas)
-    return {"tensors": len(metas), "params": count_elements(metas), "bytes": sum(bytes_by_dtype(metas).values())}
+    stored = metas if stored is None else list(stored)
+    return {"tensors": len(metas), "params": count_elements(metas), "bytes": sum(bytes_by_dtype(stored).values())}
 
 
 def _groups(index: CheckpointIndex) -> dict[str, str]:
@@ -140,7 +143,7 @@ def role_totals(index: CheckpointIndex) -> dict[str, dict[str, int]]:
     """Tensors, parameters and bytes per role (``model``, each training kind, ``unknown``), for
     summaries (the TUI header, ``inspect``)."""
     entries = model_entries(index)
-    out = {MODEL: _totals(entries.unique_tensors())}
+    out = {MODEL: _totals(entries.unique_tensors(), entries.unique_tensors(ties=False))}
     out.update({kind: _totals(group.values()) for kind, group in entries.training.items()})
     if entries.unknown:
         out[UNKNOWN] = _totals(entries.unknown.values())

@@ -125,14 +125,16 @@ def build_tree(tensors: Iterable[TensorMeta], *, collapse: bool = True, root_lab
     _sum_totals(root)
     aliases = storage_aliases(tensors)
     if aliases:
-        _count_shared_once(root, tensors, aliases)
+        _count_shared_once(root, tensors, aliases, storage_aliases(tensors, ties=False))
     return _node(root, root_label, "", collapse)
 
 
-def _count_shared_once(root: _Trie, tensors: list[TensorMeta], aliases: dict[str, str]) -> None:
-    """A tensor stored on another's storage (tied embeddings in a ``torch.save`` file) counts once in every
-    module holding both, as ``inspect``'s parameter count does (``storage_aliases``): the later of the two
-    is taken off the totals of their common ancestors. Each leaf still shows its own size."""
+def _count_shared_once(root: _Trie, tensors: list[TensorMeta], aliases: dict[str, str],
+                       shared_bytes: dict[str, str]) -> None:
+    """A tensor stored on another's storage (tied embeddings in a ``torch.save`` file), or the copy of one the
+    config ties, counts once in every module holding both, as ``inspect``'s parameter count does
+    (``storage_aliases``): the later of the two is taken off the totals of their common ancestors; its bytes
+    only where it shares the storage (``shared_bytes``). Each leaf still shows its own size."""
     for meta in tensors:
         earlier = aliases.get(meta.name)
         if earlier is None:
@@ -146,7 +148,8 @@ def _count_shared_once(root: _Trie, tensors: list[TensorMeta], aliases: dict[str
             if depth:
                 node = node.children[mine[depth - 1]]
             node.params -= meta.numel
-            node.nbytes -= meta.nbytes
+            if meta.name in shared_bytes:
+                node.nbytes -= meta.nbytes
 
 
 def _node_at(path: str, root: _Trie, parents: dict[str, _Trie]) -> _Trie:
