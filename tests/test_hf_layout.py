@@ -31,7 +31,8 @@ BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_laye
 MLA = dict(moe_intermediate_size=16, n_routed_experts=4, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8,
            v_head_dim=8, n_group=1, topk_group=1, num_key_value_heads=4)
 VARIANTS = {
-    "llama": (transformers.LlamaConfig, [{}, {"attention_bias": True}]),
+    "llama": (transformers.LlamaConfig, [{}, {"attention_bias": True}, {"attention_bias": True, "mlp_bias": True},
+                                         {"mlp_bias": True}]),
     "mistral": (transformers.MistralConfig, [{}]),
     "qwen2": (transformers.Qwen2Config, [{}]),
     "qwen3": (transformers.Qwen3Config, [{}, {"attention_bias": True}]),

@@ -190,3 +190,57 @@ def test_singleton_local_shards_save_reads_as_the_same_model(pairs, gen, tmp_pat
     assert result.code == 0, result.err
     got, want = load_file(tmp_path / "hf" / "model.safetensors"), load_file(hf_dir / "model.safetensors")
     assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_llama_with_every_linear_biased_is_megatrons_add_bias_linear(gen, tmp_path, cli, tp):
+    """Megatron-LM's default ``add_bias_linear`` puts a bias on every linear: that is HF Llama with
+    ``attention_bias`` and ``mlp_bias``. Both directions were refused (a probe: "match no qwen2 rule",
+    "match no llama rule"). HF -> Megatron-Core: megatron-core loads the save and computes transformers'
+    logits; back to HF: every tensor bit for bit, the config's two flags set."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    tokens = tokens_for(128)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_bias=True,
+                         mlp_bias=True, tie_word_embeddings=False, max_position_embeddings=64)
+    model = AutoModelForCausalLM.from_config(config).float()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):  # transformers starts them at zero: random, so a misplaced one shows
+                param.normal_(0, 0.5)
+    hf = tmp_path / "hf"
+    model.save_pretrained(hf)
+    result = cli("convert", str(hf), str(tmp_path / "mcore"), "--to", "mcore", "--tp", str(tp))
+    assert result.code == 0, result.err
+    assert common_state(tmp_path / "mcore")["args"].add_bias_linear is True
+    want = hf_logits(hf, tokens)
+    args = argparse.Namespace(**{**vars(gen.megatron_args(config)), "add_bias_linear": True, "add_qkv_bias": True})
+    got = mcore_logits_from_dist(tmp_path / "mcore", args, tokens)
+    assert float((want[..., :128] - got[..., :128]).abs().max()) <= gen.LOGITS_ATOL
+    result = cli("convert", str(tmp_path / "mcore"), str(tmp_path / "back"), "--to", "hf")
+    assert result.code == 0, result.err
+    back, orig = load_file(tmp_path / "back" / "model.safetensors"), load_file(hf / "model.safetensors")
+    assert set(back) == set(orig) and all(torch.equal(back[k], orig[k]) for k in orig)
+    written = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert written["attention_bias"] is True and written["mlp_bias"] is True
+
+
+@pytest.mark.parametrize("flags", [{"attention_bias": True}, {"mlp_bias": True}])
+def test_llama_with_some_linears_biased_has_no_megatron_spelling(tmp_path, cli, flags):
+    """Megatron-Core biases every linear or none: a Llama with attention_bias but not mlp_bias (or the
+    reverse) is refused. (With the bias rules in place, the first was written with its o_proj bias as
+    linear_proj.bias for args without add_bias_linear, a key megatron-core ignores on load.)"""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, **flags)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "hf")
+    result = cli("convert", str(tmp_path / "hf"), str(tmp_path / "mcore"), "--to", "mcore")
+    assert result.code == 2 and "only some linears have biases" in result.err, result.err
+    assert not (tmp_path / "mcore").exists()

@@ -193,6 +193,9 @@ class ModelConfig:
     make_vocab_size_divisible_by: int | None = None
     tie_word_embeddings: bool | None = None
     qkv_bias: bool | None = None
+    linear_bias: bool | None = None
+    """Every linear layer has a bias: Megatron's ``add_bias_linear`` (its default), HF Llama's
+    ``attention_bias`` and ``mlp_bias`` together (q/k/v/o and gate/up/down)."""
     qk_norm: bool | None = None
     swiglu: bool | None = None
     num_experts: int | None = None
@@ -304,6 +307,7 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
         vocab_size=_first(text, "vocab_size"),
         tie_word_embeddings=bool(_first(config, "tie_word_embeddings") or False),
         qkv_bias=bool(qkv_bias),
+        linear_bias=bool(qkv_bias) and bool(_first(text, "mlp_bias")) if arch == "llama" else False,
         qk_norm=arch in ("qwen3", "qwen3_moe", "gemma3"),
         swiglu=str(_first(text, "hidden_act", "hidden_activation") or "silu") == "silu",
         hidden_act=str(_first(text, "hidden_act", "hidden_activation") or "silu"),
@@ -347,7 +351,9 @@ def from_megatron_args(args: dict[str, Any]) -> ModelConfig:
         make_vocab_size_divisible_by=args.get("make_vocab_size_divisible_by"),
         tie_word_embeddings=(not args["untie_embeddings_and_output_weights"]
                              if "untie_embeddings_and_output_weights" in args else None),
-        qkv_bias=args.get("add_qkv_bias") if "add_qkv_bias" in args else None,
+        qkv_bias=(bool(args.get("add_qkv_bias")) or bool(args.get("add_bias_linear"))
+                  if "add_qkv_bias" in args or "add_bias_linear" in args else None),
+        linear_bias=bool(args["add_bias_linear"]) if "add_bias_linear" in args else None,
         qk_norm=args.get("qk_layernorm") if "qk_layernorm" in args else None,
         swiglu=args.get("swiglu") if "swiglu" in args else None,
         num_experts=num_experts,
@@ -457,7 +463,9 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
         "tie_word_embeddings": bool(cfg.tie_word_embeddings),
     }
     if arch in ("llama", "mistral"):
-        out["attention_bias"] = bool(cfg.qkv_bias)
+        out["attention_bias"] = bool(cfg.qkv_bias or cfg.linear_bias)
+    if arch == "llama" and cfg.linear_bias:
+        out["mlp_bias"] = True  # Megatron's add_bias_linear: every linear, the MLP's too
     if arch == "qwen2_moe":
         out["qkv_bias"] = cfg.qkv_bias is not False  # Qwen2-MoE's default: q/k/v biases
     if cfg.dtype:
@@ -527,7 +535,7 @@ def to_megatron_args(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1,
         "normalization": "RMSNorm",
         "norm_epsilon": cfg.norm_epsilon or 1e-5,
         "add_qkv_bias": bool(cfg.qkv_bias),
-        "add_bias_linear": False,
+        "add_bias_linear": bool(cfg.linear_bias),
         "qk_layernorm": bool(cfg.qk_norm),
         "position_embedding_type": "rope",
         "rotary_base": cfg.rope_theta or 10000,

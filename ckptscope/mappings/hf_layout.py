@@ -148,6 +148,15 @@ def layout_problems(arch: str | None, text: dict[str, Any], num_layers: int | No
                 problems["bias"] = f"layer {i}: {' and '.join(parts)} ({said})"
                 break
 
+    if arch == "llama":  # mlp_bias: gate/up/down biases (Megatron's add_bias_linear exports set it)
+        wanted_mlp = bool(text.get("mlp_bias"))
+        for i, names in sorted(per_layer.items()):
+            have_mlp = any(n.startswith("mlp.") and n.endswith("_proj.bias") for n in names)
+            if have_mlp != wanted_mlp:
+                problems["mlp-bias"] = (f"layer {i}: the tensors {'have' if have_mlp else 'have no'} mlp "
+                                        f"gate/up/down biases but config.json says mlp_bias {str(wanted_mlp).lower()}")
+                break
+
     norm = _QK_NORM.get(arch, False)
     wanted_norm = bool(text.get(norm)) if isinstance(norm, str) else norm
     for i, names in sorted(per_layer.items()):

@@ -130,6 +130,7 @@ def detect_arch(names: Iterable[str], cfg: ModelConfig) -> str:
     moe = cfg.is_moe or ".experts." in joined or "block_sparse_moe" in joined
     qk_norm = "q_norm." in joined or "q_layernorm." in joined
     bias = "q_proj.bias" in joined or "linear_qkv.bias" in joined
+    every_linear = "o_proj.bias" in joined or "linear_proj.bias" in joined  # Megatron's add_bias_linear
     if moe:
         if "block_sparse_moe" in joined:
             return "mixtral"
@@ -138,7 +139,7 @@ def detect_arch(names: Iterable[str], cfg: ModelConfig) -> str:
         return "qwen3_moe" if qk_norm else "mixtral"
     if qk_norm:
         return "qwen3"
-    return "qwen2" if bias else "llama"
+    return "qwen2" if bias and not every_linear else "llama"
 
 
 @lru_cache(maxsize=512)

@@ -56,6 +56,14 @@ QKV_BIAS = (
            "self_attention.linear_qkv.bias", "qkv"),
 )
 
+LINEAR_BIAS = QKV_BIAS + (
+    _layer("self_attn.o_proj.bias", "self_attention.linear_proj.bias"),
+    _layer(("mlp.gate_proj.bias", "mlp.up_proj.bias"), "mlp.linear_fc1.bias", "gate_up"),
+    _layer("mlp.down_proj.bias", "mlp.linear_fc2.bias"),
+)
+"""Megatron's ``add_bias_linear`` (its default): a bias on every linear, HF Llama's ``attention_bias`` +
+``mlp_bias``. The fc1 bias is ``[gate; up]`` as its weight is; the rules apply only where the tensors are."""
+
 QK_NORM = (
     _layer("self_attn.q_norm.weight", "self_attention.q_layernorm.weight"),
     _layer("self_attn.k_norm.weight", "self_attention.k_layernorm.weight"),
@@ -117,7 +125,7 @@ GEMMA_MLP = GEMMA_NORMS + (
 """GeGLU (gelu-tanh gate): the same ``[gate; up]`` fc1 layout as SwiGLU, only the activation differs."""
 
 SCHEMAS: dict[str, tuple[Rule, ...]] = {
-    "llama": TOP + ATTENTION + DENSE_MLP,
+    "llama": TOP + ATTENTION + DENSE_MLP + LINEAR_BIAS,
     "mistral": TOP + ATTENTION + DENSE_MLP,
     "qwen2": TOP + ATTENTION + QKV_BIAS + DENSE_MLP,
     "qwen3": TOP + ATTENTION + QK_NORM + DENSE_MLP,

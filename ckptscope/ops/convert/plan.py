@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -662,6 +662,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
     if view.unmapped:
         raise CkptError(f"{plural(len(view.unmapped), 'tensor matches', 'tensors match')} no {view.arch} rule (first: {view.unmapped[0]})")
     cfg_out = cfg_out.merged(ModelConfig(arch=view.arch, mtp_num_layers=view.config.mtp_num_layers))
+    cfg_out = _with_linear_bias(cfg_out, view.recipes, src_path)
     if cfg_out.tie_word_embeddings is None:
         cfg_out = ModelConfig(**{**cfg_out.to_dict(), "tie_word_embeddings": "output_layer.weight" not in view.recipes})
     if ep > 1 and (not cfg_out.num_experts or cfg_out.num_experts % ep):
@@ -696,6 +697,25 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                        notes=notes + view_notes(view) + [f"vocabulary {cfg.vocab_size} padded to {padded} rows"],
                        caveats=caveats,
                        dropped=split_dropped + view.ignored)
+
+
+_LINEAR_BIASES = (".self_attention.linear_proj.bias", ".mlp.linear_fc1.bias", ".mlp.linear_fc2.bias")
+
+
+def _with_linear_bias(cfg: ModelConfig, recipes: dict[str, Recipe], src: Path) -> ModelConfig:
+    """``add_bias_linear`` from the tensors the export writes: Megatron-Core puts a bias on every linear or on
+    none (q/k/v aside, ``add_qkv_bias``). A model with biases on some linears only (HF Llama with
+    ``attention_bias`` but not ``mlp_bias``, or the reverse) has no Megatron spelling: its output-projection
+    bias would be written for a model that has none (megatron-core ignores the key on load), so refused."""
+    found = {suffix for suffix in _LINEAR_BIASES if any(name.endswith(suffix) for name in recipes)}
+    if not found:
+        return cfg if not cfg.linear_bias else replace(cfg, linear_bias=False)
+    if len(found) < len(_LINEAR_BIASES):
+        have = ", ".join(s.rsplit(".", 2)[-2] for s in sorted(found))
+        raise CkptError(f"only some linears have biases ({have}): Megatron-Core's add_bias_linear puts one on every "
+                        "linear or on none, so no Megatron model computes this one (HF Llama with attention_bias but "
+                        "not mlp_bias, or the reverse); not converted", src)
+    return replace(cfg, linear_bias=True, qkv_bias=True)
 
 
 def check_norm_convention(cfg: ModelConfig, arch: str, src: Path) -> None:
