@@ -662,7 +662,8 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
     if view.unmapped:
         raise CkptError(f"{plural(len(view.unmapped), 'tensor matches', 'tensors match')} no {view.arch} rule (first: {view.unmapped[0]})")
     cfg_out = cfg_out.merged(ModelConfig(arch=view.arch, mtp_num_layers=view.config.mtp_num_layers))
-    cfg_out = _with_linear_bias(cfg_out, view.recipes, src_path)
+    if view.arch == "llama":  # (GPT-OSS's biases are its own: its args hook writes them)
+        cfg_out = _with_linear_bias(cfg_out, view.recipes, src_path)
     if cfg_out.tie_word_embeddings is None:
         cfg_out = ModelConfig(**{**cfg_out.to_dict(), "tie_word_embeddings": "output_layer.weight" not in view.recipes})
     if ep > 1 and (not cfg_out.num_experts or cfg_out.num_experts % ep):
