@@ -282,6 +282,8 @@ class CheckpointReader(ABC):
             meta = index.tensors.get(name)
             if meta is None or len(meta.chunks) != 1 or (max_bytes is not None and meta.nbytes > max_bytes):
                 continue
+            if meta.chunks[0].encoding not in (Encoding.RAW, Encoding.STRIDED):
+                continue  # block-scaled (FP8 payload + scales): read as stored only under check (show_stored_quantization)
             whole = tuple((0, size) for size in meta.chunks[0].shape)
             shown = self._read_chunk(meta, meta.chunks[0], whole)
             for chunk in copies:
