@@ -327,3 +327,22 @@ def test_the_dcp_tutorial_app_state_is_read_under_its_container(tmp_path):
 
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "ref.safetensors"))
     assert run_cli("diff", str(tmp_path / "ckpt"), str(tmp_path / "ref.safetensors")).code == 0
+
+
+def test_zstd_compressed_items_are_named_not_called_corrupt(tmp_path, cli):
+    """``FileSystemWriter(_extensions=[ZStandard()])`` compresses every item (torch's own writer here). diff and
+    convert said "corrupt torch zip file" (a probe), and the new offset check would have called every item
+    misplaced. Reading one now names the storage transform; check calls the save whole; inspect warns."""
+    pytest.importorskip("zstandard")
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._extension import ZStandard
+
+    state = {"model.weight": torch.arange(64, dtype=torch.float32).reshape(8, 8), "model.bias": torch.ones(8)}
+    target = tmp_path / "zstd"
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(target), _extensions=[ZStandard()]), no_dist=True)
+    assert cli("check", str(target)).code == 0
+    result = cli("inspect", str(target))
+    assert result.code == 0 and "storage transforms" in result.err
+    result = cli("diff", str(target), str(target))
+    assert result.code == 2 and "storage transforms" in result.err and "corrupt" not in result.err, result.err

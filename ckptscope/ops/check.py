@@ -353,6 +353,8 @@ def expected_bytes(meta: TensorMeta, chunk: Chunk, info: DType | None = None) ->
         span = 1 + sum((s - 1) * abs(st) for s, st in zip(chunk.shape, chunk.strides or ()))
         return span * info.itemsize, False
     if encoding is Encoding.TORCH_ZIP_ITEM:
+        if meta.attrs and meta.attr("storage_transforms"):
+            return None  # compressed (DCP storage transforms): any length may hold it
         return info.nbytes(chunk.numel), True
     return None
 
@@ -400,8 +402,8 @@ def file_problems(tensors: Iterable[TensorMeta], root: Path) -> tuple[list[Probl
             ends[chunk.file] = max(ends.get(chunk.file, 0), end)
             per = holders.setdefault(chunk.file, {})
             per[meta.name] = max(per.get(meta.name, 0), end)
-            if chunk.encoding is Encoding.TORCH_ZIP_ITEM:
-                items.setdefault(chunk.file, {}).setdefault(chunk.byte_offset, meta.name)
+            if chunk.encoding is Encoding.TORCH_ZIP_ITEM and not (meta.attrs and meta.attr("storage_transforms")):
+                items.setdefault(chunk.file, {}).setdefault(chunk.byte_offset, meta.name)  # (compressed ones start otherwise)
     problems = []
     for rel in sorted(ends):
         try:

@@ -71,6 +71,10 @@ def group_summary(tensors: dict[str, TensorMeta]) -> dict[str, dict[str, int]]:
     return out
 
 
+STORAGE_TRANSFORMS = "storage_transforms"
+"""Attr of a tensor whose DCP items went through storage transforms (``FileSystemWriter(_extensions=...)``)."""
+
+
 class RangeIO(io.RawIOBase):
     """A read-only, seekable file over ``buffer[start:start+length]`` (no copy), so ``zipfile``
     can open a torch.save zip embedded in a larger file (a mmap of a ``.distcp``)."""
@@ -356,6 +360,9 @@ class DcpReader(CheckpointReader):
         attrs: tuple[tuple[str, str], ...] = (("group", tensor_group(name)),)
         if name != tensor.key:
             attrs += (("dcp_key", tensor.key),)
+        transforms = sorted({t for c in tensor.chunks if c.storage is not None for t in c.storage.transforms})
+        if transforms:  # (torch's _extensions, e.g. ZStandard: the item's bytes are compressed)
+            attrs += ((STORAGE_TRANSFORMS, ", ".join(transforms)),)
         return TensorMeta(name=name, dtype=tensor.dtype, shape=tensor.shape, chunks=tuple(chunks), attrs=attrs)
 
     def _safetensors_chunk(self, index: CheckpointIndex, name: str, tensor: DcpTensor, chunk: Chunk,
@@ -412,6 +419,10 @@ class DcpReader(CheckpointReader):
         return super()._read_chunk(meta, self._raw_chunk(meta, chunk), local)
 
     def _raw_chunk(self, meta: TensorMeta, chunk: Chunk) -> Chunk:
+        transforms = meta.attr(STORAGE_TRANSFORMS) if meta.attrs else None
+        if transforms:  # "corrupt torch zip file" said before: it reads like damage
+            raise CkptError(f"{meta.name}: written through DCP storage transforms ({transforms}: compressed), "
+                            "which ckptscope does not decode; save without _extensions to read it", self.path)
         return self._zip_item_chunk(meta, chunk) if chunk.encoding is Encoding.TORCH_ZIP_ITEM else chunk
 
     def _zip_item_chunk(self, meta: TensorMeta, chunk: Chunk) -> Chunk:

@@ -46,7 +46,7 @@ verbatim), for callers that must not unpickle it."""
 def split_fc1_pairs(names: Mapping[str, TensorMeta] | list[str]) -> dict[str, tuple[str, str]]:
     """Fused fc1 name -> (its ``_w`` name, its ``_v`` name), for every pair stored complete."""
     halves: dict[str, dict[str, str]] = {}
-    for name in names:
+    for name in (n for n in names if n.endswith(("_w", "_v"))):  # C-level filter: every torch_dist index asks
         match = _SPLIT_FC1.match(name)
         if match:
             halves.setdefault(match.group(1), {})[match.group(2)] = name
