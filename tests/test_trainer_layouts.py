@@ -590,3 +590,20 @@ def test_a_tied_model_saved_with_both_copies_counts_its_parameters_once(trainer_
     stored = sum(t["nbytes"] for t in doc["tensors"] if t["role"] == "model")
     assert doc["metadata"]["roles"]["model"]["bytes"] == stored
     assert not any("pytorch_model" in w for w in doc["metadata"]["warnings"]), doc["metadata"]["warnings"]
+
+
+def test_a_trainer_checkpoint_with_a_cut_optimizer_file_is_damage(trainer_run, tmp_path):
+    """The Trainer's ``optimizer.pt`` (torch's zip format) cut short: ``torch.load`` fails, so a resume would;
+    check said ok (a probe). The zip's central directory is read now; an intact save stays clean."""
+    import torch
+
+    run = tmp_path / "run"
+    shutil.copytree(trainer_run, run)
+    assert run_cli("check", str(run / "checkpoint-4")).code == 0
+    optimizer = run / "checkpoint-4" / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:1000])
+    with pytest.raises(Exception):
+        torch.load(str(optimizer), weights_only=True)
+    for target in (run / "checkpoint-4", run):
+        result = run_cli("check", str(target))
+        assert result.code == 1 and "unreadable-file" in result.out and "optimizer.pt" in result.out, result.out

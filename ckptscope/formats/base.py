@@ -274,6 +274,8 @@ class CheckpointReader(ABC):
         writes (a probe: diff and check said identical). Reads every copy whole: norms and biases are
         small, but experts kept whole on every TP rank (expert TP 1) are read once per rank; ``max_bytes``
         skips tensors larger than that."""
+        if not self._replicas:  # every format but Megatron's per-rank TP files: nothing to read, nor numpy to import
+            return []
         import numpy as np
 
         index = self.index()

@@ -447,6 +447,35 @@ def _item_problems(path: Path, rel: str, starts: dict[int, str]) -> list[Problem
                     f"{name}, at byte {start:,}, holds no torch.save zip entry)")]
 
 
+_STATE_ROLES = frozenset({"optimizer", "scheduler", "scaler", "sampler", "rng", "args"})
+
+
+def side_file_problems(index: CheckpointIndex, root: Path) -> list[Problem]:
+    """Training-state files (a Trainer's ``optimizer.pt``, accelerate's ``optimizer.bin`` ...) in torch's zip
+    format whose central directory does not parse: cut short mid-write, so ``torch.load`` (and a resume) fails.
+    A probe truncated ``optimizer.pt`` and check said ok. Reads each file's end only (``zipfile``)."""
+    import zipfile
+
+    problems = []
+    for info in index.files:
+        if info.role not in _STATE_ROLES:
+            continue
+        path = root / info.path
+        try:
+            with open(path, "rb") as handle:
+                if handle.read(4) != _ZIP_ITEM_MAGIC:
+                    continue  # a plain pickle (legacy torch.save, random_states_N.pkl): nothing cheap to check
+            with zipfile.ZipFile(path) as archive:
+                archive.infolist()
+        except OSError as exc:
+            problems.append(Problem("unreadable-file", info.path, (), f"{type(exc).__name__}: {exc}"))
+        except (zipfile.BadZipFile, EOFError, ValueError) as exc:
+            problems.append(Problem("unreadable-file", info.path, (),
+                                    f"{info.role} state in torch's zip format that does not parse ({exc}): cut short "
+                                    f"mid-write? torch.load, and a resume from it, would fail"))
+    return problems
+
+
 # --- putting it together -----------------------------------------------------------------------
 
 
@@ -664,6 +693,7 @@ def check_checkpoint(path: str | Path, iteration: Iteration | None = None) -> Ch
         report.layout = describe_checkpoint(target, index)
     root = target if target.is_dir() else target.parent
     found, report.files, report.chunks = check_index(index, root)
+    found += side_file_problems(index, root)
     for name, chunk in differing:
         found.append(Problem("replica-mismatch", chunk.file, (name,),
                              f"this copy of a tensor every TP rank keeps differs from the one in "
