@@ -189,6 +189,14 @@ PIPELINE_VARIANTS = {PIPELINE_DIR: {"bf16": {"enabled": True}, "zero_optimizatio
                      PIPELINE_FP32_DIR: {"zero_optimization": {"stage": 0}},
                      PIPELINE_BF16_DIR: {"bf16": {"enabled": True}, "zero_optimization": {"stage": 0}},
                      PIPELINE_TP_DIR: {"zero_optimization": {"stage": 0}}}
+PIPELINE_TIEDSHAPE_DIR, PIPELINE_FROZEN_DIR = "pipeline_bf16_zero0_tiedshape", "pipeline_bf16_zero1_frozen"
+PIPELINE_VARIANTS.update({PIPELINE_TIEDSHAPE_DIR: {"bf16": {"enabled": True}, "zero_optimization": {"stage": 0}},
+                          PIPELINE_FROZEN_DIR: {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}})
+PIPELINE_LAYERS = {PIPELINE_TIEDSHAPE_DIR: "tiedshape", PIPELINE_FROZEN_DIR: "frozen"}
+"""Save dir -> another layer list than ``_pipeline_layers``'s default (a reviewer's cases): ``tiedshape``, a
+tied ``Linear(10, 6)`` after a ``Linear(6, 10)`` of the same size transposed (BF16_Optimizer records no shapes);
+``frozen``, a frozen ``Linear(6, 6)`` (layer 1, left out of the optimizer) shaped like the tied module."""
+
 PIPELINE_DP2_VARIANTS = {"pipeline_bf16_zero0_dp2": {"bf16": {"enabled": True}, "zero_optimization": {"stage": 0}},
                          "pipeline_bf16_zero1_acc32_dp2": {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1},
                                                            "data_types": {"grad_accum_dtype": "fp32"}}}
@@ -207,12 +215,21 @@ def pipeline_oracle_path(save_dir: Path) -> Path:
     return save_dir.parent / f"{save_dir.name}.oracle.pt"
 
 
-def _pipeline_layers():
+def _pipeline_layers(kind: str = "std"):
     """Six layers in two stages of three; the tied ``Linear`` is the first layer of stage 0 and the last
-    of stage 1 (``TiedLayerSpec`` without ``forward_fn``: both stages save it in their layer file)."""
+    of stage 1 (``TiedLayerSpec`` without ``forward_fn``: both stages save it in their layer file). Other
+    kinds: see ``PIPELINE_LAYERS``."""
     from torch import nn
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
+    if kind == "tiedshape":
+        return [LayerSpec(nn.Linear, 6, 10, bias=False), TiedLayerSpec("tie", nn.Linear, 10, 6, bias=False),
+                LayerSpec(nn.ReLU), LayerSpec(nn.Linear, 6, 10, bias=False), LayerSpec(nn.ReLU),
+                TiedLayerSpec("tie", nn.Linear, 10, 6, bias=False)]
+    if kind == "frozen":
+        return [TiedLayerSpec("tie", nn.Linear, 6, 6, bias=False), LayerSpec(nn.Linear, 6, 6, bias=False),
+                LayerSpec(nn.ReLU), LayerSpec(nn.Linear, 6, 6), LayerSpec(nn.LayerNorm, 6),
+                TiedLayerSpec("tie", nn.Linear, 6, 6, bias=False)]
     return [TiedLayerSpec("tie", nn.Linear, 6, 6, bias=False), LayerSpec(nn.Linear, 6, 10), LayerSpec(nn.ReLU),
             LayerSpec(nn.Linear, 10, 6), LayerSpec(nn.LayerNorm, 6), TiedLayerSpec("tie", nn.Linear, 6, 6, bias=False)]
 
@@ -258,12 +275,16 @@ def _run_pipeline_rank(rank: int, world_size: int, out: str, init_file: str,
             topology = PipeModelDataParallelTopology(num_pp=1, num_mp=2, num_dp=1)
             pipe = PipelineModule(layers=_pipeline_layers(), topology=topology, loss_fn=nn.MSELoss())
         else:
-            pipe = PipelineModule(layers=_pipeline_layers(), num_stages=2, loss_fn=nn.MSELoss(),
-                                  partition_method="uniform")
+            pipe = PipelineModule(layers=_pipeline_layers(PIPELINE_LAYERS.get(name, "std")), num_stages=2,
+                                  loss_fn=nn.MSELoss(), partition_method="uniform")
+        if PIPELINE_LAYERS.get(name) == "frozen":
+            for param_name, param in pipe.named_parameters():
+                if param_name.startswith("1."):
+                    param.requires_grad_(False)
         config = {"steps_per_print": 10**6, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
                   "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}}, **extra}
-        engine, *_ = deepspeed.initialize(model=pipe, model_parameters=list(pipe.parameters()), config=config,
-                                          dist_init_required=False)
+        engine, *_ = deepspeed.initialize(model=pipe, model_parameters=[p for p in pipe.parameters() if p.requires_grad],
+                                          config=config, dist_init_required=False)
         dtype = torch.bfloat16 if "bf16" in extra else torch.float32
         gen = torch.Generator().manual_seed(10)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -299,6 +300,13 @@ def test_a_tied_config_never_drops_a_stored_lm_head_that_differs(tmp_path, cli):
     result = cli("convert", str(HF), str(tmp_path / "out"), "--to", "hf", "--hf-config", str(tied_config))
     assert result.code == 2 and "stores an lm_head.weight of its own" in result.err, result.err
     assert not (tmp_path / "out").exists()
+    # to Megatron too (a reviewer: its shared embedding dropped the trained lm_head, exit 0)
+    tied_src = tmp_path / "tied_src"
+    shutil.copytree(HF, tied_src)
+    (tied_src / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    result = cli("convert", str(tied_src), str(tmp_path / "mc"), "--to", "mcore")
+    assert result.code == 2 and "stores an lm_head.weight of its own" in result.err, result.err
+    assert not (tmp_path / "mc").exists()
     copy = tmp_path / "copy"
     copy.mkdir()
     weights = load_file(str(HF / "model.safetensors"))

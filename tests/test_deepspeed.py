@@ -500,7 +500,8 @@ def _pipeline_oracle(name: str) -> dict:
 @pytest.mark.parametrize("save, stage_text", [("pipeline_zero1", "ZeRO-1"),
                                               ("pipeline_bf16_zero0", "ZeRO-0, BF16_Optimizer"),
                                               ("pipeline_bf16_zero0_dp2", "ZeRO-0, BF16_Optimizer"),
-                                              ("pipeline_bf16_zero1_acc32_dp2", "ZeRO-1, BF16_Optimizer")])
+                                              ("pipeline_bf16_zero1_acc32_dp2", "ZeRO-1, BF16_Optimizer"),
+                                              ("pipeline_bf16_zero0_tiedshape", "ZeRO-0, BF16_Optimizer")])
 def test_pipeline_save_reads_every_stage_masters_and_layer_files_bitwise(save, stage_text):
     """``PipelineModule`` in 2 stages (shipped, written by DeepSpeed 0.19.8): each stage has its own
     ``mp_rank_0S`` model states (no ``module``) and optim file, and every layer its own
@@ -546,6 +547,22 @@ def test_pipeline_save_without_masters_is_its_layer_files():
             assert np.array_equal(np.asarray(reader.read(name)), value), name
         assert index.tensors["optimizer.state.0.exp_avg"].shape == (6, 6)
         assert index.tensors["optimizer.stage_1.state.1.exp_avg"].shape == (6, 10)  # stage 1's 3.weight
+        assert not index.issues
+
+
+def test_a_frozen_layer_shaped_like_the_tied_module_is_kept_not_guessed(tmp_path):
+    """A frozen ``Linear(6, 6)`` (layer 1, not in the optimizer) looks like the tied ``Linear(6, 6)``: nothing in
+    the save says which layer files hold the tied module. A reviewer found the frozen layer taken for it and
+    gone from the model, check ok. Now every look-alike keeps its layer name (the frozen one bitwise the
+    engine's), the tied master is still the model's, and a warning says the bf16 copy was not picked."""
+    oracle = _pipeline_oracle("pipeline_bf16_zero1_frozen")
+    with open_checkpoint(SHIPPED / "pipeline_bf16_zero1_frozen") as reader:
+        index = reader.index()
+        assert np.array_equal(np.asarray(reader.read("1.weight")).astype(np.float32), oracle["module"]["1.weight"])
+        assert np.array_equal(np.asarray(reader.read("tied_modules.tie.weight")), oracle["fp32"]["tied_modules.tie.weight"])
+        for name in ("3.weight", "3.bias", "4.weight", "4.bias"):
+            assert np.array_equal(np.asarray(reader.read(name)), oracle["fp32"][name]), name
+        assert any("look like tied module 'tie'" in w for w in index.warnings), index.warnings
         assert not index.issues
 
 

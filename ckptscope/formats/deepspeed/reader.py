@@ -358,6 +358,8 @@ class DeepSpeedReader(CheckpointReader):
         self._layer_zips: dict[int, TorchZip] = {}
         self._layer_shapes: dict[str, tuple[int, ...]] = {}
         """A pipeline save's layer files, parsed once, and their tensors' shapes under ``<layer>.<param>``."""
+        self._pipeline_params: set[str] = set()
+        """Every stage's params by ``param_slice_mappings`` (BF16_Optimizer pipelines): a layer's own params."""
 
     @classmethod
     def supports(cls, path: Path) -> bool:
@@ -538,26 +540,31 @@ class DeepSpeedReader(CheckpointReader):
         if not groups:
             raise CkptError("a BF16_Optimizer save with neither param_shapes nor param_slice_mappings: the flat fp32 "
                             "partitions cannot be cut into params", tag_dir)
+        mapped = {name for group in groups for name in group} | self._pipeline_params
         shapes: list[dict[str, tuple[int, ...]]] = []
         for group in groups:
             shapes.append({})
             for name, numel in group.items():
-                shape = module.get(name) or self._tied_shape(name, numel)
+                shape = module.get(name) or self._tied_shape(name, numel, mapped, tag_dir)
                 if shape is None or math.prod(shape) != numel:
                     raise CkptError(f"{name!r}: param_slice_mappings give it {numel} elements but no module weight of "
                                     f"that name and size says its shape", tag_dir)
                 shapes[-1][name] = tuple(shape)
         return shapes
 
-    def _tied_shape(self, name: str, numel: int) -> tuple[int, ...] | None:
-        """A ``tied_modules.<key>.<param>``'s shape from the layer file that holds it (under its layer id)."""
+    def _tied_shape(self, name: str, numel: int, mapped: set[str], tag_dir: Path) -> tuple[int, ...] | None:
+        """A ``tied_modules.<key>.<param>``'s shape from a layer file that holds it under its layer id: one whose
+        ``<layer>.<param>`` is no param of its own (a reviewer's layer 0, ``Linear(6, 10)``, gave a tied
+        ``Linear(10, 6)`` its transposed shape). Candidates that disagree are refused, not guessed between."""
         if not name.startswith("tied_modules.") or name.count(".") < 2:
             return None
         local = name.split(".", 2)[2]
-        for candidate, shape in self._layer_shapes.items():
-            if candidate.split(".", 1)[-1] == local and math.prod(shape) == numel:
-                return shape
-        return None
+        found = {shape for candidate, shape in self._layer_shapes.items()
+                 if candidate.split(".", 1)[-1] == local and candidate not in mapped and math.prod(shape) == numel}
+        if len(found) > 1:
+            raise CkptError(f"{name!r}: layer files of several shapes ({', '.join(map(str, sorted(found)))}) could hold "
+                            "this tied module, and the save records none: not guessed", tag_dir)
+        return next(iter(found), None)
 
     # --- pipeline saves ------------------------------------------------------------------------------
 
@@ -573,8 +580,16 @@ class DeepSpeedReader(CheckpointReader):
         self._layer_shapes = {f"{layer}.{local}": ref.shape for layer, zip_ in self._layer_zips.items()
                               if isinstance(zip_.obj, dict)
                               for local, ref in _ordered(zip_.obj).items() if isinstance(ref, TensorRef)}
+        for mp in stages:  # every stage's own params first: a tied module's shape must not come from one of them
+            for file_name in (ds_layout(tag_dir, mp) or DsLayout()).optim.values():
+                osd = (read_rank_file(tag_dir / file_name).obj or {}).get("optimizer_state_dict")
+                mappings = osd.get("param_slice_mappings") if isinstance(osd, dict) else None
+                for mapping in mappings if isinstance(mappings, list) else []:
+                    self._pipeline_params |= {str(name) for name in _ordered(mapping)}
         trained: set[str] = set()
         buffers: set[str] = set()
+        tied_stages: dict[str, int] = {}
+        """Tied key -> the stages whose masters hold it (each saves its copy in a layer file at most once)."""
         for mp in stages:
             sub = CheckpointIndex(path=index.path, format=index.format)
             stage_layout = ds_layout(tag_dir, mp)
@@ -585,11 +600,14 @@ class DeepSpeedReader(CheckpointReader):
             if isinstance(tp, int) and tp > 1:
                 raise CkptError(f"a pipeline save with tensor parallelism (tp_degree {tp}), which ckptscope does not "
                                 "assemble", tag_dir)
-            trained |= {name for name, meta in sub.tensors.items() if meta.attr("zero") is not None}
+            stage_params = {name for name, meta in sub.tensors.items() if meta.attr("zero") is not None}
+            for key in {n.split(".")[1] for n in stage_params if n.startswith("tied_modules.") and n.count(".") >= 2}:
+                tied_stages[key] = tied_stages.get(key, 0) + 1
+            trained |= stage_params
             names = objects.get("buffer_names")
             buffers |= {str(n) for n in names} if isinstance(names, list) else set()
             self._merge_stage(index, sub, mp, first=mp == stages[0], tag_dir=tag_dir)
-        self._index_layer_files(index, tag_dir, prefix, layout, trained, buffers)
+        self._index_layer_files(index, tag_dir, prefix, layout, trained, buffers, tied_stages)
 
     @staticmethod
     def _merge_stage(index: CheckpointIndex, sub: CheckpointIndex, mp: int, *, first: bool, tag_dir: Path) -> None:
@@ -624,30 +642,53 @@ class DeepSpeedReader(CheckpointReader):
         for obj in sub.objects:
             if first:
                 index.objects.append(obj)
-            elif obj.name != "<root>" and known.get(obj.name, obj) != obj.value:
-                index.objects.append(replace(obj, name=staged(obj.name)))
+            elif obj.name != "<root>" and (obj.name not in known or known[obj.name] != obj.value):
+                index.objects.append(replace(obj, name=staged(obj.name)))  # the stage's own, or its own value
 
     def _index_layer_files(self, index: CheckpointIndex, tag_dir: Path, prefix: str, layout: DsLayout,
-                           trained: set[str], buffers: set[str]) -> None:
+                           trained: set[str], buffers: set[str], tied_stages: dict[str, int]) -> None:
         """The layer files' tensors under ``PipelineModule``'s names. Layer ``i``'s params are ``i.<param>``,
-        but a tied module's are ``tied_modules.<key>.<param>`` wherever it stands: a layer file whose params
-        the masters know only under one tied key is that module (its copy on a later stage is skipped)."""
+        but a tied module's are ``tied_modules.<key>.<param>`` wherever it stands. Nothing in the save says which
+        layers those are: a layer file is the tied module when none of its params is a master of its own and its
+        params are exactly the tied module's, in the masters' shapes. A frozen layer can look the same (a
+        reviewer's frozen ``Linear`` was taken for the tied one and vanished): when more layer files look
+        tied than there are stages holding the tied master (each saves its copy once), none is guessed at; they
+        keep their layer names and a warning says so."""
         masters = bool(trained)
-        tied_keys = sorted({n.split(".")[1] for n in trained if n.startswith("tied_modules.") and n.count(".") >= 2})
+        tied_locals: dict[str, dict[str, tuple[int, ...]]] = {}
+        for name in trained:
+            if name.startswith("tied_modules.") and name.count(".") >= 2:
+                _, key, local = name.split(".", 2)
+                tied_locals.setdefault(key, {})[local] = index.tensors[name].shape if name in index.tensors else ()
+        refs_of: dict[int, dict[str, TensorRef]] = {}
+        looks_tied: dict[str, list[int]] = {}
+        for layer, file_name in sorted(layout.layers.items()):
+            zip_ = self._layer_zips[layer]
+            if not isinstance(zip_.obj, dict):
+                raise CkptError(f"{file_name}: not a layer's state dict ({type_name(zip_.obj)})", tag_dir)
+            refs = {str(k): v for k, v in _ordered(zip_.obj).items() if isinstance(v, TensorRef) and v.storage is not None}
+            refs_of[layer] = refs
+            if not masters or not refs or any(f"{layer}.{local}" in trained for local in refs):
+                continue
+            for key, locals_ in tied_locals.items():
+                if locals_ == {local: tuple(ref.shape) for local, ref in refs.items()}:
+                    looks_tied.setdefault(key, []).append(layer)
+        tied_layer: dict[int, str] = {}
+        unsure: set[str] = set()
+        for key, layers in looks_tied.items():
+            if len(layers) > tied_stages.get(key, 1):
+                unsure.add(key)
+                index.warnings.append(f"layer files {', '.join(map(str, layers))} all look like tied module {key!r} "
+                                      "(a frozen layer of the same shape?); shown under their layer ids, the tied "
+                                      "module's bf16 copy not picked among them")
+            else:
+                tied_layer.update(dict.fromkeys(layers, key))
         for layer, file_name in sorted(layout.layers.items()):
             path = tag_dir / file_name
             zip_ = self._layer_zips[layer]
             index.files.append(FileInfo(prefix + file_name, path.stat().st_size, "data"))
-            state = _ordered(zip_.obj)
-            if not isinstance(zip_.obj, dict):
-                raise CkptError(f"{file_name}: not a layer's state dict ({type_name(zip_.obj)})", tag_dir)
-            refs = {str(k): v for k, v in state.items() if isinstance(v, TensorRef) and v.storage is not None}
-            owner = f"{layer}."
-            if masters and not any(owner + local in trained for local in refs):
-                keys = [k for k in tied_keys if any(f"tied_modules.{k}.{local}" in trained for local in refs)]
-                if len(keys) == 1:
-                    owner = f"tied_modules.{keys[0]}."
-            for local, ref in refs.items():
+            owner = f"tied_modules.{tied_layer[layer]}." if layer in tied_layer else f"{layer}."
+            for local, ref in refs_of[layer].items():
                 name = owner + local
                 meta = tensor_meta(name, ref, prefix + file_name, zip_.storages.get(ref.storage.key),
                                    big_endian=zip_.big_endian, path=self.path)
@@ -668,7 +709,8 @@ class DeepSpeedReader(CheckpointReader):
                     meta = replace(meta, attrs=meta.attrs + (("frozen", "not in the fp32 partitions; the layer "
                                                                          "file's copy"),))
                 index.tensors[name] = meta
-        lacking = sorted(name for name in trained if LP_PREFIX + name not in index.tensors)
+        lacking = sorted(name for name in trained if LP_PREFIX + name not in index.tensors
+                         and not (name.startswith("tied_modules.") and name.split(".")[1] in unsure))
         if lacking:  # every trained param's layer writes its module copy: a layer file is gone
             index.add_issue("missing-file", f"no layer file holds the module's copy of {len(lacking)} trained "
                             f"params ({', '.join(lacking[:3])}{' ...' if len(lacking) > 3 else ''}): a "

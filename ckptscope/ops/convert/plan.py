@@ -354,7 +354,8 @@ _METADATA_SUFFIXES = (".yaml", ".yml", ".json", ".txt")
 def _same_values(reader: CheckpointReader, entries: ModelEntries, a: str, b: str) -> bool:
     """Whether model tensors ``a`` and ``b`` hold the same bytes, read in blocks of rows (~64 MB): a
     Megatron save stores ``output_layer.weight`` beside tied word embeddings only as their copy (the
-    last pipeline stage's), and one that differs is an untied model whatever the config says."""
+    last pipeline stage's), as FSDP / DCP / Trainer saves store ``lm_head.weight``; one that differs is an
+    untied model whatever the config says."""
     meta_a, meta_b = entries.tensors.get(a), entries.tensors.get(b)
     if meta_a is None or meta_b is None:
         return meta_a is None  # nothing stored apart: nothing to lose
@@ -561,7 +562,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
             if cfg.num_attention_heads and cfg.hidden_size and cfg.num_layers and cfg.vocab_size:
                 hf_cfg_dict = to_hf_config(cfg.merged(ModelConfig(arch=view.arch)))
                 notes.append("config.json derived from the Megatron args")
-                config_source = "the config derived from the Megatron args (an internal inconsistency: report it)"
+                config_source = "the config derived from the Megatron args"
             else:
                 raise CkptError(_no_config_reason(src_path) + "; pass --hf-config DIR")
         if family == "mcore":
@@ -638,6 +639,11 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
             # torch.save keeps both keys of a tied model (one storage); transformers re-ties on load
             # and ignores the stored lm_head, so Megatron's shared embedding is the whole truth.
             shared = tensors["lm_head.weight"].attr("shares_storage_with") == entries.stored["model.embed_tokens.weight"]
+            if not shared and not _same_values(reader, entries, "lm_head.weight", "model.embed_tokens.weight"):
+                raise CkptError("the config ties lm_head to the embedding, but this model stores an lm_head.weight of "
+                                "its own that differs from model.embed_tokens.weight: Megatron's shared embedding "
+                                "would drop the trained output layer; pass an --hf-config with tie_word_embeddings "
+                                "false", src_path)
             del tensors["lm_head.weight"]
             shapes = shapes_of(tensors)
             notes.append("tied embeddings: lm_head.weight " + ("shares the embedding's storage; not written" if shared
