@@ -607,3 +607,23 @@ def test_a_trainer_checkpoint_with_a_cut_optimizer_file_is_damage(trainer_run, t
     for target in (run / "checkpoint-4", run):
         result = run_cli("check", str(target))
         assert result.code == 1 and "unreadable-file" in result.out and "optimizer.pt" in result.out, result.out
+
+
+def test_timeline_reads_the_adam_state_beside_each_fsdp_save(trainer_fsdp2, tmp_path):
+    """Under FSDP the Trainer's (and accelerate's) Adam state is the DCP dir ``optimizer_0/`` beside the model,
+    keyed by parameter name. timeline said "no Adam exp_avg_sq saved" (a probe). Its per-module mean now equals
+    torch's own reading of that dir (``dcp_to_torch_save``), and the step size uses the Trainer's scheduler.pt."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    result = run_cli("timeline", "--json", str(trainer_fsdp2))
+    assert result.code == 0, result.err
+    doc = json.loads(result.out)
+    module = next(m for m in doc["optimizer"]["modules"] if m["name"] == "model.layers.0.self_attn")
+    dcp_to_torch_save(str(trainer_fsdp2 / "checkpoint-4" / "optimizer_0"), str(tmp_path / "opt.pt"))
+    state = torch.load(str(tmp_path / "opt.pt"), weights_only=False)["optimizer"]["state"]
+    moments = [v["exp_avg_sq"].double() for k, v in state.items() if k.startswith("model.layers.0.self_attn.")]
+    want = float(sum(m.sum() for m in moments) / sum(m.numel() for m in moments))
+    assert module["iterations"] == [2, 4]
+    assert abs(module["exp_avg_sq_mean"][1] - want) <= 1e-12 + 1e-9 * abs(want), (module, want)
+    assert module["step_size_mean"][0] is not None and module["step_size_mean"][0] > 0

@@ -289,6 +289,8 @@ def _saved_lr(reader: CheckpointReader, directory: Path) -> float | None:
                 and isinstance(last[0], (int, float)) and not isinstance(last[0], bool):
             return float(last[0])
     found = _scheduler_file_lr(directory)
+    if found is None and directory.name == "pytorch_model_fsdp_0":  # a save_state dir: its files are one level up
+        found = _scheduler_file_lr(directory.parent)
     if found is not None:
         return found
     groups = set(_group_scalars(reader, "lr"))
@@ -500,6 +502,60 @@ def _plan_side_optimizer(chosen: list[IterationInfo], entries: list[ModelEntries
     return _SideOptimizer(_optimizer_tensors(by_param, wanted), opened, eps, None, notes)
 
 
+ACCELERATE_OPTIMIZER = "optimizer_0"
+
+
+def _plan_save_state_optimizer(chosen: list[IterationInfo], entries: list[ModelEntries],
+                               tensors: list[TimelineTensor]) -> _SideOptimizer | None:
+    """accelerate's ``save_state`` under FSDP (accelerate's own roots, the Trainer under FSDP): each save's model
+    is ``pytorch_model_fsdp_0/`` and its Adam state the DCP dir ``optimizer_0/`` beside it, keyed by the
+    parameter's name (``optimizer.state.<name>.exp_avg_sq``, ``get_optimizer_state_dict``'s FQNs). A probe
+    found the timeline saying "no Adam exp_avg_sq saved" for both. None when no iteration has that dir."""
+    from ckptscope.formats.registry import open_checkpoint
+
+    dirs = [Path(info.path).parent / ACCELERATE_OPTIMIZER if Path(info.path).name == "pytorch_model_fsdp_0" else None
+            for info in chosen]
+    if not any(d is not None and d.is_dir() for d in dirs):
+        return None
+    wanted = {t.name: t for t in tensors}
+    by_param: dict[str, list[str | None]] = {}
+    opened: list[CheckpointReader | None] = []
+    reasons: dict[str, list[str]] = {}
+    try:
+        for i, (info, directory) in enumerate(zip(chosen, dirs)):
+            if directory is None or not directory.is_dir():
+                opened.append(None)
+                reasons.setdefault(f"no {ACCELERATE_OPTIMIZER}/ beside the model", []).append(info.label)
+                continue
+            reader = open_checkpoint(directory)
+            opened.append(reader)
+            names = reader.index().tensors
+            found = 0
+            for param, t in wanted.items():
+                key = f"optimizer.state.{param}.exp_avg_sq"
+                if key in names and tuple(names[key].shape) == tuple(t.shape):
+                    by_param.setdefault(param, [None] * len(chosen))[i] = key
+                    found += 1
+            if not found:
+                reasons.setdefault(f"{ACCELERATE_OPTIMIZER}/ holds no exp_avg_sq under the model's names",
+                                   []).append(info.label)
+    except BaseException:
+        for reader in opened:
+            if reader is not None:
+                reader.close()
+        raise
+    notes = _unnamed_notes(reasons)
+    if not by_param:
+        for reader in opened:
+            if reader is not None:
+                reader.close()
+        return _SideOptimizer([], [], None, f"{ACCELERATE_OPTIMIZER}/: no per-layer Adam statistics", notes)
+    notes.append(f"Adam state of {ACCELERATE_OPTIMIZER}/ (accelerate's FSDP optimizer save) named by parameter, "
+                 "every exp_avg_sq checked against its parameter's shape")
+    eps = next((v for r in opened if r is not None for v in _group_scalars(r, "eps")), None)
+    return _SideOptimizer(_optimizer_tensors(by_param, wanted), opened, eps, None, notes)
+
+
 def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None, int | None] | None = None,
                         include: tuple[str, ...] = (), exclude: tuple[str, ...] = (), sample: int | None = None,
                         optimizer: bool = True, trust_pickle: bool = False) -> TimelinePlan:
@@ -557,6 +613,8 @@ def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None,
                                     if optimizer else ([], "optimizer statistics not asked for", []))
         notes += opt_notes
         side = _plan_side_optimizer(chosen, entries, tensors, readers) if optimizer and not opt else None
+        if optimizer and not opt and side is None:
+            side = _plan_save_state_optimizer(chosen, entries, tensors)
         if optimizer and not opt and side is None:
             side = _plan_flat_optimizer(chosen, entries, tensors, readers)
         eps_values = [v for r in readers for v in _group_scalars(r, "eps")]
