@@ -550,20 +550,57 @@ def test_pipeline_save_without_masters_is_its_layer_files():
         assert not index.issues
 
 
-def test_a_frozen_layer_shaped_like_the_tied_module_is_kept_not_guessed(tmp_path):
+def test_a_frozen_layer_shaped_like_the_tied_module_is_told_apart(tmp_path):
     """A frozen ``Linear(6, 6)`` (layer 1, not in the optimizer) looks like the tied ``Linear(6, 6)``: nothing in
-    the save says which layer files hold the tied module. A reviewer found the frozen layer taken for it and
-    gone from the model, check ok. Now every look-alike keeps its layer name (the frozen one bitwise the
-    engine's), the tied master is still the model's, and a warning says the bf16 copy was not picked."""
+    the save says which layer files hold the tied module. A reviewer found the frozen layer taken for it and gone
+    from the model, check ok. The tied module's copies are one module saved by each stage, kept equal by
+    DeepSpeed, so byte for byte equal; the frozen layer is not: it keeps its layer name (bitwise the engine's)
+    and the tied module gets its bf16 copy. When no group of equal copies stands out, a warning says the
+    copies were not picked among (the fixture's frozen layer is then made equal to no other)."""
     oracle = _pipeline_oracle("pipeline_bf16_zero1_frozen")
     with open_checkpoint(SHIPPED / "pipeline_bf16_zero1_frozen") as reader:
         index = reader.index()
         assert np.array_equal(np.asarray(reader.read("1.weight")).astype(np.float32), oracle["module"]["1.weight"])
         assert np.array_equal(np.asarray(reader.read("tied_modules.tie.weight")), oracle["fp32"]["tied_modules.tie.weight"])
+        lp = np.asarray(reader.read("lp_params.tied_modules.tie.weight")).astype(np.float32)
+        assert np.array_equal(lp, oracle["module"]["tied_modules.tie.weight"])
         for name in ("3.weight", "3.bias", "4.weight", "4.bias"):
             assert np.array_equal(np.asarray(reader.read(name)), oracle["fp32"][name]), name
+        assert not index.issues and not index.warnings
+        assert index.tensors["1.weight"].attr("frozen") is not None
+    # the tied copy on stage 1 changed: three look-alikes, no two equal: none is picked, and it is said
+    save = tmp_path / "save"
+    shutil.copytree(SHIPPED / "pipeline_bf16_zero1_frozen", save)
+    layer5 = save / "global_step2" / "layer_05-model_states.pt"
+    import torch
+
+    state = torch.load(str(layer5), weights_only=True)
+    torch.save({k: v + 1 for k, v in state.items()}, str(layer5))
+    with open_checkpoint(save) as reader:
+        index = reader.index()
         assert any("look like tied module 'tie'" in w for w in index.warnings), index.warnings
-        assert not index.issues
+        assert "1.weight" in index.tensors and not index.issues
+
+
+@pytest.mark.parametrize("save", ["pipeline_zero1", "pipeline_bf16_zero0"])
+@pytest.mark.parametrize("lost, said", [
+    ("*mp_rank_01_*", "pipeline stage 1 of 2 has no rank files"),
+    ("*optim_states.pt", "optimizer file (the other stages have theirs)"),
+])
+def test_a_pipeline_save_missing_a_stage_or_its_optimizer_is_damage(tmp_path, save, lost, said):
+    """A probe deleted the last stage's files, or one stage's optimizer file: check said ok and the layer files'
+    bf16 copies stood in for the lost fp32 masters. The save records its stage count
+    (``checkpoint_parallel_dimensions``, ``mp_world_size``) and the other stages' optimizer files: both
+    are ``missing-file`` now, and exports refuse."""
+    root = tmp_path / "save"
+    shutil.copytree(SHIPPED / save, root)
+    pattern = lost if "mp_rank" in lost else "*mp_rank_01_optim_states.pt"
+    removed = [p for p in (root / "global_step2").glob(pattern)]
+    assert removed
+    for path in removed:
+        path.unlink()
+    result = run_cli("check", str(root))
+    assert result.code == 1 and "missing-file" in result.out and said in result.out, result.out
 
 
 def test_pipeline_save_missing_a_layer_file_is_damage(tmp_path):

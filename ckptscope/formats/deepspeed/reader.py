@@ -252,6 +252,21 @@ def _universal_params(zero_dir: Path) -> list[str]:
         return []
 
 
+def _parallel_degrees(tag_dir: Path, stage: int) -> tuple[int | None, int | None]:
+    """(pipeline stages, tensor-parallel size) a pipeline save records in its first stage's model states:
+    ``checkpoint_parallel_dimensions`` (DeepSpeed 0.17+), else ``mp_world_size`` for the stages."""
+    layout = ds_layout(tag_dir, stage)
+    name = next(iter(layout.model.values()), None) if layout else None
+    if name is None:
+        return None, None
+    obj = read_rank_file(tag_dir / name).obj
+    obj = obj if isinstance(obj, dict) else {}
+    dims = to_plain(obj.get("checkpoint_parallel_dimensions"))
+    dims = dims if isinstance(dims, dict) else {}
+    pp, tp = _as_int(dims.get("pp_degree")), _as_int(dims.get("tp_degree"))
+    return (pp if pp is not None else _as_int(obj.get("mp_world_size"))), tp
+
+
 def pipeline_stages(layout: DsLayout) -> list[int] | None:
     """The model-parallel ranks of a ``PipelineModule`` save when they are its stages, or None.
 
@@ -430,7 +445,8 @@ class DeepSpeedReader(CheckpointReader):
         if main_model is None and layout.model:
             main_model = layout.model[min(k for k in layout.model if k is not None)]
         if main_model is None:
-            raise CkptError("no *_model_states.pt: the param shapes needed to cut the flat partitions are in it",
+            raise CkptError(f"no mp_rank_{layout.mp:02d} *_model_states.pt: the param shapes needed to cut the flat "
+                            "partitions are in it",
                             tag_dir)
         parsed_models: dict[int | None, TorchZip] = {}
         for dp, name in sorted(layout.model.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
@@ -541,11 +557,22 @@ class DeepSpeedReader(CheckpointReader):
             raise CkptError("a BF16_Optimizer save with neither param_shapes nor param_slice_mappings: the flat fp32 "
                             "partitions cannot be cut into params", tag_dir)
         mapped = {name for group in groups for name in group} | self._pipeline_params
+        count = osds[min(osds)].get("partition_count")
+        world = max(count) if isinstance(count, list) and count else count
+        absent = [r for r in range(world) if r not in osds] if isinstance(world, int) else []
         shapes: list[dict[str, tuple[int, ...]]] = []
         for group in groups:
             shapes.append({})
             for name, numel in group.items():
                 shape = module.get(name) or self._tied_shape(name, numel, mapped, tag_dir)
+                if absent and (shape is None or math.prod(shape) != numel):
+                    raise CkptError(f"the optimizer files of data-parallel rank{'s' if len(absent) > 1 else ''} "
+                                    f"{', '.join(map(str, absent))} are missing: a BF16_Optimizer save sizes its params "
+                                    f"only by every rank's param_slice_mappings ({name!r} is cut short)", tag_dir)
+                if shape is None and self._layer_shapes:
+                    raise CkptError(f"{name!r}: no layer file holds this param, whose shape only its layer file "
+                                    "records (BF16_Optimizer keeps no param shapes): a layer_NN-model_states.pt file "
+                                    "is missing", tag_dir)
                 if shape is None or math.prod(shape) != numel:
                     raise CkptError(f"{name!r}: param_slice_mappings give it {numel} elements but no module weight of "
                                     f"that name and size says its shape", tag_dir)
@@ -576,6 +603,10 @@ class DeepSpeedReader(CheckpointReader):
         name but a tied module's), then the layer files: the module's weights, the model itself when
         there are no masters apart (fp32 ZeRO-0), else their low-precision copies (``lp_params.``)."""
         info["pipeline_stages"] = len(stages)
+        degree, tp = _parallel_degrees(tag_dir, stages[0])
+        if tp is not None and tp > 1:
+            raise CkptError(f"a pipeline save with tensor parallelism (tp_degree {tp}), which ckptscope does not "
+                            "assemble", tag_dir)
         self._layer_zips = {layer: read_rank_file(tag_dir / name) for layer, name in sorted(layout.layers.items())}
         self._layer_shapes = {f"{layer}.{local}": ref.shape for layer, zip_ in self._layer_zips.items()
                               if isinstance(zip_.obj, dict)
@@ -596,10 +627,6 @@ class DeepSpeedReader(CheckpointReader):
             assert stage_layout is not None  # the same dir ds_layout read
             self._index_rank(sub, tag_dir, prefix, stage_layout, info if mp == stages[0] else {})
             objects = {o.name: o.value for o in sub.objects}
-            tp = objects.get("checkpoint_parallel_dimensions.tp_degree")
-            if isinstance(tp, int) and tp > 1:
-                raise CkptError(f"a pipeline save with tensor parallelism (tp_degree {tp}), which ckptscope does not "
-                                "assemble", tag_dir)
             stage_params = {name for name, meta in sub.tensors.items() if meta.attr("zero") is not None}
             for key in {n.split(".")[1] for n in stage_params if n.startswith("tied_modules.") and n.count(".") >= 2}:
                 tied_stages[key] = tied_stages.get(key, 0) + 1
@@ -608,6 +635,33 @@ class DeepSpeedReader(CheckpointReader):
             buffers |= {str(n) for n in names} if isinstance(names, list) else set()
             self._merge_stage(index, sub, mp, first=mp == stages[0], tag_dir=tag_dir)
         self._index_layer_files(index, tag_dir, prefix, layout, trained, buffers, tied_stages)
+        self._missing_stage_files(index, tag_dir, prefix, stages, degree)
+
+    @staticmethod
+    def _missing_stage_files(index: CheckpointIndex, tag_dir: Path, prefix: str, stages: list[int],
+                             degree: int | None) -> None:
+        """Stages the save says it has (``degree``) without rank files, and stages without the optimizer files
+        the others have: their fp32 masters and Adam state are gone (a probe deleted them and check said ok,
+        the layer files' bf16 copies shown as the model)."""
+        if degree is not None:
+            for stage in range(degree):
+                if stage not in stages:
+                    index.add_issue("missing-file", f"pipeline stage {stage} of {degree} has no rank files: its layers' "
+                                    "fp32 masters and optimizer state cannot be read",
+                                    file=f"{prefix}mp_rank_{stage:02d}_model_states.pt")
+        optim = {mp: (ds_layout(tag_dir, mp) or DsLayout()).optim for mp in stages}
+        having = {mp: files for mp, files in optim.items() if files}
+        if not having:
+            return
+        pattern = OPTIM_STATES.match(next(iter(next(iter(having.values())).values())))
+        dp_ranks = sorted({dp for files in having.values() for dp in files})
+        for mp in stages:
+            for dp in dp_ranks:
+                if dp not in optim[mp] and pattern is not None:
+                    name = f"{pattern.group(1) or ''}zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt"
+                    if not any(i.file == prefix + name for i in index.issues):
+                        index.add_issue("missing-file", f"pipeline stage {mp}'s optimizer file (the other stages have "
+                                        "theirs): its fp32 masters and Adam state cannot be read", file=prefix + name)
 
     @staticmethod
     def _merge_stage(index: CheckpointIndex, sub: CheckpointIndex, mp: int, *, first: bool, tag_dir: Path) -> None:
@@ -635,7 +689,9 @@ class DeepSpeedReader(CheckpointReader):
                 elif model and "tied_modules." not in name:
                     raise CkptError(f"stages {index.tensors[name].files[0]} and {meta.files[0]} both hold "
                                     f"{name!r}: not a pipeline save ckptscope can assemble", tag_dir)
-                # else: a tied module's master or moments again, on a later stage (DeepSpeed keeps them equal)
+                # else: a tied module's master or moments again, on a later stage: the first stage's is kept
+                # (DeepSpeed reduces the tied weight's gradients across stages; params outside tied_weight_attr
+                # may drift apart, a probe saw 0.02 after 2 steps: only the first stage's copy is shown)
             else:  # the stage's own bookkeeping (a client optimizer's state.0 is another param on each stage)
                 index.tensors[staged(name)] = replace(meta, name=staged(name))
         known = {o.name: o.value for o in index.objects}
@@ -677,6 +733,17 @@ class DeepSpeedReader(CheckpointReader):
         unsure: set[str] = set()
         for key, layers in looks_tied.items():
             if len(layers) > tied_stages.get(key, 1):
+                # more look-alikes than stages holding the tied master: one stage may save the module twice
+                # (a probe: pp=1, tied at layers 0 and 5), and those copies are one module saved twice, so
+                # byte for byte equal; a frozen look-alike is not. Read only in this rare case.
+                groups: dict[bytes, list[int]] = {}
+                for candidate in layers:
+                    groups.setdefault(self._layer_digest(candidate, refs_of[candidate], prefix, layout), []).append(candidate)
+                repeated = [g for g in groups.values() if len(g) > 1]
+                if len(repeated) == 1:
+                    layers = repeated[0]
+                    tied_layer.update(dict.fromkeys(layers, key))
+                    continue
                 unsure.add(key)
                 index.warnings.append(f"layer files {', '.join(map(str, layers))} all look like tied module {key!r} "
                                       "(a frozen layer of the same shape?); shown under their layer ids, the tied "
@@ -715,6 +782,23 @@ class DeepSpeedReader(CheckpointReader):
             index.add_issue("missing-file", f"no layer file holds the module's copy of {len(lacking)} trained "
                             f"params ({', '.join(lacking[:3])}{' ...' if len(lacking) > 3 else ''}): a "
                             "layer_NN-model_states.pt file is missing", tensors=tuple(lacking))
+
+    def _layer_digest(self, layer: int, refs: dict[str, TensorRef], prefix: str, layout: DsLayout) -> bytes:
+        """A digest of a layer file's tensors' bytes, by name (to tell copies of one module apart from
+        look-alikes)."""
+        import hashlib
+
+        zip_ = self._layer_zips[layer]
+        file_name = prefix + layout.layers[layer]
+        digest = hashlib.blake2b(digest_size=16)
+        for local in sorted(refs):
+            ref = refs[local]
+            chunk = tensor_meta(local, ref, file_name, zip_.storages.get(ref.storage.key), big_endian=zip_.big_endian,
+                                path=self.path).chunks[0]
+            with open(self.path / chunk.file, "rb") as handle:
+                handle.seek(chunk.byte_offset)
+                digest.update(local.encode() + b"\0" + handle.read(chunk.byte_length))
+        return digest.digest()
 
     def _index_universal(self, index: CheckpointIndex, tag_dir: Path, prefix: str, layout: DsLayout, obj: dict,
                          zip_: TorchZip, file: str, parsed_models: dict[int | None, TorchZip]) -> None:
