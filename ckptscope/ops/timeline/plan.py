@@ -383,6 +383,13 @@ class _SideOptimizer:
     notes: list[str]
 
 
+def _close_all(readers: list[CheckpointReader | None]) -> None:
+    """Close the optimizer-state readers a side plan opened (on failure, or when it names nothing)."""
+    for reader in readers:
+        if reader is not None:
+            reader.close()
+
+
 def _unnamed_notes(reasons: dict[str, list[str]]) -> list[str]:
     """One note per reason, naming the iterations it left without Adam statistics."""
     return [f"no Adam statistics for iteration{'s' if len(labels) > 1 else ''} {', '.join(labels)}: {why}"
@@ -485,15 +492,11 @@ def _plan_side_optimizer(chosen: list[IterationInfo], entries: list[ModelEntries
                 if param in wanted:
                     by_param.setdefault(param, [None] * len(chosen))[i] = key
     except BaseException:
-        for reader in opened:
-            if reader is not None:
-                reader.close()
+        _close_all(opened)
         raise
     notes = _unnamed_notes(reasons)
     if not by_param:
-        for reader in opened:
-            if reader is not None:
-                reader.close()
+        _close_all(opened)
         first = next(iter(reasons), "no exp_avg_sq of a followed tensor")
         return _SideOptimizer([], [], None, f"{label}: {first}: no per-layer Adam statistics", notes[1:])
     notes.append(f"Adam state of {label} named by position ({', '.join(sorted(groupings))}), every "
@@ -540,15 +543,11 @@ def _plan_save_state_optimizer(chosen: list[IterationInfo], entries: list[ModelE
                 reasons.setdefault(f"{ACCELERATE_OPTIMIZER}/ holds no exp_avg_sq under the model's names",
                                    []).append(info.label)
     except BaseException:
-        for reader in opened:
-            if reader is not None:
-                reader.close()
+        _close_all(opened)
         raise
     notes = _unnamed_notes(reasons)
     if not by_param:
-        for reader in opened:
-            if reader is not None:
-                reader.close()
+        _close_all(opened)
         return _SideOptimizer([], [], None, f"{ACCELERATE_OPTIMIZER}/: no per-layer Adam statistics", notes)
     notes.append(f"Adam state of {ACCELERATE_OPTIMIZER}/ (accelerate's FSDP optimizer save) named by parameter, "
                  "every exp_avg_sq checked against its parameter's shape")
