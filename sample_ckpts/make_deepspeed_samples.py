@@ -192,7 +192,10 @@ PIPELINE_VARIANTS = {PIPELINE_DIR: {"bf16": {"enabled": True}, "zero_optimizatio
 PIPELINE_TIEDSHAPE_DIR, PIPELINE_FROZEN_DIR = "pipeline_bf16_zero0_tiedshape", "pipeline_bf16_zero1_frozen"
 PIPELINE_VARIANTS.update({PIPELINE_TIEDSHAPE_DIR: {"bf16": {"enabled": True}, "zero_optimization": {"stage": 0}},
                           PIPELINE_FROZEN_DIR: {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}})
+PIPELINE_ONE_STAGE_DIR = "pipeline_bf16_zero1_one_stage"
+PIPELINE_VARIANTS[PIPELINE_ONE_STAGE_DIR] = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}
 PIPELINE_LAYERS = {PIPELINE_TIEDSHAPE_DIR: "tiedshape", PIPELINE_FROZEN_DIR: "frozen"}
+"""(``pipeline_bf16_zero1_one_stage``: one stage on both ranks, dp=2, so the tied module is saved twice by it)"""
 """Save dir -> another layer list than ``_pipeline_layers``'s default (a reviewer's cases): ``tiedshape``, a
 tied ``Linear(10, 6)`` after a ``Linear(6, 10)`` of the same size transposed (BF16_Optimizer records no shapes);
 ``frozen``, a frozen ``Linear(6, 6)`` (layer 1, left out of the optimizer) shaped like the tied module."""
@@ -275,7 +278,8 @@ def _run_pipeline_rank(rank: int, world_size: int, out: str, init_file: str,
             topology = PipeModelDataParallelTopology(num_pp=1, num_mp=2, num_dp=1)
             pipe = PipelineModule(layers=_pipeline_layers(), topology=topology, loss_fn=nn.MSELoss())
         else:
-            pipe = PipelineModule(layers=_pipeline_layers(PIPELINE_LAYERS.get(name, "std")), num_stages=2,
+            pipe = PipelineModule(layers=_pipeline_layers(PIPELINE_LAYERS.get(name, "std")),
+                                  num_stages=1 if name == PIPELINE_ONE_STAGE_DIR else 2,
                                   loss_fn=nn.MSELoss(), partition_method="uniform")
         if PIPELINE_LAYERS.get(name) == "frozen":
             for param_name, param in pipe.named_parameters():
