@@ -37,6 +37,8 @@ from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
 from ckptscope.core.units import plural
 from ckptscope.formats import open_checkpoint
+from ckptscope.formats.dcp.reader import STORAGE_TRANSFORMS
+from ckptscope.formats.pickles.torch_file import ZIP_MAGIC
 from ckptscope.ops.roots import (
     ACCELERATE_FSDP_MODEL,
     RELEASE,
@@ -353,7 +355,7 @@ def expected_bytes(meta: TensorMeta, chunk: Chunk, info: DType | None = None) ->
         span = 1 + sum((s - 1) * abs(st) for s, st in zip(chunk.shape, chunk.strides or ()))
         return span * info.itemsize, False
     if encoding is Encoding.TORCH_ZIP_ITEM:
-        if meta.attrs and meta.attr("storage_transforms"):
+        if meta.attrs and meta.attr(STORAGE_TRANSFORMS):
             return None  # compressed (DCP storage transforms): any length may hold it
         return info.nbytes(chunk.numel), True
     return None
@@ -402,7 +404,7 @@ def file_problems(tensors: Iterable[TensorMeta], root: Path) -> tuple[list[Probl
             ends[chunk.file] = max(ends.get(chunk.file, 0), end)
             per = holders.setdefault(chunk.file, {})
             per[meta.name] = max(per.get(meta.name, 0), end)
-            if chunk.encoding is Encoding.TORCH_ZIP_ITEM and not (meta.attrs and meta.attr("storage_transforms")):
+            if chunk.encoding is Encoding.TORCH_ZIP_ITEM and not (meta.attrs and meta.attr(STORAGE_TRANSFORMS)):
                 items.setdefault(chunk.file, {}).setdefault(chunk.byte_offset, meta.name)  # (compressed ones start otherwise)
     problems = []
     for rel in sorted(ends):
@@ -425,9 +427,6 @@ def file_problems(tensors: Iterable[TensorMeta], root: Path) -> tuple[list[Probl
     return problems, set(ends), chunks
 
 
-_ZIP_ITEM_MAGIC = b"PK\x03\x04"
-
-
 def _item_problems(path: Path, rel: str, starts: dict[int, str]) -> list[Problem]:
     """DCP items whose first bytes are not a zip entry's: ``.metadata`` places them where the writer did
     not (a probe shifted a storage offset; check said ok and only convert failed). Reads 4 bytes per item."""
@@ -435,7 +434,7 @@ def _item_problems(path: Path, rel: str, starts: dict[int, str]) -> list[Problem
     try:
         with open(path, "rb") as handle:
             for start, name in sorted(starts.items()):
-                if os.pread(handle.fileno(), 4, start) != _ZIP_ITEM_MAGIC:
+                if os.pread(handle.fileno(), 4, start) != ZIP_MAGIC:
                     missed.append((start, name))
     except OSError as exc:
         return [Problem("unreadable-file", rel, (), f"{type(exc).__name__}: {exc}")]
@@ -463,7 +462,7 @@ def side_file_problems(index: CheckpointIndex, root: Path) -> list[Problem]:
         path = root / info.path
         try:
             with open(path, "rb") as handle:
-                if handle.read(4) != _ZIP_ITEM_MAGIC:
+                if handle.read(4) != ZIP_MAGIC:
                     continue  # a plain pickle (legacy torch.save, random_states_N.pkl): nothing cheap to check
             with zipfile.ZipFile(path) as archive:
                 archive.infolist()

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -252,14 +253,14 @@ def _universal_params(zero_dir: Path) -> list[str]:
         return []
 
 
-def _parallel_degrees(tag_dir: Path, stage: int) -> tuple[int | None, int | None]:
+def _parallel_degrees(tag_dir: Path, stage: int, read: Callable[[Path], TorchZip]) -> tuple[int | None, int | None]:
     """(pipeline stages, tensor-parallel size) a pipeline save records in its first stage's model states:
     ``checkpoint_parallel_dimensions`` (DeepSpeed 0.17+), else ``mp_world_size`` for the stages."""
     layout = ds_layout(tag_dir, stage)
     name = next(iter(layout.model.values()), None) if layout else None
     if name is None:
         return None, None
-    obj = read_rank_file(tag_dir / name).obj
+    obj = read(tag_dir / name).obj
     obj = obj if isinstance(obj, dict) else {}
     dims = to_plain(obj.get("checkpoint_parallel_dimensions"))
     dims = dims if isinstance(dims, dict) else {}
@@ -373,8 +374,17 @@ class DeepSpeedReader(CheckpointReader):
         self._layer_zips: dict[int, TorchZip] = {}
         self._layer_shapes: dict[str, tuple[int, ...]] = {}
         """A pipeline save's layer files, parsed once, and their tensors' shapes under ``<layer>.<param>``."""
+        self._parsed: dict[Path, TorchZip] = {}
+        """Rank files parsed so far: a pipeline save reads a stage's files for its shapes and again for its index."""
         self._pipeline_params: set[str] = set()
         """Every stage's params by ``param_slice_mappings`` (BF16_Optimizer pipelines): a layer's own params."""
+
+    def _rank_file(self, path: Path) -> TorchZip:
+        """``read_rank_file``, each file parsed once per reader."""
+        parsed = self._parsed.get(path)
+        if parsed is None:
+            parsed = self._parsed[path] = read_rank_file(path)
+        return parsed
 
     @classmethod
     def supports(cls, path: Path) -> bool:
@@ -450,7 +460,7 @@ class DeepSpeedReader(CheckpointReader):
                             tag_dir)
         parsed_models: dict[int | None, TorchZip] = {}
         for dp, name in sorted(layout.model.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
-            parsed_models[dp] = read_rank_file(tag_dir / name)
+            parsed_models[dp] = self._rank_file(tag_dir / name)
             index.files.append(FileInfo(prefix + name, (tag_dir / name).stat().st_size, "data"))
         states_key = None if None in parsed_models and main_model == layout.model.get(None) else \
             next(k for k, v in layout.model.items() if v == main_model)
@@ -467,7 +477,7 @@ class DeepSpeedReader(CheckpointReader):
         # optimizer partitions
         parsed_optim: dict[int, TorchZip] = {}
         for dp, name in sorted(layout.optim.items()):
-            parsed_optim[dp] = read_rank_file(tag_dir / name)
+            parsed_optim[dp] = self._rank_file(tag_dir / name)
             index.files.append(FileInfo(prefix + name, (tag_dir / name).stat().st_size, "optimizer"))
         osds = {dp: (z.obj or {}).get("optimizer_state_dict") if isinstance(z.obj, dict) else None
                 for dp, z in parsed_optim.items()}
@@ -603,17 +613,17 @@ class DeepSpeedReader(CheckpointReader):
         name but a tied module's), then the layer files: the module's weights, the model itself when
         there are no masters apart (fp32 ZeRO-0), else their low-precision copies (``lp_params.``)."""
         info["pipeline_stages"] = len(stages)
-        degree, tp = _parallel_degrees(tag_dir, stages[0])
+        degree, tp = _parallel_degrees(tag_dir, stages[0], self._rank_file)
         if tp is not None and tp > 1:
             raise CkptError(f"a pipeline save with tensor parallelism (tp_degree {tp}), which ckptscope does not "
                             "assemble", tag_dir)
-        self._layer_zips = {layer: read_rank_file(tag_dir / name) for layer, name in sorted(layout.layers.items())}
+        self._layer_zips = {layer: self._rank_file(tag_dir / name) for layer, name in sorted(layout.layers.items())}
         self._layer_shapes = {f"{layer}.{local}": ref.shape for layer, zip_ in self._layer_zips.items()
                               if isinstance(zip_.obj, dict)
                               for local, ref in _ordered(zip_.obj).items() if isinstance(ref, TensorRef)}
         for mp in stages:  # every stage's own params first: a tied module's shape must not come from one of them
             for file_name in (ds_layout(tag_dir, mp) or DsLayout()).optim.values():
-                osd = (read_rank_file(tag_dir / file_name).obj or {}).get("optimizer_state_dict")
+                osd = (self._rank_file(tag_dir / file_name).obj or {}).get("optimizer_state_dict")
                 mappings = osd.get("param_slice_mappings") if isinstance(osd, dict) else None
                 for mapping in mappings if isinstance(mappings, list) else []:
                     self._pipeline_params |= {str(name) for name in _ordered(mapping)}

@@ -351,6 +351,16 @@ def _check_sizes(cfg: ModelConfig, src: Path) -> None:
 _METADATA_SUFFIXES = (".yaml", ".yml", ".json", ".txt")
 
 
+def _refuse_untied_lm_head(reader: CheckpointReader, entries: ModelEntries, src: Path) -> None:
+    """An HF-named model whose config ties the embeddings keeps ``lm_head.weight`` only as the embedding's copy
+    (FSDP / DCP / Trainer saves store it apart); one that differs was trained apart, and either export drops
+    it (a probe: logits off by 0.6, exit 0): refused."""
+    if not _same_values(reader, entries, "lm_head.weight", "model.embed_tokens.weight"):
+        raise CkptError("the config ties lm_head to the embedding, but this model stores an lm_head.weight of its "
+                        "own that differs from model.embed_tokens.weight: the export would drop the trained output "
+                        "layer; pass an --hf-config with tie_word_embeddings false", src)
+
+
 def _same_values(reader: CheckpointReader, entries: ModelEntries, a: str, b: str) -> bool:
     """Whether model tensors ``a`` and ``b`` hold the same bytes, read in blocks of rows (~64 MB): a
     Megatron save stores ``output_layer.weight`` beside tied word embeddings only as their copy (the
@@ -577,12 +587,8 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                                 "output layer of its own (output_layer.weight differs from the word embeddings): "
                                 "the export would drop the trained output layer; set tie_word_embeddings false",
                                 src_path)
-            # an FSDP / DCP / Trainer save keeps lm_head as a copy of the tied embedding; one that differs was
-            # trained apart, and dropping it exported another model, exit 0 (a probe: logits off by 0.6)
-            if family == "hf" and not _same_values(reader, entries, "lm_head.weight", "model.embed_tokens.weight"):
-                raise CkptError("the config ties lm_head to the embedding, but this model stores an lm_head.weight "
-                                "of its own that differs from model.embed_tokens.weight: the export would drop the "
-                                "trained output layer; pass an --hf-config with tie_word_embeddings false", src_path)
+            if family == "hf":
+                _refuse_untied_lm_head(reader, entries, src_path)
             del recipes["lm_head.weight"]  # P7c: both keys written and transformers refuses to re-tie
             dropped.append("lm_head.weight")
             notes.append("tied embeddings: lm_head.weight not written (it is model.embed_tokens.weight)")
@@ -639,11 +645,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
             # torch.save keeps both keys of a tied model (one storage); transformers re-ties on load
             # and ignores the stored lm_head, so Megatron's shared embedding is the whole truth.
             shared = tensors["lm_head.weight"].attr("shares_storage_with") == entries.stored["model.embed_tokens.weight"]
-            if not shared and not _same_values(reader, entries, "lm_head.weight", "model.embed_tokens.weight"):
-                raise CkptError("the config ties lm_head to the embedding, but this model stores an lm_head.weight of "
-                                "its own that differs from model.embed_tokens.weight: Megatron's shared embedding "
-                                "would drop the trained output layer; pass an --hf-config with tie_word_embeddings "
-                                "false", src_path)
+            _refuse_untied_lm_head(reader, entries, src_path)
             del tensors["lm_head.weight"]
             shapes = shapes_of(tensors)
             notes.append("tied embeddings: lm_head.weight " + ("shares the embedding's storage; not written" if shared
