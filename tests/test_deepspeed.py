@@ -604,6 +604,27 @@ def test_a_pipeline_save_missing_a_stage_or_its_optimizer_is_damage(tmp_path, sa
     assert result.code == 1 and "missing-file" in result.out and said in result.out, result.out
 
 
+@pytest.mark.parametrize("stage", [0, 1])
+def test_a_pipeline_stage_missing_only_its_model_states_is_listed(tmp_path, stage):
+    """One stage's model-states file gone, its optimizer file still there: every command, check included,
+    stopped with one error line (exit 2) because that file has the param shapes. check now lists it
+    (exit 1) beside what the other stages hold, and convert refuses the damaged save."""
+    root = tmp_path / "save"
+    shutil.copytree(SHIPPED / "pipeline_zero1", root)
+    (root / "global_step2" / f"mp_rank_{stage:02d}_model_states.pt").unlink()
+    result = run_cli("check", str(root / "global_step2"))
+    assert result.code == 1, result.err
+    problems = [line for line in result.out.splitlines() if line.startswith("missing-file")]
+    assert len(problems) == 1 and f"mp_rank_{stage:02d}_model_states.pt" in problems[0], result.out
+    assert f"pipeline stage {stage}'s model-states file" in problems[0]
+    converted = run_cli("convert", str(root / "global_step2"), "--to", "hf", str(tmp_path / "out"))
+    assert converted.code == 2 and "damaged" in converted.err and not (tmp_path / "out").exists(), converted.err
+    for path in (root / "global_step2").glob("mp_rank_*_model_states.pt"):  # none left: the one-line error
+        path.unlink()
+    result = run_cli("check", str(root / "global_step2"))
+    assert result.code == 2 and "model_states.pt" in result.err and "Traceback" not in result.err, result.err
+
+
 def test_pipeline_save_missing_a_layer_file_is_damage(tmp_path):
     """A deleted layer file takes the module copies of its params: check names them (before, pipeline saves
     were only ever 'not assembled')."""

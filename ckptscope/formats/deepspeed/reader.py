@@ -613,6 +613,8 @@ class DeepSpeedReader(CheckpointReader):
         name but a tied module's), then the layer files: the module's weights, the model itself when
         there are no masters apart (fp32 ZeRO-0), else their low-precision copies (``lp_params.``)."""
         info["pipeline_stages"] = len(stages)
+        saved = stages
+        stages = self._stages_with_model_states(index, tag_dir, prefix, saved)
         degree, tp = _parallel_degrees(tag_dir, stages[0], self._rank_file)
         if tp is not None and tp > 1:
             raise CkptError(f"a pipeline save with tensor parallelism (tp_degree {tp}), which ckptscope does not "
@@ -645,7 +647,24 @@ class DeepSpeedReader(CheckpointReader):
             buffers |= {str(n) for n in names} if isinstance(names, list) else set()
             self._merge_stage(index, sub, mp, first=mp == stages[0], tag_dir=tag_dir)
         self._index_layer_files(index, tag_dir, prefix, layout, trained, buffers, tied_stages)
-        self._missing_stage_files(index, tag_dir, prefix, stages, degree)
+        self._missing_stage_files(index, tag_dir, prefix, saved, degree)
+
+    @staticmethod
+    def _stages_with_model_states(index: CheckpointIndex, tag_dir: Path, prefix: str, stages: list[int]) -> list[int]:
+        """The stages whose model-states file is here. A stage with only its optimizer file lost the param
+        shapes that cut its flat masters: a ``missing-file`` issue (``check`` lists it; exports refuse), and
+        the other stages are still read (a probe's save with one such stage stopped every command, ``check``
+        included, with exit 2). With no stage readable, the one-line error stands."""
+        having = [mp for mp in stages if (ds_layout(tag_dir, mp) or DsLayout()).model]
+        if not having:
+            raise CkptError(f"no mp_rank_{stages[0]:02d} *_model_states.pt: the param shapes needed to cut the flat "
+                            "partitions are in it", tag_dir)
+        for mp in stages:
+            if mp not in having:
+                index.add_issue("missing-file", f"pipeline stage {mp}'s model-states file (its optimizer file is here): "
+                                "the param shapes that cut its fp32 masters are in it, so its layers' masters and "
+                                "optimizer state are not shown", file=f"{prefix}mp_rank_{mp:02d}_model_states.pt")
+        return having
 
     @staticmethod
     def _missing_stage_files(index: CheckpointIndex, tag_dir: Path, prefix: str, stages: list[int],
