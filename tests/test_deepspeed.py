@@ -428,6 +428,8 @@ def test_universal_checkpoint_is_its_fp32_masters(stage, tmp_path):
         with open_checkpoint(path) as reader:
             index = reader.index()
             assert index.metadata["deepspeed"]["universal"] and not index.issues
+            # the run's ds_config says the stage (a ZeRO-1 run was labelled ZeRO-2: a newcomer's probe)
+            assert index.metadata["deepspeed"]["zero_stage"] == stage
             assert_bitwise(reader, want)
             for key in ("exp_avg", "exp_avg_sq"):
                 assert_bitwise(reader, {f"optimizer.state.{key}.{k}": v for k, v in shipped_moments(stage, key).items()})
