@@ -47,3 +47,49 @@ def test_megatron_side_round_trip(tmp_path):
     report = verify_round_trip(mcore, via="hf")
     # 9 tensors, plus the real-vocabulary rows of the two padded vocab tensors as pairs of their own
     assert report.identical and report.summary()["compared"] == 9 + 2
+
+
+SAMPLES = __import__("pathlib").Path(__file__).resolve().parents[1] / "sample_ckpts"
+
+
+def test_a_megatron_source_goes_through_hf_by_default(cli):
+    """A Megatron source went mcore -> mcore -> hf by default (a reshard and an export, not a round trip),
+    which stopped with exit 2 on a save without the true vocab size; the Megatron options shape the
+    Megatron leg whichever way it runs."""
+    result = cli("verify", str(SAMPLES / "megatron_torch_dist"), "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["b"].endswith("-> hf -> mcore (tp 1, pp 1, torch_dist)")
+    hf = cli("verify", str(SAMPLES / "hf_llama_gqa"), "--tp", "2", "--json")
+    assert hf.code == 0 and json.loads(hf.out)["b"].endswith("-> mcore (tp 2, pp 1, torch_dist) -> hf"), hf.err
+
+
+def test_verify_of_a_megatron_save_does_not_hide_its_padding_rows(cli):
+    """A per-rank torch save's layers are spelled otherwise than the torch_dist the round trip writes
+    (``input_layernorm`` / ``linear_qkv.layer_norm_weight``), so the diff paired them through HF names,
+    which drop the vocab padding rows: verify said identical (exit 0) while its own output said the source's
+    28 padding rows were not all zero and came back as zeros. Now the vocab tensor is compared whole
+    under its Megatron name (different) and its real rows as a pair of their own (equal)."""
+    result = cli("verify", str(SAMPLES / "megatron_legacy_tp2"), "--via", "hf", "--json")
+    assert result.code == 1, result.err
+    data = json.loads(result.out)
+    status = {t["name"]: t["status"] for t in data["tensors"]}
+    assert status["embedding.word_embeddings.weight"] == "different"
+    assert status["embedding.word_embeddings.weight[:100]"] == "equal"
+    assert [n for n, s in status.items() if s != "equal"] == ["embedding.word_embeddings.weight"], status
+
+
+def test_megatron_saves_padded_to_other_sizes_still_pair_their_real_rows(tmp_path, cli):
+    """TP=1 pads the vocabulary to 128 rows, TP=2 to 256: the whole tensors are a shape mismatch, and the
+    real vocabulary's rows are still compared (no pair was added when the shapes differed)."""
+    hf = tmp_path / "hf"
+    assert cli("convert", str(SAMPLES / "megatron_legacy_tp2"), "--to", "hf", str(hf)).code == 0
+    for tp in (1, 2):
+        done = cli("convert", str(hf), "--to", "mcore", "--tp", str(tp), str(tmp_path / f"tp{tp}"))
+        assert done.code == 0, done.err
+    result = cli("diff", "--json", str(tmp_path / "tp1"), str(tmp_path / "tp2"))
+    assert result.code == 1, result.err
+    data = json.loads(result.out)
+    status = {t["name"]: t["status"] for t in data["tensors"]}
+    assert status["embedding.word_embeddings.weight"] == "shape_mismatch"
+    assert status["embedding.word_embeddings.weight[:100]"] == "equal"
+    assert any("rows 100-127 in A and 100-255 in B" in n for n in data["notes"]), data["notes"]

@@ -213,14 +213,18 @@ def merge(src, dst, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, 
 
 @click.command()
 @click.argument("src", type=click.Path(path_type=str))
-@click.option("--via", type=click.Choice(["mcore", "hf"]), default="mcore", show_default=True)
-@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--via", type=click.Choice(["mcore", "hf"]), default=None,
+              help="The format in between  [default: the other family: mcore for an HF source, hf for a Megatron one]")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Tensor parallel size of the Megatron leg (whichever way it runs).")
+@click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Pipeline parallel size of the Megatron leg.")
 @click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Expert parallel size (MoE, torch).")
+              help="Expert parallel size of the Megatron leg (MoE, torch).")
 @click.option("--spec", type=click.Choice(["local", "te"]), default="local", show_default=True,
-              help="Megatron-Core layer spec of the intermediate checkpoint.")
-@click.option("--ckpt-format", type=click.Choice(["torch_dist", "torch"]), default="torch_dist", show_default=True)
+              help="Megatron-Core layer spec of the Megatron leg.")
+@click.option("--ckpt-format", type=click.Choice(["torch_dist", "torch"]), default="torch_dist", show_default=True,
+              help="Megatron format of the Megatron leg.")
 @click.option("--arch", help="Architecture when the checkpoint does not say.")
 @click.option("--hf-config", type=click.Path(path_type=str), help="Directory with the HF config.json to use.")
 @click.option("--json", "as_json", is_flag=True, help="Print the diff report as one JSON object.")

@@ -13,19 +13,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ckptscope.core.errors import CkptError
+from ckptscope.core.roles import naming_family
+from ckptscope.formats.registry import open_checkpoint
 from ckptscope.ops.atomic import owned_temp_dir
 from ckptscope.ops.config_check import config_differences
 from ckptscope.ops.convert.execute import execute_convert
 from ckptscope.ops.convert.plan import plan_convert
 from ckptscope.ops.diff.engine import DiffOptions, DiffReport, PairResult, diff_checkpoints
 from ckptscope.ops.diff.plan import plan_diff
+from ckptscope.ops.model import model_entries
 from ckptscope.ops.roots import resolve_root
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.ops.parallel.group import Group
 
 
-def verify_round_trip(src: str | Path, *, via: str = "mcore", tp: int = 1, pp: int = 1, ep: int = 1,
+def verify_round_trip(src: str | Path, *, via: str | None = None, tp: int = 1, pp: int = 1, ep: int = 1,
                       spec: str = "local", ckpt_format: str = "torch_dist", arch: str | None = None,
                       hf_config: str | Path | None = None, skip_unknown: bool = False,
                       group: Group | None = None) -> DiffReport | None:
@@ -33,18 +36,25 @@ def verify_round_trip(src: str | Path, *, via: str = "mcore", tp: int = 1, pp: i
     included). Training state is neither converted nor compared; unknown entries refuse, or with
     ``skip_unknown`` are left out of both.
 
+    ``via`` defaults to the other family: ``mcore`` for an HF source, ``hf`` for a Megatron one (a
+    Megatron source went mcore -> mcore -> hf before, a reshard and an export, not a round trip).
+    The Megatron options (tp, pp, ep, spec, ckpt_format) apply to whichever leg writes Megatron.
+
     With a torchrun ``group`` (ops/parallel) every rank shares both conversions and the diff, in a
     temp dir rank 0 makes (on a filesystem all ranks see: ``TMPDIR``); the report comes back on rank
     0 and None elsewhere (``verified_identical`` gives every rank the verdict)."""
+    via = via or ("hf" if source_family(src) == "mcore" else "mcore")
     back_to = "hf" if via == "mcore" else "mcore"
+    megatron = {"tp": tp, "pp": pp, "ep": ep, "spec": spec, "ckpt_format": ckpt_format}
     tmp = _shared_tmp(group)
     try:
         there, back = Path(tmp) / "there", Path(tmp) / "back"
-        first = plan_convert(src, there, to=via, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format,
-                             arch=arch, hf_config=hf_config, skip_unknown=skip_unknown)
+        first = plan_convert(src, there, to=via, arch=arch, hf_config=hf_config, skip_unknown=skip_unknown,
+                             **(megatron if via == "mcore" else {}))
         _convert(first, group)
         try:
-            back_plan = plan_convert(there, back, to=back_to, arch=arch, hf_config=hf_config, ckpt_format=ckpt_format)
+            back_plan = plan_convert(there, back, to=back_to, arch=arch, hf_config=hf_config,
+                                     **(megatron if back_to == "mcore" else {}))
         except CkptError as exc:  # the way back failed on our own temp copy: name the leg, not the temp dir
             raise CkptError(f"the way back ({via} -> {back_to}) failed: {exc.problem}", src) from None
         _convert(back_plan, group)
@@ -65,8 +75,16 @@ def verify_round_trip(src: str | Path, *, via: str = "mcore", tp: int = 1, pp: i
     if report is None:
         return None
     layout = f"tp {tp}, pp {pp}" + (f", ep {ep}" if ep > 1 else "") + (", te spec" if spec == "te" else "")
-    report.a, report.b = str(src), f"{src} -> {via} ({layout}, {ckpt_format}) -> {back_to}"
+    legs = [f"{leg} ({layout}, {ckpt_format})" if leg == "mcore" else leg for leg in (via, back_to)]
+    report.a, report.b = str(src), f"{src} -> {legs[0]} -> {legs[1]}"
     return report
+
+
+def source_family(src: str | Path) -> str:
+    """``mcore`` when SRC's model has Megatron-Core names, else ``hf`` (what ``via`` goes away from)."""
+    with open_checkpoint(resolve_root(src)) as reader:
+        family = naming_family(model_entries(reader.index()).tensors)
+    return "mcore" if family == "mcore" else "hf"
 
 
 def config_results(src: Path, back: Path) -> list[PairResult]:

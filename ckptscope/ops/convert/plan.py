@@ -657,7 +657,8 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
     else:
         raise CkptError(_unmapped_naming(family, tensors, index), src_path)
     if cfg.vocab_size is None:
-        raise CkptError("the vocabulary size is unknown; pass --hf-config DIR")
+        raise CkptError("the vocabulary size is unknown" + (" (the Megatron args have only padded_vocab_size)"
+                        if cfg.padded_vocab_size else "") + "; pass --hf-config DIR", src_path)
     divisible = cfg.make_vocab_size_divisible_by or 128
     padded = padded_vocab(cfg.vocab_size, divisible, tp)
     cfg_out = ModelConfig(**{**cfg.to_dict(), "padded_vocab_size": padded})

@@ -240,6 +240,9 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
                 view = _side_view("B", path_b, tb, cfg_b, arch)
                 recipes_b, ignored_b, mapped_b = _with_unmapped(view, tb), view.ignored, True
                 notes += _view_notes("B", view)
+            if fam_a == fam_b == "mcore":
+                _vocab_tensors_whole(recipes_a, ta)
+                _vocab_tensors_whole(recipes_b, tb)
             if view.arch in ZERO_CENTRED_NORM and cfg.zero_centered_norm is not True:
                 notes.append(f"{view.arch} norms are zero-centred (x * (1 + w)) but the Megatron args do not record "
                              f"apply_layernorm_1p: equal norm weights here are norms that differ by 1.0 in the "
@@ -317,6 +320,18 @@ VOCAB_TENSORS = ("embedding.word_embeddings.weight", "output_layer.weight")
 """Megatron-Core's vocabulary-sized tensors, padded to ``padded_vocab_size`` rows."""
 
 
+def _vocab_tensors_whole(recipes: dict[str, Recipe], tensors: dict) -> None:
+    """Two Megatron saves paired through HF names (stored names differ: a per-rank ``torch`` save's
+    ``input_layernorm`` against torch_dist's ``linear_qkv.layer_norm_weight``) still compare their
+    vocabulary tensors whole, under the Megatron names: the HF view drops the padding rows, and a
+    Megatron -> HF -> Megatron ``verify`` whose trained padding rows came back as zeros said
+    "identical" (the padding rows enter Megatron's softmax). ``_vocab_row_pairs`` then adds the
+    real vocabulary's rows as a pair of their own."""
+    for name in [n for n, r in recipes.items() if any(p.source in VOCAB_TENSORS for p in r.pieces)]:
+        del recipes[name]
+    recipes.update(identity_recipes({n: tensors[n] for n in VOCAB_TENSORS if n in tensors}))
+
+
 def _vocab_row_pairs(side_a: DiffSide, side_b: DiffSide, index_a: CheckpointIndex,
                      index_b: CheckpointIndex) -> dict[str, str]:
     """For two Megatron-Core checkpoints whose vocabulary is padded (vocab_size < padded_vocab_size
@@ -332,15 +347,19 @@ def _vocab_row_pairs(side_a: DiffSide, side_b: DiffSide, index_a: CheckpointInde
     notes = {}
     for name in VOCAB_TENSORS:
         ra, rb = side_a.recipes.get(name), side_b.recipes.get(name)
-        if ra is None or rb is None or not ra.is_identity or not rb.is_identity or ra.shape != rb.shape \
-                or len(ra.shape) != 2 or ra.shape[0] <= vocab:
+        # padded to other sizes (a TP=2 save pads to a multiple of 256, TP=1 to 128): the real rows still pair
+        if ra is None or rb is None or not ra.is_identity or not rb.is_identity or len(ra.shape) != 2 \
+                or len(rb.shape) != 2 or ra.shape[1] != rb.shape[1] or min(ra.shape[0], rb.shape[0]) < vocab \
+                or max(ra.shape[0], rb.shape[0]) <= vocab:
             continue
         rows = f"{name}[:{vocab}]"
         box = ((0, vocab), (0, ra.shape[1]))
         for side, recipe in ((side_a, ra), (side_b, rb)):
             side.recipes[rows] = Recipe(rows, (vocab, ra.shape[1]), recipe.dtype,
                                         [Piece(box, recipe.pieces[0].source, box)], ["vocab rows"])
-        notes[rows] = (f"{name}: rows {vocab}-{ra.shape[0] - 1} are vocab padding (vocab_size {vocab}); {rows} "
+        spans = [f"{vocab}-{r.shape[0] - 1}" if r.shape[0] > vocab else "none" for r in (ra, rb)]
+        padded = spans[0] if spans[0] == spans[1] else f"{spans[0]} in A and {spans[1]} in B"
+        notes[rows] = (f"{name}: rows {padded} are vocab padding (vocab_size {vocab}); {rows} "
                        f"compares the real vocabulary alone (an export to HF drops the padding rows, and an import "
                        f"writes them as zeros)")
     return notes
