@@ -80,13 +80,15 @@ def test_writes_to_safetensors_and_torch_dist_run_without_torch(no_torch_env, tm
 @pytest.mark.parametrize("args", [
     ("inspect", "sample_ckpts/megatron_style.pt", "--trust-pickle"),
     ("convert", "sample_ckpts/hf_llama_single", "{out}", "--to", "mcore", "--ckpt-format", "torch"),
+    ("rename", "sample_ckpts/megatron_style.pt", "{out}", "--sub", "^model\\.model\\.", "model.decoder."),
 ])
 def test_what_needs_torch_says_so_in_one_line(no_torch_env, tmp_path, args):
+    """... and says it first: rename printed its whole plan on stdout before the error (a newcomer's probe)."""
     out = tmp_path / "out"
     proc = run(no_torch_env, *(a.format(out=out) for a in args))
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "needs PyTorch" in proc.stderr and "ckptscope[torch]" in proc.stderr
-    assert not out.exists()
+    assert proc.stdout == "" and not out.exists()
 
 
 def test_the_browser_opens_without_torch(no_torch_env):

@@ -145,13 +145,15 @@ def _glob_list(ctx, param, values):
 @click.command()
 @click.argument("a", type=click.Path(path_type=str))
 @click.argument("b", type=click.Path(path_type=str))
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (silent otherwise).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object on stdout, and nothing else there.")
 @click.option("--plain", is_flag=True, help="Print the report even in a terminal (no TUI).")
 @click.option("--map", "mapping", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
               help="auto: compare HF and Megatron-Core names through the model mapping; none: by stored name.")
 @click.option("--atol", type=float, default=0.0, show_default=True, help="Absolute tolerance for 'close'.")
 @click.option("--rtol", type=float, default=0.0, show_default=True, help="Relative tolerance for 'close'.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where differing values are decoded and measured: cuda needs torch with a GPU; auto moves to "
+                   "the GPU once enough values need it, and stays on the CPU without one.")
 @click.option("--include", multiple=True, callback=_glob_list, metavar="GLOB", help="Only these names (repeatable).")
 @click.option("--exclude", multiple=True, callback=_glob_list, metavar="GLOB", help="Skip these names (repeatable).")
 @click.option("--top", type=click.IntRange(min=0), default=20, show_default=True, help="Differing pairs to list.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -39,6 +40,7 @@ def rename(src: str, dst: str, subs: tuple[tuple[str, str], ...], drops: tuple[s
     """Rename (or drop) tensors; tensor bytes are copied verbatim, SRC is never modified."""
     from ckptscope.core.units import human_bytes
     from ckptscope.ops.rename.engine import execute_rename, plan_rename
+    from ckptscope.ops.rename.torch import needs_torch
 
     if map_file:  # the table is read, never written over (--overwrite names the destination only)
         from pathlib import Path
@@ -47,6 +49,8 @@ def rename(src: str, dst: str, subs: tuple[tuple[str, str], ...], drops: tuple[s
 
         check_destination(Path(src), Path(dst), overwrite=overwrite, inputs=(Path(map_file),))
     plan = plan_rename(src, dst, subs=subs, drops=drops, mapping=_load_map(map_file), overwrite=overwrite)
+    if not dry_run and needs_torch(plan) and importlib.util.find_spec("torch") is None:
+        raise ImportError("rewriting a torch.save file needs torch", name="torch")  # the CLI's one line
     if as_json:
         click.echo(json.dumps({**plan.to_json(), "dry_run": dry_run}))
     else:

@@ -574,7 +574,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                 notes.append("config.json derived from the Megatron args")
                 config_source = "the config derived from the Megatron args"
             else:
-                raise CkptError(_no_config_reason(src_path) + "; pass --hf-config DIR")
+                raise CkptError(_no_config_reason(src_path) + "; pass --hf-config DIR", src_path)
         if family == "mcore":
             _agrees_with_the_args(index, hf_cfg_dict, config_source, src_path)
         recipes = dict(view.recipes)

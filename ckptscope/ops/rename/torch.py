@@ -30,6 +30,18 @@ from ckptscope.ops.rename.plan import NameChanges
 from ckptscope.ops.rename.safetensors import hf_side_files, regenerate_hf_index
 
 
+def needs_torch(plan: RenamePlan) -> bool:
+    """Whether writing ``plan`` needs PyTorch: a torch.save zip is rewritten by torch's own zip writer
+    (legacy pre-1.6 files and every other format are written without it). Asked before the plan is
+    printed, so a machine without torch gets the one-line reason first, not a plan and then the error."""
+    for action in plan.files:
+        if action.action == "rewrite-pickle":
+            source = plan.src / action.path if plan.directory else plan.src
+            if is_torch_zip(source):
+                return True
+    return False
+
+
 @dataclass
 class _Edit:
     container: dict
