@@ -210,8 +210,17 @@ def test_megatron_diff_with_and_without_optimizer_is_identical(megatron, cli, na
 
 @pytest.mark.parametrize("name", MEGATRON)
 def test_megatron_verify(megatron, cli, name):
-    result = cli("verify", str(megatron[name]))
-    assert result.code == 0, result.out + result.err
+    """Megatron -> HF -> Megatron at the save's own TP (its vocabulary padded as before): every tensor comes
+    back equal but the vocab padding rows megatron-core trained, which HF has no place for; the report
+    says that this is all that differs."""
+    result = cli("verify", str(megatron[name]), "--json")
+    data = json.loads(result.out)
+    differing = [t["name"] for t in data["tensors"] if t["status"] != "equal"]
+    assert set(differing) <= {"embedding.word_embeddings.weight", "output_layer.weight"}, differing
+    for name in differing:
+        assert next(t for t in data["tensors"] if t["name"].startswith(name + "[:"))["status"] == "equal"
+    assert any(n.startswith("only the vocab padding rows differ") for n in data["notes"]) == bool(differing)
+    assert result.code == (1 if differing else 0), result.err
 
 
 @pytest.mark.parametrize("name", MEGATRON)

@@ -58,7 +58,8 @@ def test_a_megatron_source_goes_through_hf_by_default(cli):
     Megatron leg whichever way it runs."""
     result = cli("verify", str(SAMPLES / "megatron_torch_dist"), "--json")
     assert result.code == 0, result.err
-    assert json.loads(result.out)["b"].endswith("-> hf -> mcore (tp 1, pp 1, torch_dist)")
+    # back at the save's own TP (its args say 2), so the vocabulary is padded as it was
+    assert json.loads(result.out)["b"].endswith("-> hf -> mcore (tp 2, pp 1, torch_dist)")
     hf = cli("verify", str(SAMPLES / "hf_llama_gqa"), "--tp", "2", "--json")
     assert hf.code == 0 and json.loads(hf.out)["b"].endswith("-> mcore (tp 2, pp 1, torch_dist) -> hf"), hf.err
 
@@ -76,6 +77,9 @@ def test_verify_of_a_megatron_save_does_not_hide_its_padding_rows(cli):
     assert status["embedding.word_embeddings.weight"] == "different"
     assert status["embedding.word_embeddings.weight[:100]"] == "equal"
     assert [n for n, s in status.items() if s != "equal"] == ["embedding.word_embeddings.weight"], status
+    assert any(n.startswith("only the vocab padding rows differ") for n in data["notes"]), data["notes"]
+    # the source's TP (2) and make_vocab_size_divisible_by (64): padded to 128 rows again, not 256
+    assert "(tp 2, pp 1, torch_dist)" in data["b"]
 
 
 def test_megatron_saves_padded_to_other_sizes_still_pair_their_real_rows(tmp_path, cli):

@@ -139,12 +139,23 @@ def model_entries(index: CheckpointIndex, *, logical: bool = False) -> ModelEntr
     return ModelEntries(split, tensors, stored, training, unknown)
 
 
-def role_totals(index: CheckpointIndex) -> dict[str, dict[str, int]]:
+def role_totals(index: CheckpointIndex, entries: ModelEntries | None = None) -> dict[str, dict[str, int]]:
     """Tensors, parameters and bytes per role (``model``, each training kind, ``unknown``), for
-    summaries (the TUI header, ``inspect``)."""
-    entries = model_entries(index)
+    summaries (the TUI header, ``inspect``). ``entries``: the index's split, when the caller has it."""
+    entries = entries or model_entries(index)
     out = {MODEL: _totals(entries.unique_tensors(), entries.unique_tensors(ties=False))}
     out.update({kind: _totals(group.values()) for kind, group in entries.training.items()})
     if entries.unknown:
         out[UNKNOWN] = _totals(entries.unknown.values())
     return out
+
+
+def training_heads(index: CheckpointIndex, entries: ModelEntries) -> set[str]:
+    """First name segments under which every tensor is training state (``optimizer``, Megatron's
+    ``distrib_optim``, ``lr_scheduler`` ...): a tree lists them after the model, not sorted in among its
+    modules (the TUI showed ``decoder``, ``distrib_optim``, ``embedding`` in that order)."""
+    training = entries.training_tensors()
+    if not training:
+        return set()
+    heads = {name.partition(".")[0] for name in training}
+    return heads - {name.partition(".")[0] for name in index.tensors if name not in training}

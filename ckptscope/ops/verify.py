@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.ops.parallel.group import Group
 
 
-def verify_round_trip(src: str | Path, *, via: str | None = None, tp: int = 1, pp: int = 1, ep: int = 1,
+def verify_round_trip(src: str | Path, *, via: str | None = None, tp: int | None = None, pp: int | None = None, ep: int = 1,
                       spec: str = "local", ckpt_format: str = "torch_dist", arch: str | None = None,
                       hf_config: str | Path | None = None, skip_unknown: bool = False,
                       group: Group | None = None) -> DiffReport | None:
@@ -38,13 +38,23 @@ def verify_round_trip(src: str | Path, *, via: str | None = None, tp: int = 1, p
 
     ``via`` defaults to the other family: ``mcore`` for an HF source, ``hf`` for a Megatron one (a
     Megatron source went mcore -> mcore -> hf before, a reshard and an export, not a round trip).
-    The Megatron options (tp, pp, ep, spec, ckpt_format) apply to whichever leg writes Megatron.
+    The Megatron options (tp, pp, ep, spec, ckpt_format) apply to whichever leg writes Megatron; tp and
+    pp default to a Megatron source's own (its vocabulary is padded for its TP: a TP=2 save's 256 rows
+    came back as 128 at TP 1, a shape mismatch that was no loss), else 1.
+
+    A Megatron source's vocab padding rows cannot pass through HF: when they held values they come
+    back as zeros, and the whole vocab tensors differ while their ``[:vocab_size]`` pairs are equal;
+    the report says so in a note of its own.
 
     With a torchrun ``group`` (ops/parallel) every rank shares both conversions and the diff, in a
     temp dir rank 0 makes (on a filesystem all ranks see: ``TMPDIR``); the report comes back on rank
     0 and None elsewhere (``verified_identical`` gives every rank the verdict)."""
-    via = via or ("hf" if source_family(src) == "mcore" else "mcore")
+    family, saved_tp, saved_pp, divisible = source_facts(src)
+    via = via or ("hf" if family == "mcore" else "mcore")
     back_to = "hf" if via == "mcore" else "mcore"
+    if family == "mcore" and via == "hf":
+        tp, pp = tp or saved_tp or 1, pp or saved_pp or 1
+    tp, pp = tp or 1, pp or 1
     megatron = {"tp": tp, "pp": pp, "ep": ep, "spec": spec, "ckpt_format": ckpt_format}
     tmp = _shared_tmp(group)
     try:
@@ -54,7 +64,7 @@ def verify_round_trip(src: str | Path, *, via: str | None = None, tp: int = 1, p
         _convert(first, group)
         try:
             back_plan = plan_convert(there, back, to=back_to, arch=arch, hf_config=hf_config,
-                                     **(megatron if back_to == "mcore" else {}))
+                                     **(megatron | {"vocab_divisible_by": divisible} if back_to == "mcore" else {}))
         except CkptError as exc:  # the way back failed on our own temp copy: name the leg, not the temp dir
             raise CkptError(f"the way back ({via} -> {back_to}) failed: {exc.problem}", src) from None
         _convert(back_plan, group)
@@ -67,6 +77,8 @@ def verify_round_trip(src: str | Path, *, via: str | None = None, tp: int = 1, p
             report, _ = diff_parallel(plan, DiffOptions(device="cpu"), group)
         if report is not None and back_to == "hf":
             report.results += config_results(Path(resolve_root(src)), back)
+        if report is not None and back_to == "mcore":
+            report.notes += padding_only_note(report)
     finally:
         if group is not None:
             group.settle()
@@ -80,11 +92,29 @@ def verify_round_trip(src: str | Path, *, via: str | None = None, tp: int = 1, p
     return report
 
 
-def source_family(src: str | Path) -> str:
-    """``mcore`` when SRC's model has Megatron-Core names, else ``hf`` (what ``via`` goes away from)."""
+def source_facts(src: str | Path) -> tuple[str, int | None, int | None, int | None]:
+    """(``mcore`` when SRC's model has Megatron-Core names else ``hf``; the TP size, PP size and
+    ``make_vocab_size_divisible_by`` its Megatron args record, or None): what ``via`` goes away from,
+    and the layout to come back to."""
     with open_checkpoint(resolve_root(src)) as reader:
-        family = naming_family(model_entries(reader.index()).tensors)
-    return "mcore" if family == "mcore" else "hf"
+        index = reader.index()
+        family = naming_family(model_entries(index).tensors)
+    args = next((o.value for o in index.objects if o.name == "args" and isinstance(o.value, dict)), {})
+    keys = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "make_vocab_size_divisible_by")
+    tp, pp, divisible = (size if isinstance(size, int) and size > 0 else None for size in map(args.get, keys))
+    return ("mcore" if family == "mcore" else "hf"), tp, pp, divisible
+
+
+def padding_only_note(report: DiffReport) -> list[str]:
+    """When the only differences are whole vocab tensors whose real rows (the ``[:vocab_size]`` pairs)
+    came back equal: one note saying that the padding rows are what changed, and why."""
+    status = {r.name: r.status for r in report.results}
+    differing = [name for name, s in status.items() if s not in ("equal", "renamed")]
+    rows = {name: next((n for n in status if n.startswith(name + "[:")), None) for name in differing}
+    if not differing or any(pair is None or status[pair] != "equal" for pair in rows.values()):
+        return []
+    return [f"only the vocab padding rows differ ({', '.join(differing)}): HF has no place for them, so a Megatron -> "
+            f"HF -> Megatron round trip writes them as zeros; the real vocabulary came back identical"]
 
 
 def config_results(src: Path, back: Path) -> list[PairResult]:

@@ -65,6 +65,7 @@ def _open(path: str | Path, trust_pickle: bool, discover: bool, start: float) ->
 
     from ckptscope.ops.opening import open_checkpoint
     from ckptscope.ops.roots import discover_iterations, model_dir_within
+    from ckptscope.ops.model import model_entries, training_heads
     from ckptscope.ops.tree import build_tree
 
     if discover:
@@ -74,6 +75,10 @@ def _open(path: str | Path, trust_pickle: bool, discover: bool, start: float) ->
     reader = open_checkpoint(model_dir_within(path) or path, trust_pickle=trust_pickle)
     index = reader.index()
     tree = build_tree(index.tensors.values())
+    entries = model_entries(index)
+    last = training_heads(index, entries)
+    if last:  # the model's modules first, then the optimizer, scheduler ... (stable: each group keeps its order)
+        tree.children.sort(key=lambda child: child.label in last)
     # The tree's children are built lazily; build the levels the first frame shows here, on the
     # worker thread, so the UI thread only creates widgets (layer ranges need every layer's
     # signature, which is the expensive part for MoE checkpoints).
@@ -81,5 +86,5 @@ def _open(path: str | Path, trust_pickle: bool, discover: bool, start: float) ->
         child.folded_children()
     from ckptscope.tui.widgets.summary_header import summary_renderable
 
-    return Opened(reader=reader, index=index, tree=tree, header=summary_renderable(index),
+    return Opened(reader=reader, index=index, tree=tree, header=summary_renderable(index, entries),
                   seconds=time.perf_counter() - start)

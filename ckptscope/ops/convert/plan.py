@@ -468,8 +468,11 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                  hf_config: str | Path | None = None,
                  arch: str | None = None, max_shard_size: str | int = DEFAULT_SHARD,
                  trust_pickle: bool = False, skip_unknown: bool = False,
-                 hf_experts: str = "per-expert") -> ConvertPlan:
+                 hf_experts: str = "per-expert", vocab_divisible_by: int | None = None) -> ConvertPlan:
     """Open SRC (metadata only), map its model to the target space and lay out the destination.
+
+    ``vocab_divisible_by``: Megatron's ``make_vocab_size_divisible_by`` for ``--to mcore`` when SRC does not
+    say it (``verify`` passes its Megatron source's, so the vocabulary comes back padded as it was).
 
     Only the model is exported (``ops.model``): training state is left out and said so in the
     notes; entries that are neither refuse the conversion unless ``skip_unknown`` (then they are
@@ -659,7 +662,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
     if cfg.vocab_size is None:
         raise CkptError("the vocabulary size is unknown" + (" (the Megatron args have only padded_vocab_size)"
                         if cfg.padded_vocab_size else "") + "; pass --hf-config DIR", src_path)
-    divisible = cfg.make_vocab_size_divisible_by or 128
+    divisible = cfg.make_vocab_size_divisible_by or vocab_divisible_by or 128
     padded = padded_vocab(cfg.vocab_size, divisible, tp)
     cfg_out = ModelConfig(**{**cfg.to_dict(), "padded_vocab_size": padded})
     if source_space is None:

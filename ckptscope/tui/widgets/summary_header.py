@@ -13,7 +13,7 @@ from textual.widget import Widget
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.roles import MODEL, UNKNOWN
 from ckptscope.core.units import human_bytes, human_count, plural
-from ckptscope.ops.model import role_totals
+from ckptscope.ops.model import ModelEntries, role_totals
 from ckptscope.tui.colors import dtype_color
 
 
@@ -41,7 +41,7 @@ class Flow:
         return Measurement(max(widths, default=0), sum(widths) + self.gap * max(0, len(widths) - 1))
 
 
-def summary_renderable(index: CheckpointIndex) -> Table:
+def summary_renderable(index: CheckpointIndex, entries: ModelEntries | None = None) -> Table:
     """Rich grid for the header; pure function of the index so tests and screenshots agree."""
     grid = Table.grid(padding=(0, 1), expand=True)
     grid.add_column(style="bold", no_wrap=True, width=10)
@@ -55,7 +55,7 @@ def summary_renderable(index: CheckpointIndex) -> Table:
         first.append("   " + (", ".join(arch) if isinstance(arch, list) else str(arch)), style="dim")
     grid.add_row("checkpoint", first)
     total_files = sum(f.size for f in index.files)
-    roles = role_totals(index)
+    roles = role_totals(index, entries)
     size = Text.assemble(
         (f"{len(index):,}", "bold"), " tensors · ",
         (human_count(roles[MODEL]["params"]), "bold"), " model params · ",
