@@ -111,3 +111,17 @@ def test_per_layer_names_stay_apart_when_cut():
         assert len(set(cut)) == len(names), (width, cut)
     assert index_ellipsis("embedding.word_embeddings", 40) == "embedding.word_embeddings"
     assert index_ellipsis("embedding.word_embeddings", 12) == "…_embeddings"  # no index: the tail
+
+
+def test_training_state_is_listed_after_the_model():
+    """A Megatron save's ``distrib_optim`` sorted in between ``decoder`` and ``embedding``: the model's
+    modules come first now, the training state after them (each group in its own order)."""
+    from pathlib import Path
+
+    from ckptscope.tui.opening import open_path
+
+    save = Path(__file__).resolve().parents[2] / "sample_ckpts" / "megatron_legacy_tp2" / "iter_0000020"
+    opened = open_path(save, discover=False)
+    labels = [child.label for child in opened.tree.children]
+    assert labels == ["decoder", "embedding", "distrib_optim"], labels
+    opened.reader.close()
