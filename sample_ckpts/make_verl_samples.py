@@ -48,12 +48,12 @@ def oracle_path(run: Path) -> Path:
     return run.parent / f"{run.name}.full_state_dict.pt"
 
 
-def _tiny_model():
+def _tiny_model(tied: bool = False):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(21)
-    return LlamaForCausalLM(LlamaConfig(**VERL_LLAMA)).float()
+    return LlamaForCausalLM(LlamaConfig(**{**VERL_LLAMA, "tie_word_embeddings": tied})).float()
 
 
 def _train_step(model, optimizer, scheduler) -> None:
@@ -127,13 +127,13 @@ def _write_tracker(root: Path) -> None:
 # --- FSDP2 (the verl default, 1-D mesh or HSDP) and FSDP1 -------------------------------------------
 
 
-def _save_fsdp2(rank: int, world_size: int, root: Path, *, hsdp: bool, oracle: bool) -> None:
+def _save_fsdp2(rank: int, world_size: int, root: Path, *, hsdp: bool, oracle: bool, tied: bool = False) -> None:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    model = _tiny_model()
+    model = _tiny_model(tied)
     if hsdp:  # verl fsdp_workers: mesh ("ddp", "fsdp") when fsdp_size < world size
         mesh = init_device_mesh("cpu", (2, world_size // 2), mesh_dim_names=("ddp", "fsdp"))
     else:
@@ -191,7 +191,8 @@ def _run_rank(rank: int, world_size: int, out: str, init_file: str, *, jobs: tup
         if job == "fsdp1":
             _save_fsdp1(rank, world_size, Path(out) / "verl_fsdp1", oracle=oracle)
         else:
-            _save_fsdp2(rank, world_size, Path(out) / job, hsdp=job == "verl_hsdp", oracle=oracle)
+            _save_fsdp2(rank, world_size, Path(out) / job, hsdp=job == "verl_hsdp", oracle=oracle,
+                        tied=job == "verl_tied")
     torch.distributed.barrier()  # no rank tears the group down while another still talks to it
     torch.distributed.destroy_process_group()
 
@@ -201,6 +202,14 @@ def write_verl_run(out: Path, *, oracle: bool = False) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     _spawn(functools.partial(_run_rank, jobs=("verl_run",), oracle=oracle), out, world_size=2)
     return out / "verl_run"
+
+
+def write_verl_tied(out: Path, *, oracle: bool = False) -> Path:
+    """The same FSDP2 run of a model whose config ties the embeddings: ``model.state_dict()`` holds
+    ``lm_head.weight`` and ``model.embed_tokens.weight``, one parameter saved under both names."""
+    out.mkdir(parents=True, exist_ok=True)
+    _spawn(functools.partial(_run_rank, jobs=("verl_tied",), oracle=oracle), out, world_size=2)
+    return out / "verl_tied"
 
 
 def write_verl_hsdp_and_fsdp1(out: Path, *, oracle: bool = False) -> tuple[Path, Path]:

@@ -283,3 +283,29 @@ def test_megatron_actor_without_marker_is_incomplete(tmp_path):
     assert verl_complete(actor) is False
     with pytest.raises(CkptError, match="incomplete save"):
         open_checkpoint(actor).index()
+
+
+def test_tied_model_counts_its_embedding_once_and_exports_one(tmp_path, cli):
+    """FSDP2 run of a model whose config (``huggingface/config.json``) ties the embeddings: the rank files
+    hold ``lm_head.weight`` and the embedding, one parameter under two names. inspect counted it twice
+    (a probe: 18,912 parameters where ``model.parameters()`` gives 17,280); the export is one tied model
+    transformers loads with nothing missing, its logits those of the trained model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    run = verl_generators().write_verl_tied(tmp_path / "gen", oracle=True)
+    oracle = load_oracle(run)
+    assert oracle["lm_head.weight"].tobytes() == oracle[EMBED].tobytes()
+    model = verl_generators()._tiny_model(tied=True)
+    want_params = sum(p.numel() for p in model.parameters())
+    result = cli("inspect", "--json", str(actor_of(run)))
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["metadata"]["num_params"] == want_params
+    out = tmp_path / "hf"
+    assert cli("convert", str(actor_of(run)), "--to", "hf", str(out)).code == 0
+    loaded, info = AutoModelForCausalLM.from_pretrained(str(out), output_loading_info=True, dtype=torch.float32)
+    assert not any(info.values()), info
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in oracle.items()})
+    ids = torch.tensor([[1, 5, 9, 3]])
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)

@@ -220,3 +220,21 @@ class CheckpointIndex:
     def iteration(self) -> int | None:
         value = self.metadata.get("iteration")
         return value if isinstance(value, int) else None
+
+
+_TIED_PAIR = ("lm_head.weight", "model.embed_tokens.weight")
+
+
+def mark_config_tie(index: CheckpointIndex, config: dict | None) -> None:
+    """A config that ties the embeddings (an HF dir's, verl's ``huggingface/``), over weights that store
+    ``lm_head.weight`` beside the embedding (FSDP's full state dict, a Trainer under FSDP, verl's FSDP rank
+    files): transformers builds one parameter of the two, so the pair is marked (``TIED_BY_CONFIG``, on both: either may come first) and counted once. A probe's count
+    was 6,736 where ``model.parameters()`` gives 5,712. The bytes stay apart; convert refuses a copy that
+    differs (``ops.convert.plan``)."""
+    if not config or config.get("tie_word_embeddings") is not True:
+        return
+    head, embed = (index.tensors.get(name) for name in _TIED_PAIR)
+    if head is None or embed is None or head.shape != embed.shape or head.attr("shares_storage_with"):
+        return
+    index.tensors[_TIED_PAIR[0]] = replace(head, attrs=head.attrs + ((TIED_BY_CONFIG, _TIED_PAIR[1]),))
+    index.tensors[_TIED_PAIR[1]] = replace(embed, attrs=embed.attrs + ((TIED_BY_CONFIG, _TIED_PAIR[0]),))

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import re
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ckptscope.core.errors import CkptError
-from ckptscope.core.index import TIED_BY_CONFIG, CheckpointIndex, Issue, ObjectEntry
+from ckptscope.core.index import CheckpointIndex, Issue, ObjectEntry, mark_config_tie
 from ckptscope.core.names import natural_key
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.formats.base import CheckpointReader
@@ -85,24 +84,6 @@ def _read_weight_map(index_path: Path) -> tuple[dict[str, str], dict[str, Any]]:
     return weight_map, metadata  # JSON object keys are always str
 
 
-_TIED_PAIR = ("lm_head.weight", "model.embed_tokens.weight")
-
-
-def _mark_config_tie(index: CheckpointIndex, config: dict | None) -> None:
-    """A config that ties the embeddings, over weights that store ``lm_head.weight`` beside the embedding
-    (FSDP's full state dict, a Trainer under FSDP): transformers builds one parameter of the two, so the
-    pair is marked (``TIED_BY_CONFIG``, on both: either may come first) and counted once. A probe's count
-    was 6,736 where ``model.parameters()`` gives 5,712. The bytes stay apart; convert refuses a copy that
-    differs (``ops.convert.plan``)."""
-    if not config or config.get("tie_word_embeddings") is not True:
-        return
-    head, embed = (index.tensors.get(name) for name in _TIED_PAIR)
-    if head is None or embed is None or head.shape != embed.shape or head.attr("shares_storage_with"):
-        return
-    index.tensors[_TIED_PAIR[0]] = replace(head, attrs=head.attrs + ((TIED_BY_CONFIG, _TIED_PAIR[1]),))
-    index.tensors[_TIED_PAIR[1]] = replace(embed, attrs=embed.attrs + ((TIED_BY_CONFIG, _TIED_PAIR[0]),))
-
-
 @register_reader
 class HFDirReader(CheckpointReader):
     """``save_pretrained`` output, sharded or not."""
@@ -152,7 +133,7 @@ class HFDirReader(CheckpointReader):
             self._index_bins(index, bin_index, bins)
         self._add_side_files(index)
         config = next((o.value for o in index.objects if o.name == "config" and isinstance(o.value, dict)), None)
-        _mark_config_tie(index, config)
+        mark_config_tie(index, config)
         quantised = unhandled_quantization(config, ())  # by config only: no per-name pass on 100k-tensor indexes
         if quantised:
             index.warnings.append(f"{quantised}: tensors are listed and compared as stored (packed words, codes "

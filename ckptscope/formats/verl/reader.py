@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptscope.core.errors import CkptError
-from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
+from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry, mark_config_tie
 from ckptscope.core.tensor import Chunk, TensorMeta
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.megatron.dist_reader import MegatronDistReader
@@ -248,6 +248,9 @@ class VerlFsdpReader(CheckpointReader):
         assembled = self._read_rank_files(index, layout)
         self._finish(index, assembled, {r for r in range(world) if r not in layout.files.get("model", {})}, world)
         self._add_side_files(index, layout)
+        # huggingface/config.json ties the embeddings while the rank files hold both (a probe: 18,912
+        # parameters where model.parameters() gives 17,280)
+        mark_config_tie(index, {"tie_word_embeddings": index.metadata.get("tie_word_embeddings")})
         return index
 
     def _read_rank_files(self, index: CheckpointIndex, layout: FsdpLayout, kind: str = "model") -> dict[str, _Assembly]:
