@@ -309,3 +309,19 @@ def test_tied_model_counts_its_embedding_once_and_exports_one(tmp_path, cli):
     ids = torch.tensor([[1, 5, 9, 3]])
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_two_whole_world_size_sets_without_fsdp_config_are_ambiguous(tmp_path, cli):
+    """Old verl (no fsdp_config.json) with a rerun at another world size into the same dir: a probe's dir
+    held a newer W=2 set beside a W=3 one, and convert exported the stale W=3 set with exit 0 (check: ok).
+    Nothing records which set is the save: check lists it, exports refuse; fsdp_config.json settles it."""
+    actor = tmp_path / "global_step_2" / "actor"
+    shutil.copytree(ACTOR, actor)
+    shutil.copy(actor / "model_world_size_2_rank_0.pt", actor / "model_world_size_1_rank_0.pt")
+    result = cli("check", str(actor))
+    assert result.code == 0 and "ok" in result.out, result.out  # fsdp_config.json says world size 2
+    (actor / "fsdp_config.json").unlink()
+    result = cli("check", str(actor))
+    assert result.code == 1 and "ambiguous-files" in result.out and "world sizes 1 and 2" in result.out, result.out
+    converted = cli("convert", str(actor), "--to", "hf", str(tmp_path / "hf"))
+    assert converted.code == 2 and "world sizes 1 and 2" in converted.err and not (tmp_path / "hf").exists()

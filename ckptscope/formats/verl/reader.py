@@ -65,6 +65,8 @@ class FsdpLayout:
     """``model``/``optim``/``extra_state`` -> rank -> file name, for ``world_size`` only."""
     config: Any = None
     warnings: list[str] = field(default_factory=list)
+    ambiguous: tuple[int, ...] = ()
+    """World sizes with a whole set of model files when no ``fsdp_config.json`` says which is the save."""
 
     def missing(self, kind: str = "model") -> list[str]:
         if self.world_size is None:
@@ -110,7 +112,10 @@ def fsdp_layout(path: Path) -> FsdpLayout | None:
                                f"for world size {with_models[-1]}; using the files")
         layout.world_size, layout.source = with_models[-1], "file names"
     stale = sorted(w for w in found if w != layout.world_size)
-    if stale:
+    whole = [w for w in with_models if set(found[w]["model"]) >= set(range(w))]
+    if layout.source == "file names" and len(whole) > 1:
+        layout.ambiguous = tuple(whole)
+    elif stale:
         layout.warnings.append(f"rank files of another world size ({', '.join(map(str, stale))}) are present "
                                f"and ignored; showing world size {layout.world_size}")
     if layout.world_size is not None:
@@ -120,6 +125,10 @@ def fsdp_layout(path: Path) -> FsdpLayout | None:
             for r in extra:
                 layout.warnings.append(f"{ranks.pop(r)}: rank {r} is outside world size {layout.world_size}; ignored")
     return layout
+
+
+def _model_files(path: Path, world: int) -> list[str]:
+    return [f"model_world_size_{world}_rank_{r}.pt" for r in range(world) if (path / f"model_world_size_{world}_rank_{r}.pt").is_file()]
 
 
 def megatron_dist_dir(path: Path) -> Path | None:
@@ -241,6 +250,13 @@ class VerlFsdpReader(CheckpointReader):
         step = _step_of(self.path)
         if step is not None:
             index.metadata["iteration"] = step
+        if layout.ambiguous:  # a probe's old-verl dir held a newer W=2 set beside a W=3 one: W=3 was exported
+            newest = max(layout.ambiguous, key=lambda w: max((self.path / f).stat().st_mtime
+                                                             for f in _model_files(self.path, w)))
+            sizes = " and ".join(map(str, layout.ambiguous))
+            index.add_issue("ambiguous-files", f"whole sets of model files for world sizes {sizes} and no {FSDP_CONFIG} "
+                            f"to say which is this save (the newest files are world size {newest}'s); showing {world}. "
+                            "Remove the stale set: exports refuse until one is left")
         missing = layout.missing("model")
         for name in missing:  # an issue, so `check` reports the file (not only the holes it leaves)
             index.add_issue("missing-file", f"missing (world size {world} from {layout.source}); "
