@@ -68,8 +68,10 @@ _FAMILIES = (
     # toy model's model.layers.0.weight is not taken for transformers' naming.
     ("mcore", re.compile(r"decoder\.(layers\.(\d+\.)?[A-Za-z_]+\.|final_(layer)?norm\.)|embedding\.word_embeddings\.|"
                          r"embedding\.position_embeddings\.|output_layer\.|mtp\.")),
+    # score: the head of transformers' *ForSequenceClassification / *ForTokenClassification (reward models,
+    # verl's critic: num_labels=1)
     ("hf", re.compile(r"model\.(layers\.\d+\.[A-Za-z_]+\.|embed_tokens\.|norm\.|rotary_emb\.|language_model\.)|"
-                      r"lm_head\.")),
+                      r"lm_head\.|score\.(weight|bias)\Z")),
     ("gguf", re.compile(r"token_embd\.|output(_norm)?\.weight\Z|blk\.\d+\.[a-z_]+\.")),  # llama.cpp's names
     ("torchtitan", re.compile(r"tok_embeddings\.|output\.weight\Z|norm\.weight\Z|"
                               r"layers\.\d+\.(attention|feed_forward|attention_norm|ffn_norm|moe)\.")),

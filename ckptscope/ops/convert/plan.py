@@ -595,7 +595,8 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
             del recipes["lm_head.weight"]  # P7c: both keys written and transformers refuses to re-tie
             dropped.append("lm_head.weight")
             notes.append("tied embeddings: lm_head.weight not written (it is model.embed_tokens.weight)")
-        if not tied and "lm_head.weight" not in recipes and "model.embed_tokens.weight" in recipes:
+        if not tied and "lm_head.weight" not in recipes and "model.embed_tokens.weight" in recipes \
+                and "score.weight" not in recipes:  # a classification model's head is its score
             raise CkptError("the config says untied embeddings but the source has no output layer; "
                             "check tie_word_embeddings")
         problems = hf_shape_problems(hf_cfg_dict, {n: r.shape for n, r in recipes.items()})
@@ -672,7 +673,12 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
         view = map_to_mcore(hf_shapes, cfg_out, arch_name, local_spec=_local_names(ckpt_format, spec, arch_name))
         view.recipes = {n: compose(r, source_space) for n, r in view.recipes.items()}
     if view.unmapped:
-        raise CkptError(f"{plural(len(view.unmapped), 'tensor matches', 'tensors match')} no {view.arch} rule (first: {view.unmapped[0]})")
+        if any(name.startswith("score.") for name in view.unmapped):  # a reward model, verl's critic
+            raise CkptError("score.weight is the head of a sequence/token classification model (a reward model, a "
+                            "value model such as verl's critic): Megatron-Core's GPTModel has no such head, so it "
+                            "is not converted to Megatron (--to hf exports it whole)", src_path)
+        raise CkptError(f"{plural(len(view.unmapped), 'tensor matches', 'tensors match')} no {view.arch} rule "
+                        f"(first: {view.unmapped[0]})", src_path)
     cfg_out = cfg_out.merged(ModelConfig(arch=view.arch, mtp_num_layers=view.config.mtp_num_layers))
     if view.arch == "llama":  # (GPT-OSS's biases are its own: its args hook writes them)
         cfg_out = _with_linear_bias(cfg_out, view.recipes, src_path)
