@@ -129,3 +129,30 @@ def test_two_megatron_models_of_different_sizes_are_compared_each_with_its_own_c
     assert report["summary"]["different"] > 0 and report["summary"]["equal"] == 0
     assert any(t["status"] == "shape_mismatch" and t["name"] == "model.layers.0.self_attn.q_proj.weight"
                for t in report["tensors"]), [t["status"] for t in report["tensors"]][:5]
+
+
+def test_a_filter_that_selects_nothing_is_said(cli, tmp_path):
+    """A probe's --exclude of layer 1 by Megatron names, on an HF-vs-Megatron pair (whose pairs carry HF
+    names), excluded nothing without a word; an --include of the same glob failed without saying which names
+    the pairs have. Between two torch_dist saves (stacked stored names) the exclusion was ignored outright."""
+    excluded = cli("diff", str(HF), str(MCORE), "--exclude", "decoder.layers.1.*", "--json")
+    assert excluded.code == 0, excluded.err
+    assert any("--exclude decoder.layers.1.* matched no tensor" in n and "HF names" in n
+               for n in json.loads(excluded.out)["notes"])
+    included = cli("diff", str(HF), str(MCORE), "--include", "decoder.layers.1.*", "--json")
+    assert included.code == 2 and "HF names here" in included.err, included.err
+    # two torch_dist saves whose layer 1 differs: the exclusion applies to the per-layer names
+    changed = tmp_path / "hf_changed"
+    shutil.copytree(HF, changed)
+    shard = next(changed.glob("*.safetensors"))
+    state = load_file(str(shard))
+    name = next(n for n in state if n.startswith("model.layers.1.self_attn.q_proj"))
+    state[name] = state[name] + 1
+    save_file(state, str(shard), metadata={"format": "pt"})
+    for src, dst in ((HF, "a"), (changed, "b")):
+        assert cli("convert", str(src), "--to", "mcore", str(tmp_path / dst)).code == 0
+    whole = cli("diff", str(tmp_path / "a"), str(tmp_path / "b"), "--json")
+    assert whole.code == 1, whole.err
+    without_layer_1 = cli("diff", str(tmp_path / "a"), str(tmp_path / "b"), "--exclude", "decoder.layers.1.*", "--json")
+    assert without_layer_1.code == 0, without_layer_1.out
+    assert not any(t["name"].startswith("decoder.layers.1.") for t in json.loads(without_layer_1.out)["tensors"])

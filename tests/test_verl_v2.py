@@ -219,3 +219,33 @@ def test_opens_in_the_tui_with_its_iteration_picker(runs):
             assert index is not None and index.format == VerlMegatronV2Reader.format_name
 
     asyncio.run(run())
+
+
+def test_diff_takes_an_hf_config_when_neither_side_says_the_model(runs, tmp_path):
+    """A verl dist-only actor (no Megatron args, no HF config) against its own weights in a safetensors file
+    under local-spec Megatron names (``input_layernorm``, as a per-rank save spells them): pairing them goes
+    through HF names, and neither side says the query groups. diff asked for --hf-config, an option it did
+    not have (a probe)."""
+    from safetensors.numpy import save_file
+
+    local = {".self_attention.linear_qkv.layer_norm_weight": ".input_layernorm.weight",
+             ".mlp.linear_fc1.layer_norm_weight": ".pre_mlp_layernorm.weight"}
+    source = actor(runs["verl_v2_dist"])
+    with open_checkpoint(source) as reader:
+        model = model_entries(reader.index(), logical=True)
+        flat = {}
+        for name, stored in model.stored.items():
+            for te, spelled in local.items():
+                name = name.replace(te, spelled)
+            flat[name] = np.ascontiguousarray(reader.read(stored))
+    assert any(".input_layernorm." in name for name in flat)
+    save_file(flat, str(tmp_path / "local_names.safetensors"))
+    args = ("diff", str(source), str(tmp_path / "local_names.safetensors"), "--json")
+    refused = run_cli(*args)
+    assert refused.code == 2 and "--hf-config" in refused.err, refused.out
+    result = run_cli(*args, "--hf-config", str(runs["hf"]))
+    assert result.code == 0, result.out + result.err
+    report = json.loads(result.out)
+    # every HF tensor, plus the real-vocabulary rows of the two padded vocab tensors as pairs of their own
+    assert report["mapping"] == "mcore->hf" and report["summary"]["equal"] == len(hf_state(runs["hf"])) + 2
+    assert report["identical"] and report["summary"]["compared"] == report["summary"]["equal"]

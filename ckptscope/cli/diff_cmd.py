@@ -158,6 +158,9 @@ def _glob_list(ctx, param, values):
 @click.option("--exclude", multiple=True, callback=_glob_list, metavar="GLOB", help="Skip these names (repeatable).")
 @click.option("--top", type=click.IntRange(min=0), default=20, show_default=True, help="Differing pairs to list.")
 @click.option("--arch", default=None, help="Architecture for --map auto when the checkpoints do not say.")
+@click.option("--hf-config", type=click.Path(path_type=str), default=None,
+              help="Directory with an HF config.json for what a side's own metadata does not say (a Megatron save "
+                   "without args: its query groups, vocabulary size).")
 @click.option("--trust-pickle", is_flag=True, help="Load pickles with torch.load(weights_only=False).")
 @click.option("--training-state", is_flag=True,
               help="Also compare training state (optimizer moments, scheduler, rng ...), by stored name. "
@@ -171,7 +174,8 @@ def _glob_list(ctx, param, values):
                   help_text="Iteration N of B when B is a save directory (default: --iteration, if given).")
 @workers_option
 def diff(a: str, b: str, as_json: bool, plain: bool, mapping: str, atol: float, rtol: float, device: str,
-         include: tuple[str, ...], exclude: tuple[str, ...], top: int, arch: str | None, trust_pickle: bool,
+         include: tuple[str, ...], exclude: tuple[str, ...], top: int, arch: str | None, hf_config: str | None,
+         trust_pickle: bool,
          training_state: bool, raw: bool, iteration: int | str | None, iteration_b: int | str | None,
          workers: int) -> None:
     """Compare two checkpoints tensor by tensor. Exit 0 identical, 1 different, 2 error.
@@ -201,13 +205,13 @@ def diff(a: str, b: str, as_json: bool, plain: bool, mapping: str, atol: float, 
             run_diff_tui = None
         if run_diff_tui is not None:
             code = run_diff_tui(a, b, mapping=mapping, include=include, exclude=exclude, options=options, arch=arch,
-                                trust_pickle=trust_pickle, training_state=training_state)
+                                trust_pickle=trust_pickle, training_state=training_state, hf_config=hf_config)
             sys.exit(code)
 
     from ckptscope.ops.diff.plan import plan_diff
 
     plan = plan_diff(a, b, mapping=mapping, include=include, exclude=exclude, arch=arch, trust_pickle=trust_pickle,
-                     training_state=training_state, raw=raw)
+                     training_state=training_state, raw=raw, hf_config=hf_config)
     from ckptscope.cli.progress import byte_progress
     from ckptscope.ops.diff.engine import DiffEngine
 

@@ -9,11 +9,13 @@ One neutral record lets the transforms stay free of either spelling, and derived
 
 from __future__ import annotations
 
+import json
 import math
 
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 from ckptscope.core.errors import CkptError
@@ -920,3 +922,17 @@ def set_config_dtype(config: dict[str, Any], dtype: str) -> None:
     config["dtype"] = dtype
     config["torch_dtype"] = dtype
 
+
+def read_hf_config(path: Path) -> dict[str, Any]:
+    """``--hf-config DIR`` (or the config.json itself) as a dict; a file that is not one JSON object is one
+    error naming it."""
+    config_file = path / "config.json" if path.is_dir() else path
+    try:
+        data = json.loads(config_file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CkptError(f"--hf-config: cannot read config.json: {exc.strerror or exc}", config_file) from None
+    except json.JSONDecodeError as exc:
+        raise CkptError(f"--hf-config: config.json is not valid JSON: {exc}", config_file) from None
+    if not isinstance(data, dict):
+        raise CkptError("--hf-config: config.json is not an object", config_file)
+    return data

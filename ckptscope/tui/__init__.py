@@ -40,13 +40,13 @@ def run_tui(path: str | os.PathLike[str], *, trust_pickle: bool = False, theme: 
 def run_diff_tui(a: str | os.PathLike[str], b: str | os.PathLike[str], *, mapping: str = "auto",
                  include: tuple[str, ...] = (), exclude: tuple[str, ...] = (), options: DiffOptions | None = None,
                  arch: str | None = None, trust_pickle: bool = False, theme: str | None = None,
-                 training_state: bool = False) -> int:
+                 training_state: bool = False, hf_config: str | None = None) -> int:
     """The diff screen in the terminal; returns diff(1)'s exit code: 0 identical, 1 different, 2 trouble
     (the checkpoints could not be opened or read, or the user quit before any difference was seen)."""
     from ckptscope.tui.diff_app import make_diff_app
 
     app = make_diff_app(str(a), str(b), mapping=mapping, include=include, exclude=exclude, options=options, arch=arch,
-                        trust_pickle=trust_pickle, theme=theme, training_state=training_state)
+                        trust_pickle=trust_pickle, theme=theme, training_state=training_state, hf_config=hf_config)
     app.run()
     if app.error_reason:
         import sys

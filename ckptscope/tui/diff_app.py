@@ -18,13 +18,13 @@ class DiffApp(CkptScopeApp):
     def __init__(self, a: str, b: str, *, mapping: str = "auto", include: tuple[str, ...] = (),
                  exclude: tuple[str, ...] = (), options: DiffOptions | None = None, arch: str | None = None,
                  trust_pickle: bool = False, theme: str | None = None, keymap: dict[str, str] | None = None,
-                 training_state: bool = False) -> None:
+                 training_state: bool = False, hf_config: str | None = None) -> None:
         super().__init__(a, trust_pickle=trust_pickle, theme=theme, keymap=keymap)
         self.diff_code: int | None = None
         """diff(1)'s exit code, set when the user quits (None after a crash: Textual's own code is 1)."""
         self.diff_screen = DiffScreen(a, b, mapping=mapping, include=include, exclude=exclude, options=options,
                                       arch=arch, trust_pickle=trust_pickle, standalone=True,
-                                      training_state=training_state)
+                                      training_state=training_state, hf_config=hf_config)
 
     def on_mount(self, event: events.Mount) -> None:
         # Textual calls every class's on_mount along the MRO; prevent_default stops the browser's.

@@ -35,6 +35,7 @@ from ckptscope.mappings.config import (
     hf_shape_problems,
     padded_vocab,
     parallel_problems,
+    read_hf_config,
     to_hf_config,
     to_megatron_args,
 )
@@ -179,19 +180,6 @@ def _piece_json(piece) -> dict[str, Any]:
 
 def _identity_view(tensors: dict, cfg: ModelConfig, arch: str) -> MappedView:
     return MappedView("hf", arch, cfg, identity_recipes(tensors))
-
-
-def _hf_config_from(path: Path) -> dict[str, Any]:
-    config_file = path / "config.json" if path.is_dir() else path
-    try:
-        data = json.loads(config_file.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CkptError(f"--hf-config: cannot read config.json: {exc.strerror or exc}", config_file) from None
-    except json.JSONDecodeError as exc:
-        raise CkptError(f"--hf-config: config.json is not valid JSON: {exc}", config_file) from None
-    if not isinstance(data, dict):
-        raise CkptError("--hf-config: config.json is not an object", config_file)
-    return data
 
 
 def _no_config_reason(src: Path) -> str:
@@ -513,7 +501,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
     tensors = entries.tensors
     if not tensors:
         raise CkptError("no model tensors to convert", src_path)
-    hf_cfg_dict = _hf_config_from(Path(hf_config)) if hf_config else _source_hf_config(index)
+    hf_cfg_dict = read_hf_config(Path(hf_config)) if hf_config else _source_hf_config(index)
     quantised = unhandled_quantization(_source_hf_config(index), tensors) or (
         unhandled_quantization(hf_cfg_dict, ()) if hf_config else None)
     if quantised:  # cast, mapped or re-laid out, packed words and codes would be written as weights

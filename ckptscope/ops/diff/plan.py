@@ -18,7 +18,7 @@ from ckptscope.core.names import select
 from ckptscope.core.units import plural
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
-from ckptscope.mappings.config import ZERO_CENTRED_NORM, ModelConfig
+from ckptscope.mappings.config import ZERO_CENTRED_NORM, ModelConfig, from_hf_config, read_hf_config
 from ckptscope.mappings.fused_experts import has_fused_experts, names_experts_one_by_one, unfuse
 from ckptscope.mappings.gguf import gguf_as_hf
 from ckptscope.mappings.links import Piece, Recipe, box_text, full_box
@@ -135,8 +135,13 @@ def _side_view(label: str, path: str | Path, tensors: dict, cfg: ModelConfig, ar
         raise CkptError(f"{label}: {exc.problem}", exc.path or path) from None
 
 
-def _side_config(index: CheckpointIndex, tensors: dict) -> ModelConfig:
-    return config_from_index(index).merged(config_from_names(shapes_of(tensors)))
+def _side_config(index: CheckpointIndex, tensors: dict, given: ModelConfig | None = None) -> ModelConfig:
+    """What a side's own metadata says of its model, then ``--hf-config`` (``given``) for what it does not
+    (a verl Megatron save without args), then what the tensor shapes tell."""
+    config = config_from_index(index)
+    if given is not None:
+        config = config.merged(given)
+    return config.merged(config_from_names(shapes_of(tensors)))
 
 
 TIED_PAIRS = (("lm_head.weight", "model.embed_tokens.weight"), ("output_layer.weight", "embedding.word_embeddings.weight"))
@@ -163,7 +168,8 @@ def _add_tied(recipes: dict[str, Recipe], other: dict[str, Recipe], cfg: ModelCo
 
 def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", include: tuple[str, ...] = (),
               exclude: tuple[str, ...] = (), arch: str | None = None, trust_pickle: bool = False,
-              training_state: bool = False, compare_unknown: bool = True, raw: bool = False) -> DiffPlan:
+              training_state: bool = False, compare_unknown: bool = True, raw: bool = False,
+              hf_config: str | Path | None = None) -> DiffPlan:
     """Open both checkpoints (metadata only) and pair their models' tensors.
 
     Each side is split into its model and its training state (``ops.model``): the models are
@@ -178,6 +184,10 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
         raise CkptError(f"--map must be auto or none, not {mapping!r}")
     if arch is not None:
         rules_for(arch)  # an unknown name is refused even when this pair needs no mapping: a typo
+    given = from_hf_config(read_hf_config(Path(hf_config))) if hf_config is not None else None
+
+    def side_config(index: CheckpointIndex, tensors: dict) -> ModelConfig:
+        return _side_config(index, tensors, given)
     reader_a = open_checkpoint(resolve_root(path_a), trust_pickle=trust_pickle)
     reader_b = open_checkpoint(resolve_root(path_b), trust_pickle=trust_pickle)
     if raw:
@@ -218,9 +228,9 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
             # expert, as save_pretrained writes them (two fused sides, or no per-expert side, as they are)
             for label, other, tensors, index in (("A", "B", ta, index_a), ("B", "A", tb, index_b)):
                 if fused[label] and per_expert[other] and not has_fused_experts(tb if label == "A" else ta):
-                    fused_arch = arch or detect_arch(tensors, _side_config(index, tensors))
+                    fused_arch = arch or detect_arch(tensors, side_config(index, tensors))
                     recipes = unfuse(shapes_of(tensors), fused_arch,
-                                     hidden=_side_config(index, tensors).hidden_size)
+                                     hidden=side_config(index, tensors).hidden_size)
                     if label == "A":
                         recipes_a, mapped_a = recipes, True
                     else:
@@ -229,8 +239,8 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
         if {fam_a, fam_b} == {"hf", "mcore"} or (fam_a == fam_b == "mcore" and set(ta) != set(tb)):
             # each side's own config first (two Megatron saves may be two models); the other's fills what
             # one does not say (a Megatron save without args beside its HF source)
-            cfg_a = _side_config(index_a, ta).merged(_side_config(index_b, tb))
-            cfg_b = _side_config(index_b, tb).merged(_side_config(index_a, ta))
+            cfg_a = side_config(index_a, ta).merged(side_config(index_b, tb))
+            cfg_b = side_config(index_b, tb).merged(side_config(index_a, ta))
             cfg = cfg_a if fam_a == "mcore" else cfg_b
             if fam_a == "mcore":
                 view = _side_view("A", path_a, ta, cfg_a, arch)
@@ -259,7 +269,7 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
                          f"them: tensors are paired by name only")
         for label, mine, theirs, index, tensors in (("A", recipes_a, recipes_b, index_a, ta),
                                                     ("B", recipes_b, recipes_a, index_b, tb)):
-            tied = _add_tied(mine, theirs, _side_config(index, tensors))
+            tied = _add_tied(mine, theirs, side_config(index, tensors))
             if tied:
                 notes.append(f"{label}: tied embeddings, {tied} compared as the input embedding")
     for label, entries in (("A", entries_a), ("B", entries_b)):
@@ -288,13 +298,17 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
                 side.ignored.append(name)
                 del side.recipes[name]
 
-    vocab_notes = _vocab_row_pairs(side_a, side_b, index_a, index_b)
-    names = list(side_a.recipes) + [n for n in side_b.recipes if n not in side_a.recipes]
-    names = select(names, include, exclude)
+    vocab_notes = _vocab_row_pairs(side_a, side_b, index_a, index_b, given)
+    every = list(side_a.recipes) + [n for n in side_b.recipes if n not in side_a.recipes]
+    names = select(every, include, exclude)
     notes += [note for rows, note in vocab_notes.items() if rows in names]
+    namespace = " (pairs are named by HF names here: the mapping is mcore->hf)" if used == "mcore->hf" else ""
     if not names and (include or exclude):  # a typo in a pattern must not read as "identical"
         raise CkptError(f"no tensor of either side matches --include {' '.join(include) or '(all)'}"
-                        f"{' --exclude ' + ' '.join(exclude) if exclude else ''}")
+                        f"{' --exclude ' + ' '.join(exclude) if exclude else ''}{namespace}")
+    unused = [p for p in exclude if not select(every, (p,))]
+    if unused:  # an exclusion that excluded nothing is said, not silently ignored
+        notes.append(f"--exclude {' '.join(unused)} matched no tensor, so nothing was left out{namespace}")
     pairs = [DiffPair(n, side_a.recipes.get(n), side_b.recipes.get(n)) for n in names]
     side_files = pair_training_files(_searched(path_a), index_a, _searched(path_b), index_b)
     if training_state:
@@ -333,7 +347,7 @@ def _vocab_tensors_whole(recipes: dict[str, Recipe], tensors: dict) -> None:
 
 
 def _vocab_row_pairs(side_a: DiffSide, side_b: DiffSide, index_a: CheckpointIndex,
-                     index_b: CheckpointIndex) -> dict[str, str]:
+                     index_b: CheckpointIndex, given: ModelConfig | None = None) -> dict[str, str]:
     """For two Megatron-Core checkpoints whose vocabulary is padded (vocab_size < padded_vocab_size
     rows), add a pair ``<tensor>[:vocab_size]`` beside each whole vocab tensor: the real vocabulary's
     rows on their own. A Megatron -> HF -> Megatron round trip drops the padding rows and writes
@@ -341,7 +355,7 @@ def _vocab_row_pairs(side_a: DiffSide, side_b: DiffSide, index_a: CheckpointInde
     tensor stays compared (the padding rows enter Megatron's softmax), and the extra pair says which
     it is. Returns each added pair's note, by the pair's name."""
     cfg_a, cfg_b = config_from_index(index_a), config_from_index(index_b)
-    vocab = cfg_a.vocab_size or cfg_b.vocab_size
+    vocab = cfg_a.vocab_size or cfg_b.vocab_size or (given.vocab_size if given is not None else None)
     if vocab is None or (cfg_a.vocab_size and cfg_b.vocab_size and cfg_a.vocab_size != cfg_b.vocab_size):
         return {}
     notes = {}
@@ -369,13 +383,14 @@ def _patterns_want_layers(entries, index: CheckpointIndex, include: tuple[str, .
     """``--include decoder.layers.0.self_attention`` on two Megatron checkpoints: the stored names are
     stacked (``decoder.layers.self_attention...``), so the patterns select per-layer views when they
     match those and no stored name (the timeline's per-layer cells ask for exactly this)."""
-    if not include or not index.views:
+    if not (include or exclude) or not index.views:
         return False
     stored = list(entries.tensors)
-    if select(stored, include, exclude):
+    if include and select(stored, include, exclude):
         return False
+    # a pattern that matches no stored name but a per-layer one (an --exclude of layer 1 was ignored: a probe)
     logical = list(model_entries(index, logical=True).tensors)
-    return bool(select(logical, include, exclude))
+    return any(not select(stored, (p,)) and select(logical, (p,)) for p in (*include, *exclude))
 
 
 def _searched(path: str | Path) -> str | Path:

@@ -92,7 +92,8 @@ class DiffScreen(Screen[None]):
 
     def __init__(self, a: str, b: str, *, mapping: str = "auto", include: tuple[str, ...] = (),
                  exclude: tuple[str, ...] = (), options: DiffOptions | None = None, arch: str | None = None,
-                 trust_pickle: bool = False, standalone: bool = True, training_state: bool = False) -> None:
+                 trust_pickle: bool = False, standalone: bool = True, training_state: bool = False,
+                 hf_config: str | None = None) -> None:
         super().__init__()
         self.a, self.b = str(a), str(b)
         self.training_state = training_state
@@ -100,6 +101,8 @@ class DiffScreen(Screen[None]):
         self.mapping, self.include, self.exclude, self.arch = mapping, tuple(include), tuple(exclude), arch
         self.options = options
         self.trust_pickle = trust_pickle
+        self.hf_config = hf_config
+        """``diff --hf-config``: the model config for a side whose metadata does not say it."""
         self.standalone = standalone
         self.progress = DiffProgress(self.a, self.b)
         self.plan: DiffPlan | None = None
@@ -158,7 +161,8 @@ class DiffScreen(Screen[None]):
         start = time.perf_counter()
         try:
             plan = plan_diff(self.a, self.b, mapping=self.mapping, include=self.include, exclude=self.exclude,
-                             arch=self.arch, trust_pickle=self.trust_pickle, training_state=self.training_state)
+                             arch=self.arch, trust_pickle=self.trust_pickle, training_state=self.training_state,
+                             hf_config=self.hf_config)
             engine = DiffEngine(plan, self.options)
         except CkptError as exc:
             self.post_message(DiffFailed("plan", str(exc)))
