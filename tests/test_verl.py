@@ -325,3 +325,33 @@ def test_two_whole_world_size_sets_without_fsdp_config_are_ambiguous(tmp_path, c
     assert result.code == 1 and "ambiguous-files" in result.out and "world sizes 1 and 2" in result.out, result.out
     converted = cli("convert", str(actor), "--to", "hf", str(tmp_path / "hf"))
     assert converted.code == 2 and "world sizes 1 and 2" in converted.err and not (tmp_path / "hf").exists()
+
+
+def test_a_save_of_the_hf_model_only_is_that_model(fresh, tmp_path, cli):
+    """verl's ``checkpoint.save_contents=["hf_model"]``: no rank file, ``fsdp_config.json`` and the whole
+    model written by ``save_pretrained`` (from the gathered state dict) into ``huggingface/``. It was an FSDP
+    dir missing every rank file: convert said damaged, the run root had no complete iteration (a probe)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path / "run"
+    actor = root / "global_step_2" / "actor"
+    shutil.copytree(actor_of(fresh), actor)
+    (root / "latest_checkpointed_iteration.txt").write_text("2")
+    for rank_file in actor.glob("*_world_size_*_rank_*.pt"):
+        rank_file.unlink()
+    oracle = load_oracle(fresh)
+    model = verl_generators()._tiny_model()
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in oracle.items()})
+    model.save_pretrained(actor / "huggingface")
+    shown = cli("inspect", str(root))
+    assert shown.code == 0 and "verl actor (FSDP, HF model only, step 2)" in shown.out, shown.out + shown.err
+    assert "missing" not in shown.err
+    checked = cli("check", str(root))
+    assert checked.code == 0, checked.out
+    out = tmp_path / "hf"
+    assert cli("convert", str(root), "--to", "hf", str(out)).code == 0
+    loaded, info = AutoModelForCausalLM.from_pretrained(str(out), output_loading_info=True, dtype=torch.float32)
+    assert not any(info.values()), info
+    for name, value in loaded.state_dict().items():
+        assert value.numpy().tobytes() == oracle[name].tobytes(), name

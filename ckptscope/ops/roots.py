@@ -576,6 +576,7 @@ _FORMAT_LAYOUTS = {
     "dcp_safetensors_shards": "PyTorch DCP HuggingFaceStorageWriter shards (per-rank safetensors pieces)", "megatron_legacy": "Megatron-LM per-rank checkpoint (torch)",
     "megatron_dcp": "Megatron-LM DCP dir (torch_dcp / fsdp_dtensor)",
     "verl_fsdp": "verl FSDP checkpoint dir", "verl_megatron": "verl Megatron checkpoint dir",
+    "verl_hf": "verl FSDP checkpoint dir (HF model only)",
 }
 
 _MEGATRON_SUBFORMATS = {"megatron_dist": "torch_dist", "megatron_legacy": "torch", "megatron_dcp": None,
@@ -618,6 +619,6 @@ def describe_checkpoint(path: str | Path, index: CheckpointIndex, *, fallback: b
                  f"tag {info['tag']}" if info.get("tag") else None]
         return f"{what} ({', '.join(p for p in parts if p)})" if any(parts) else what
     if fmt.startswith("verl") and name in VERL_ROLES and (m := _VERL.match(path.parent.name)):
-        backend = "Megatron" if fmt == "verl_megatron" else "FSDP"
+        backend = {"verl_megatron": "Megatron", "verl_hf": "FSDP, HF model only"}.get(fmt, "FSDP")
         return f"verl {name} ({backend}, step {m.group(1)})"
     return _FORMAT_LAYOUTS.get(fmt, fmt) if fallback else None

@@ -30,6 +30,7 @@ from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry, mark_config_tie
 from ckptscope.core.tensor import Chunk, TensorMeta
 from ckptscope.formats.base import CheckpointReader
+from ckptscope.formats.hf.reader import HFDirReader
 from ckptscope.formats.megatron.dist_reader import MegatronDistReader
 from ckptscope.formats.pickles.dtensor import EXTRA_GLOBALS, Decoded, walk_state
 from ckptscope.formats.pickles.safe import to_plain, type_name
@@ -157,6 +158,8 @@ def verl_complete(path: Path) -> bool | None:
     dist = megatron_dist_dir(path)
     if dist is not None:
         return MegatronDistReader.supports(dist) and (dist / ".metadata").is_file()
+    if hf_weights_only(path):
+        return True  # save_contents=["hf_model"]: save_pretrained wrote the whole model
     layout = fsdp_layout(path)
     if layout is None:
         return None
@@ -380,6 +383,44 @@ class VerlOptimReader(VerlFsdpReader):
         index = CheckpointIndex(path=str(self.path), format=self.format_name)
         assembled = self._read_rank_files(index, layout, kind="optim")
         self._finish(index, assembled, {r for r in range(world) if r not in layout.files["optim"]}, world, "optim")
+        return index
+
+
+def hf_weights_only(path: Path) -> bool:
+    """A verl FSDP role dir saved with ``save_contents=["hf_model"]``: ``fsdp_config.json`` and the whole
+    model in ``huggingface/`` (``save_pretrained``), no rank file of any kind. Never raises."""
+    try:
+        if not (path / FSDP_CONFIG).is_file() or any(RANK_FILE.match(p.name) for p in path.iterdir()):
+            return False
+        return HFDirReader.supports(path / HF_SUBDIR)
+    except OSError:
+        return False
+
+
+@register_reader
+class VerlHfOnlyReader(ComposedReader):
+    """A verl FSDP actor/critic dir whose save kept only the HF model (``save_contents=["hf_model"]``): the
+    model is ``huggingface/``. It was read as an FSDP dir missing every rank file: "damaged", and a run
+    root of such saves had "no complete iteration" (a probe)."""
+
+    format_name = "verl_hf"
+    priority = 69  # before VerlFsdpReader, which takes any dir with fsdp_config.json
+
+    @classmethod
+    def supports(cls, path: Path) -> bool:
+        return path.is_dir() and hf_weights_only(path)
+
+    def _build_index(self) -> CheckpointIndex:
+        if not hf_weights_only(self.path):
+            raise CkptError(f"no model in {HF_SUBDIR}/ and no rank files", self.path)
+        index = CheckpointIndex(path=str(self.path), format=self.format_name)
+        inner = self._adopt(index, HFDirReader(self.path / HF_SUBDIR, trust_pickle=self.trust_pickle), HF_SUBDIR)
+        index.metadata = dict(inner.metadata)
+        index.metadata["verl"] = {"backend": "fsdp", "contents": "hf_model", "role": self.path.name}
+        step = _step_of(self.path)
+        if step is not None:
+            index.metadata.setdefault("iteration", step)
+        index.files.append(FileInfo(FSDP_CONFIG, (self.path / FSDP_CONFIG).stat().st_size, "config"))
         return index
 
 
