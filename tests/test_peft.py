@@ -420,3 +420,22 @@ def test_a_lora_config_that_cannot_give_a_finite_merge_is_refused(peft_samples, 
     result = run_cli("lora", "merge", str(adapter), str(peft_samples["peft_llama_base"]), str(out))
     _refused(result, out, {"adapter"})
     assert said in result.err and "internal" not in result.err, result.err
+
+
+def test_a_peft_wrapped_training_state_dict_is_refused_for_what_it_is(tmp_path):
+    """verl's LoRA runs save the PEFT-wrapped model's state dict per rank (``base_model.model.<name>``,
+    ``.base_layer.weight``, ``lora_A.default.weight``): convert said the architecture had no mapping (it
+    has one), which sent users to the wrong fix. Here the same names, from PEFT's own ``get_peft_model``."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=64))
+    wrapped = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    torch.save(wrapped.state_dict(), tmp_path / "model.pt")
+    result = run_cli("convert", str(tmp_path / "model.pt"), "--to", "hf", str(tmp_path / "out"))
+    assert result.code == 2 and "a model wrapped by PEFT for LoRA training" in result.err, result.err
+    assert "lora_A" in result.err and "no HF <-> Megatron-Core mapping" not in result.err
+    assert not (tmp_path / "out").exists()
