@@ -489,3 +489,24 @@ def test_runs_without_torch(roots, tmp_path):
     assert "needs torch and transformers" in without["optimizer"].pop("note")
     assert "frozen parameters" in full["optimizer"].pop("note")
     assert without == full
+
+
+def test_an_unreadable_iteration_is_left_out_not_fatal(roots, tmp_path):
+    """A crash mid-save past the tracker left a rank file cut short: the root lists the step (its files are
+    there) and timeline stopped with exit 2 on it (a probe). It is left out with a note; the others are read."""
+    root = tmp_path / "verl"
+    shutil.copytree(roots["timeline_verl"], root)
+    steps = sorted(int(p.name.rsplit("_", 1)[1]) for p in root.glob("global_step_*"))
+    last = root / f"global_step_{steps[-1]}" / "actor"
+    victim = sorted(last.glob("model_world_size_*_rank_*.pt"))[-1]
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    plan, result = _result(root)
+    assert [i.label for i in plan.iterations] == [str(s) for s in steps[:-1]]
+    assert any(n.startswith(f"iteration {steps[-1]} left out: it cannot be read") for n in result.notes), result.notes
+    only_two = tmp_path / "two"
+    shutil.copytree(root, only_two)
+    for step in steps[1:-1]:
+        shutil.rmtree(only_two / f"global_step_{step}")
+    if len(steps) > 2:
+        with pytest.raises(CkptError, match="a timeline needs two"):
+            build_timeline_plan(only_two)

@@ -576,8 +576,21 @@ def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None,
     readers: list[CheckpointReader] = []
     opt_readers: list[CheckpointReader | None] = []
     try:
+        readable = []
         for info in chosen:
-            readers.append(open_checkpoint(info.path, trust_pickle=trust_pickle))
+            reader = open_checkpoint(info.path, trust_pickle=trust_pickle)
+            try:
+                reader.index()
+            except CkptError as exc:  # a save cut short past the tracker stopped the whole timeline (a probe)
+                reader.close()
+                notes.append(f"iteration {info.label} left out: it cannot be read ({exc})")
+                continue
+            readers.append(reader)
+            readable.append(info)
+        if len(readable) < 2:
+            raise CkptError(f"{plural(len(readable), 'iteration')} of the chosen ones can be read; a timeline needs two"
+                            + (f" ({notes[-1]})" if notes else ""), root)
+        chosen = readable
         entries = [model_entries(r.index(), logical=True) for r in readers]
         first = entries[0]
         names = select([n for n in first.tensors if not is_ignored(n)], include, exclude)
