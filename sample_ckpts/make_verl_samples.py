@@ -248,6 +248,26 @@ def write_verl_megatron_actor(out: Path, dist_ckpt: Path) -> Path:
     return actor
 
 
+def migrate_like_verl(actor: Path) -> Path:
+    """What verl's ``scripts/migrate_megatron_checkpoint_layout.py`` (default hard-link mode) leaves of a
+    pre-v2 actor dir: every file of ``dist_ckpt/`` hard-linked into ``model/``, ``optimizer/`` and
+    ``extra/dist_ckpt`` (one mixed tree mirrored three times; ``dist_ckpt/`` itself stays), ``huggingface/``
+    moved to ``model/huggingface``, and no ``ckpt_contents.json`` (the script writes none)."""
+    import os
+
+    for target in ("optimizer", "extra", "model"):
+        for src in sorted((actor / "dist_ckpt").rglob("*")):
+            dst = actor / target / "dist_ckpt" / src.relative_to(actor / "dist_ckpt")
+            if src.is_dir():
+                dst.mkdir(parents=True, exist_ok=True)
+            else:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                os.link(src, dst)
+    if (actor / "huggingface").is_dir():
+        (actor / "huggingface").rename(actor / "model" / "huggingface")
+    return actor
+
+
 WRITERS = {
     "verl_run": write_verl_run,
 }

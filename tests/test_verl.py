@@ -355,3 +355,26 @@ def test_a_save_of_the_hf_model_only_is_that_model(fresh, tmp_path, cli):
     assert not any(info.values()), info
     for name, value in loaded.state_dict().items():
         assert value.numpy().tobytes() == oracle[name].tobytes(), name
+
+
+def test_megatron_actor_migrated_by_verls_script_is_whole(tmp_path, cli):
+    """verl's docs tell users to run its migration script on pre-v2 saves. It mirrors the old mixed
+    ``dist_ckpt/`` into ``model/``, ``optimizer/`` and ``extra/`` and writes no ``ckpt_contents.json``:
+    check called the save unfinished, the run root had no complete iteration, and inspect read the mirror
+    three times (52 'also in an earlier part' warnings in a probe). Read once, it is the old tree."""
+    actor = verl_generators().write_verl_megatron_actor(tmp_path / "before", MEGATRON_ITER)
+    migrated = tmp_path / "after" / "global_step_2" / "actor"
+    shutil.copytree(actor.parent.parent, migrated.parent.parent)
+    verl_generators().migrate_like_verl(migrated)
+    assert verl_complete(migrated) is True
+    with open_checkpoint(actor) as old, open_checkpoint(migrated) as new:
+        index = new.index()
+        assert index.metadata["verl"]["migrated"] and not index.issues and not index.warnings, index.warnings
+        assert set(index.tensors) == set(old.index().tensors)
+        for name in old.index().tensors:
+            assert new.read(name).tobytes() == old.read(name).tobytes(), name
+    root = migrated.parent.parent
+    checked = cli("check", str(root))
+    assert checked.code == 0, checked.out
+    shown = cli("inspect", str(root))
+    assert shown.code == 0 and "1 iteration (1 complete)" in " ".join(shown.out.split()), shown.out + shown.err

@@ -49,6 +49,9 @@ class V2Layout:
     training: list[str] = field(default_factory=list)
     """Relative dirs of the training-state torch_dist trees (optimizer, extra) that hold files."""
     warnings: list[str] = field(default_factory=list)
+    migrated: bool = False
+    """Made by verl's ``scripts/migrate_megatron_checkpoint_layout.py`` from a v1 dir: ``model/``,
+    ``optimizer/`` and ``extra/dist_ckpt`` mirror one mixed torch_dist tree, and no manifest is written."""
 
 
 def _has_files(path: Path) -> bool:
@@ -67,11 +70,38 @@ def is_v2_dir(path: Path) -> bool:
 
 
 def v2_complete(path: Path) -> bool | None:
-    """Whether a v2 dir holds a finished save (its manifest is there and readable); None if not v2."""
+    """Whether a v2 dir holds a finished save (its manifest is there and readable, or it is a migrated v1
+    save whose tree has torch_dist's closing files); None if not v2."""
     if not is_v2_dir(path):
         return None
     manifest, _ = json_file(path / MANIFEST)
-    return isinstance(manifest, dict)
+    if isinstance(manifest, dict):
+        return True
+    return migrated_v1(path) and all((path / MODEL_DIST / name).is_file() for name in ("metadata.json", ".metadata"))
+
+
+def _tree(path: Path) -> dict[str, int] | None:
+    """Relative file name -> size of every file under ``path`` (a directory symlink followed), or None."""
+    try:
+        return {p.relative_to(path).as_posix(): p.stat().st_size for p in path.rglob("*") if p.is_file()} or None
+    except OSError:
+        return None
+
+
+def migrated_v1(path: Path) -> bool:
+    """A v1 dir converted by verl's migration script: no manifest, and ``model/``, ``optimizer/`` and
+    ``extra/dist_ckpt`` are one tree (hard links, a symlink each, or copies: the same files, sizes and
+    ``.metadata`` bytes). Such a save is whole; read once, it is the old mixed tree. Never raises."""
+    if (path / MANIFEST).exists():
+        return False
+    trees = [_tree(path / rel) for rel in (MODEL_DIST, *TRAINING_DIRS)]
+    if trees[0] is None or any(tree != trees[0] for tree in trees[1:]):
+        return False
+    try:
+        first = (path / MODEL_DIST / ".metadata").read_bytes()
+        return all((path / rel / ".metadata").read_bytes() == first for rel in TRAINING_DIRS)
+    except OSError:
+        return False
 
 
 def _safe_rel(value: Any) -> str | None:
@@ -107,6 +137,9 @@ def v2_layout(path: Path) -> V2Layout | None:
         if not (path / MANIFEST).exists():
             problem = ("missing: verl writes it last, after every part of the save, so this save did not finish "
                        "(or was copied without it)")
+    if problem is not None and migrated_v1(path):
+        # one mixed tree mirrored three times: the model part holds it all (optimizer, rng included)
+        return V2Layout(manifest=None, problem=None, model=(MODEL_DIST, "megatron_dist"), migrated=True)
     layout = V2Layout(manifest=manifest, problem=problem, model=None)
     contents = manifest.get("contents") if manifest else None
     contents = contents if isinstance(contents, dict) else {}

@@ -97,6 +97,8 @@ class VerlMegatronV2Reader(ComposedReader):
                 "model": layout.model[0] if layout.model else None,
                 "model_format": layout.model[1] if layout.model else None,
                 "complete": layout.problem is None}
+        if layout.migrated:
+            info["migrated"] = "from layout v1 by verl's migration script: model/, optimizer/ and extra/ mirror one tree"
         for key in ("save_contents", "world_size", "arch", "backend"):
             if key in manifest:
                 info["manifest_backend" if key == "backend" else key] = manifest[key]
