@@ -393,3 +393,21 @@ def test_split_table_and_expert_ids():
         "decoder.layers.2.mlp.experts.local_experts.5.linear_fc2.weight"
     assert globalize("language_model.encoder.layers.3.mlp.dense_4h_to_h.weight", 4, 0) == \
         "language_model.encoder.layers.7.mlp.dense_4h_to_h.weight"
+
+
+def test_a_value_head_is_named_for_what_it_is(tmp_path, cli):
+    """verl's Megatron critic ends in ``LinearForLastLayer(hidden, 1)``: an ``output_layer.weight`` of one row.
+    convert said 'the vocabulary has 128 rows but the Megatron table only 1', as if the save were damaged."""
+    import torch
+
+    out = tmp_path / "mc"
+    done = cli("convert", str(SAMPLES / "hf_llama_gqa"), str(out), "--to", "mcore",
+                   "--ckpt-format", "torch")
+    assert done.code == 0, done.err
+    rank_file = next(out.rglob("model_optim_rng.pt"))
+    state = torch.load(rank_file, weights_only=False)
+    head = state["model"]["output_layer.weight"]
+    state["model"]["output_layer.weight"] = head[:1].clone()
+    torch.save(state, rank_file)
+    result = cli("convert", str(out), "--to", "hf", str(tmp_path / "hf"))
+    assert result.code == 2 and "a value head" in result.err and result.err.count("\n") == 1, result.err

@@ -107,6 +107,10 @@ def _gate_up_links(cfg, mname, mshape, hf_names, hf_shapes):
 def _vocab_shapes(cfg, mcore, hf):
     if mcore is not None:
         vocab = cfg.vocab_size or mcore[0]
+        if vocab > mcore[0] and mcore[0] == 1:  # verl's Megatron critic: LinearForLastLayer(hidden, 1)
+            raise CkptError(f"the output layer has 1 row where a language model has one per token ({vocab}): a value "
+                            "head (a critic or reward model, such as verl's Megatron critic); ckptscope exports "
+                            "language models from Megatron, not value heads")
         if vocab > mcore[0]:
             raise CkptError(f"the vocabulary has {vocab} rows but the Megatron table only {mcore[0]}")
         return tuple(mcore), [(vocab,) + tuple(mcore[1:])]
