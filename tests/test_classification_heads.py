@@ -48,3 +48,20 @@ def test_to_megatron_says_what_the_head_is(head_model, cli, tmp_path):
     result = cli("convert", str(saved), "--to", "mcore", str(tmp_path / "mc"))
     assert result.code == 2 and "score.weight is the head of a sequence/token classification model" in result.err
     assert result.err.count("\n") == 1 and not (tmp_path / "mc").exists()
+
+
+def test_a_custom_models_own_score_does_not_make_it_transformers(cli, tmp_path):
+    """``score`` belongs to an HF model's names, but it must not vote for them: a custom model of ``proj``
+    and ``score`` (half its names) was taken for transformers' naming and ``proj`` left out as unknown
+    (a reviewer)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    tensors = {"proj.weight": np.ones((8, 16), np.float32), "proj.bias": np.ones(8, np.float32),
+               "score.weight": np.ones((1, 16), np.float32), "score.bias": np.ones(1, np.float32)}
+    save_file(tensors, str(tmp_path / "custom.safetensors"))
+    result = cli("inspect", "--json", str(tmp_path / "custom.safetensors"))
+    assert result.code == 0, result.err
+    metadata = json.loads(result.out)["metadata"]
+    assert metadata["num_params"] == sum(v.size for v in tensors.values())
+    assert not metadata["roles"].get("unknown"), metadata["roles"]

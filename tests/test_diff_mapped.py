@@ -156,3 +156,22 @@ def test_a_filter_that_selects_nothing_is_said(cli, tmp_path):
     without_layer_1 = cli("diff", str(tmp_path / "a"), str(tmp_path / "b"), "--exclude", "decoder.layers.1.*", "--json")
     assert without_layer_1.code == 0, without_layer_1.out
     assert not any(t["name"].startswith("decoder.layers.1.") for t in json.loads(without_layer_1.out)["tensors"])
+    # with an --include that matches the stored (stacked) names as well (a reviewer: the exclusion was ignored)
+    both = cli("diff", str(tmp_path / "a"), str(tmp_path / "b"), "--include", "decoder.*",
+               "--exclude", "decoder.layers.1.*", "--json")
+    assert both.code == 0, both.out
+
+
+def test_a_lossless_reshard_to_another_tp_is_identical(cli, tmp_path):
+    """torch_dist at TP=1 (vocabulary padded to 128 rows) against per-rank torch at TP=2 (256 rows, local-spec
+    names, so the pair goes through HF names): the real vocabulary is compared and the zero padding listed;
+    the extra rows are no difference of the model."""
+    hf = tmp_path / "hf"  # a vocabulary of 100: 128 rows at TP=1, 256 at TP=2
+    assert cli("convert", str(SAMPLES / "megatron_legacy_tp2"), "--to", "hf", str(hf)).code == 0
+    for args, dst in ((("--to", "mcore"), "tp1"), (("--to", "mcore", "--ckpt-format", "torch", "--tp", "2"), "tp2")):
+        assert cli("convert", str(hf), str(tmp_path / dst), *args).code == 0
+    result = cli("diff", str(tmp_path / "tp1"), str(tmp_path / "tp2"), "--json")
+    assert result.code == 0, result.out
+    report = json.loads(result.out)
+    assert report["mapping"] == "mcore->hf" and report["identical"]
+    assert report["padding"] and all(p["all_zero"] for p in report["padding"]), report["padding"]

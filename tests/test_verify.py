@@ -97,3 +97,14 @@ def test_megatron_saves_padded_to_other_sizes_still_pair_their_real_rows(tmp_pat
     assert status["embedding.word_embeddings.weight"] == "shape_mismatch"
     assert status["embedding.word_embeddings.weight[:100]"] == "equal"
     assert any("rows 100-127 in A and 100-255 in B" in n for n in data["notes"]), data["notes"]
+
+
+def test_verify_at_another_tp_says_the_padding_size_changed(cli):
+    """--tp 4 on the way back pads the vocabulary to 512 rows where the source has 256: a shape mismatch of
+    the whole vocab tensors, the real rows equal; the note says the padding size changed (it said the rows
+    were written as zeros, a reviewer)."""
+    result = cli("verify", str(SAMPLES / "mcore_llama_gqa"), "--tp", "4", "--json")
+    data = json.loads(result.out)
+    differing = {t["name"]: t["status"] for t in data["tensors"] if t["status"] != "equal"}
+    assert result.code == 1 and set(differing.values()) == {"shape_mismatch"}, differing
+    assert any("padded the vocabulary to another size" in n for n in data["notes"]), data["notes"]

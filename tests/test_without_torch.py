@@ -119,3 +119,16 @@ def test_the_browser_opens_without_torch(no_torch_env):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=no_torch_env,
                           cwd=REPO, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-2000:]
+
+
+def test_rename_asks_for_torch_before_its_plan_when_torch_is_absent(tmp_path):
+    """The check rename makes before printing its plan: ``importlib.util.find_spec("torch")`` is None when
+    torch is not installed (this blocker makes it so; the module's one raises from ``find_spec`` instead)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REPO)]))
+    out = tmp_path / "out.pt"
+    proc = run(env, "rename", "sample_ckpts/megatron_style.pt", str(out), "--sub", "^model\\.model\\.", "model.decoder.")
+    assert proc.returncode == 2 and proc.stdout == "" and not out.exists(), proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and "needs PyTorch" in proc.stderr, proc.stderr

@@ -217,9 +217,10 @@ def merge(src, dst, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, 
               help="The format in between  [default: the other family: mcore for an HF source, hf for a Megatron one]")
 @click.option("--tp", type=click.IntRange(min=1), default=None,
               help="Tensor parallel size of the Megatron leg (whichever way it runs)  [default: a Megatron "
-                   "source's own, else 1]")
+                   "source's own when the way back writes Megatron, else 1]")
 @click.option("--pp", type=click.IntRange(min=1), default=None,
-              help="Pipeline parallel size of the Megatron leg  [default: a Megatron source's own, else 1]")
+              help="Pipeline parallel size of the Megatron leg  [default: a Megatron source's own when the way "
+                   "back writes Megatron, else 1]")
 @click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True,
               help="Expert parallel size of the Megatron leg (MoE, torch).")
 @click.option("--spec", type=click.Choice(["local", "te"]), default="local", show_default=True,

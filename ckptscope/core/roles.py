@@ -68,10 +68,8 @@ _FAMILIES = (
     # toy model's model.layers.0.weight is not taken for transformers' naming.
     ("mcore", re.compile(r"decoder\.(layers\.(\d+\.)?[A-Za-z_]+\.|final_(layer)?norm\.)|embedding\.word_embeddings\.|"
                          r"embedding\.position_embeddings\.|output_layer\.|mtp\.")),
-    # score: the head of transformers' *ForSequenceClassification / *ForTokenClassification (reward models,
-    # verl's critic: num_labels=1)
     ("hf", re.compile(r"model\.(layers\.\d+\.[A-Za-z_]+\.|embed_tokens\.|norm\.|rotary_emb\.|language_model\.)|"
-                      r"lm_head\.|score\.(weight|bias)\Z")),
+                      r"lm_head\.")),
     ("gguf", re.compile(r"token_embd\.|output(_norm)?\.weight\Z|blk\.\d+\.[a-z_]+\.")),  # llama.cpp's names
     ("torchtitan", re.compile(r"tok_embeddings\.|output\.weight\Z|norm\.weight\Z|"
                               r"layers\.\d+\.(attention|feed_forward|attention_norm|ffn_norm|moe)\.")),
@@ -82,6 +80,10 @@ _ANY_FAMILY = re.compile("|".join(f"(?P<{family}>{pattern.pattern})" for family,
 """Every family's pattern in one alternation, tried in ``_FAMILIES`` order: one ``match`` per name
 tells which family claims it first (the outer named group is the last one closed, ``lastgroup``)."""
 _PATTERNS = dict(_FAMILIES)
+# Membership, not the vote: the head of transformers' *ForSequenceClassification / *ForTokenClassification
+# (reward models, verl's critic: num_labels=1) belongs to an HF model, but a custom model's own ``score``
+# must not make its names look like transformers' (a reviewer's proj.* + score.* model lost proj.*).
+_PATTERNS["hf"] = re.compile(_PATTERNS["hf"].pattern + r"|score\.(weight|bias)\Z")
 
 
 def naming_family(names: Iterable[str]) -> str:

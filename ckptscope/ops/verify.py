@@ -39,8 +39,8 @@ def verify_round_trip(src: str | Path, *, via: str | None = None, tp: int | None
     ``via`` defaults to the other family: ``mcore`` for an HF source, ``hf`` for a Megatron one (a
     Megatron source went mcore -> mcore -> hf before, a reshard and an export, not a round trip).
     The Megatron options (tp, pp, ep, spec, ckpt_format) apply to whichever leg writes Megatron; tp and
-    pp default to a Megatron source's own (its vocabulary is padded for its TP: a TP=2 save's 256 rows
-    came back as 128 at TP 1, a shape mismatch that was no loss), else 1.
+    pp default, on the way back from HF, to a Megatron source's own (its vocabulary is padded for its
+    TP: a TP=2 save's 256 rows came back as 128 at TP 1, a shape mismatch that was no loss), else 1.
 
     A Megatron source's vocab padding rows cannot pass through HF: when they held values they come
     back as zeros, and the whole vocab tensors differ while their ``[:vocab_size]`` pairs are equal;
@@ -113,6 +113,9 @@ def padding_only_note(report: DiffReport) -> list[str]:
     rows = {name: next((n for n in status if n.startswith(name + "[:")), None) for name in differing}
     if not differing or any(pair is None or status[pair] != "equal" for pair in rows.values()):
         return []
+    if any(status[name] == "shape_mismatch" for name in differing):  # --tp N pads to another size
+        return [f"only the vocab padding differs ({', '.join(differing)}): the way back padded the vocabulary to "
+                f"another size (its TP and make_vocab_size_divisible_by); the real vocabulary came back identical"]
     return [f"only the vocab padding rows differ ({', '.join(differing)}): HF has no place for them, so a Megatron -> "
             f"HF -> Megatron round trip writes them as zeros; the real vocabulary came back identical"]
 

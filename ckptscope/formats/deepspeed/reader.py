@@ -839,13 +839,13 @@ class DeepSpeedReader(CheckpointReader):
                   for group in obj.get("param_shapes") or []]
         expected = {name: shape for group in shapes for name, shape in group.items()}
         per_rank = None not in layout.model
-        # the run's own ds_config first (a universal checkpoint keeps no optimizer layout that tells ZeRO-1
-        # from ZeRO-2: it was labelled ZeRO-2 whatever the run was); without it, per-rank model states are ZeRO-3's
-        stage = self._stage_from_config(obj.get("ds_config"))
-        if stage is None:
-            stage = 3 if per_rank else 2
+        # read by the layout (per-rank model states are ZeRO-3's); labelled by the run's own ds_config, since a
+        # universal checkpoint keeps no optimizer layout that tells ZeRO-1 from ZeRO-2 (or BF16_Optimizer's 0)
+        stage = 3 if per_rank else 2
+        configured = self._stage_from_config(obj.get("ds_config"))
         world = obj.get("dp_world_size") if isinstance(obj.get("dp_world_size"), int) else max(len(layout.model), 1)
-        index.metadata["deepspeed"].update({"universal": True, "zero_stage": stage, "world_size": world})
+        index.metadata["deepspeed"].update({"universal": True, "zero_stage": stage if configured is None else configured,
+                                            "world_size": world})
         built = _Built()
         for name in layout.universal:
             for state in UNIVERSAL_STATES:

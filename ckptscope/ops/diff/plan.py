@@ -251,8 +251,10 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
                 recipes_b, ignored_b, mapped_b = _with_unmapped(view, tb), view.ignored, True
                 notes += _view_notes("B", view)
             if fam_a == fam_b == "mcore":
-                _vocab_tensors_whole(recipes_a, ta)
-                _vocab_tensors_whole(recipes_b, tb)
+                # padded alike: compared whole; padded to other sizes (another TP), the real rows through HF
+                alike = {n for n in VOCAB_TENSORS if n in ta and n in tb and ta[n].shape == tb[n].shape}
+                _vocab_tensors_whole(recipes_a, ta, alike)
+                _vocab_tensors_whole(recipes_b, tb, alike)
             if view.arch in ZERO_CENTRED_NORM and cfg.zero_centered_norm is not True:
                 notes.append(f"{view.arch} norms are zero-centred (x * (1 + w)) but the Megatron args do not record "
                              f"apply_layernorm_1p: equal norm weights here are norms that differ by 1.0 in the "
@@ -302,12 +304,15 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
     every = list(side_a.recipes) + [n for n in side_b.recipes if n not in side_a.recipes]
     names = select(every, include, exclude)
     notes += [note for rows, note in vocab_notes.items() if rows in names]
-    namespace = " (pairs are named by HF names here: the mapping is mcore->hf)" if used == "mcore->hf" else ""
+    namespace = ""
+    if used == "mcore->hf":
+        kept = " (the vocab tensors keep their Megatron names)" if side_a.mapped and side_b.mapped else ""
+        namespace = f" (pairs are named by HF names here{kept}: the mapping is mcore->hf)"
     if not names and (include or exclude):  # a typo in a pattern must not read as "identical"
         raise CkptError(f"no tensor of either side matches --include {' '.join(include) or '(all)'}"
                         f"{' --exclude ' + ' '.join(exclude) if exclude else ''}{namespace}")
     unused = [p for p in exclude if not select(every, (p,))]
-    if unused:  # an exclusion that excluded nothing is said, not silently ignored
+    if unused and not training_state:  # (with training state a pattern may also name a trainer's side file)  # an exclusion that excluded nothing is said, not silently ignored
         notes.append(f"--exclude {' '.join(unused)} matched no tensor, so nothing was left out{namespace}")
     pairs = [DiffPair(n, side_a.recipes.get(n), side_b.recipes.get(n)) for n in names]
     side_files = pair_training_files(_searched(path_a), index_a, _searched(path_b), index_b)
@@ -334,16 +339,17 @@ VOCAB_TENSORS = ("embedding.word_embeddings.weight", "output_layer.weight")
 """Megatron-Core's vocabulary-sized tensors, padded to ``padded_vocab_size`` rows."""
 
 
-def _vocab_tensors_whole(recipes: dict[str, Recipe], tensors: dict) -> None:
+def _vocab_tensors_whole(recipes: dict[str, Recipe], tensors: dict, names: set[str]) -> None:
     """Two Megatron saves paired through HF names (stored names differ: a per-rank ``torch`` save's
     ``input_layernorm`` against torch_dist's ``linear_qkv.layer_norm_weight``) still compare their
     vocabulary tensors whole, under the Megatron names: the HF view drops the padding rows, and a
     Megatron -> HF -> Megatron ``verify`` whose trained padding rows came back as zeros said
     "identical" (the padding rows enter Megatron's softmax). ``_vocab_row_pairs`` then adds the
-    real vocabulary's rows as a pair of their own."""
-    for name in [n for n, r in recipes.items() if any(p.source in VOCAB_TENSORS for p in r.pieces)]:
+    real vocabulary's rows as a pair of their own. Only ``names``, the vocab tensors both sides pad alike:
+    a lossless reshard to another TP pads to another size, and stays compared through HF (real rows)."""
+    for name in [n for n, r in recipes.items() if any(p.source in names for p in r.pieces)]:
         del recipes[name]
-    recipes.update(identity_recipes({n: tensors[n] for n in VOCAB_TENSORS if n in tensors}))
+    recipes.update(identity_recipes({n: tensors[n] for n in sorted(names) if n in tensors}))
 
 
 def _vocab_row_pairs(side_a: DiffSide, side_b: DiffSide, index_a: CheckpointIndex,
@@ -386,8 +392,6 @@ def _patterns_want_layers(entries, index: CheckpointIndex, include: tuple[str, .
     if not (include or exclude) or not index.views:
         return False
     stored = list(entries.tensors)
-    if include and select(stored, include, exclude):
-        return False
     # a pattern that matches no stored name but a per-layer one (an --exclude of layer 1 was ignored: a probe)
     logical = list(model_entries(index, logical=True).tensors)
     return any(not select(stored, (p,)) and select(logical, (p,)) for p in (*include, *exclude))
