@@ -175,3 +175,12 @@ def test_a_lossless_reshard_to_another_tp_is_identical(cli, tmp_path):
     report = json.loads(result.out)
     assert report["mapping"] == "mcore->hf" and report["identical"]
     assert report["padding"] and all(p["all_zero"] for p in report["padding"]), report["padding"]
+    # trained padding rows against zeros at another padded size: a difference, named by the pair of the rows
+    # both tables have (a reviewer: 'identical')
+    tp4 = tmp_path / "tp4"
+    assert cli("convert", str(hf), str(tp4), "--to", "mcore", "--tp", "4").code == 0
+    trained = cli("diff", str(SAMPLES / "megatron_legacy_tp2"), str(tp4), "--json")
+    assert trained.code == 1, trained.out
+    status = {t["name"]: t["status"] for t in json.loads(trained.out)["tensors"] if t["status"] != "equal"}
+    assert status == {"embedding.word_embeddings.weight[100:128]": "different"}, status
+

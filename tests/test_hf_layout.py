@@ -235,3 +235,22 @@ def test_a_qwen2_moe_without_its_shared_expert_gate_is_not_exported(tmp_path):
     result = run_cli("convert", str(hf), str(tmp_path / "out"), "--to", "hf")
     _refused(result, tmp_path / "out", "lacks mlp.shared_expert_gate.weight")
     assert "ungated shared expert" in result.err
+
+
+def test_numbered_shards_without_their_index_are_checked(tmp_path, cli):
+    """``save_pretrained`` writes the index last: a save cut short has some ``model-0000K-of-0000N`` shards and
+    no index, and was read as a smaller model with check ok (a reviewer, on verl's ``huggingface/``)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=64))
+    model.save_pretrained(tmp_path, max_shard_size="20KB")
+    shards = sorted(tmp_path.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 2
+    (tmp_path / "model.safetensors.index.json").unlink()
+    assert cli("check", str(tmp_path)).code == 0  # every shard there: whole without the index
+    shards[1].unlink()
+    result = cli("check", str(tmp_path))
+    assert result.code == 1 and "missing-file" in result.out and shards[1].name in result.out, result.out

@@ -427,7 +427,7 @@ def test_a_peft_wrapped_training_state_dict_is_refused_for_what_it_is(tmp_path):
     ``.base_layer.weight``, ``lora_A.default.weight``): convert said the architecture had no mapping (it
     has one), which sent users to the wrong fix. Here the same names, from PEFT's own ``get_peft_model``."""
     import torch
-    from peft import LoraConfig, get_peft_model
+    from peft import IA3Config, LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -439,3 +439,10 @@ def test_a_peft_wrapped_training_state_dict_is_refused_for_what_it_is(tmp_path):
     assert result.code == 2 and "a model wrapped by PEFT for LoRA training" in result.err, result.err
     assert "lora_A" in result.err and "no HF <-> Megatron-Core mapping" not in result.err
     assert not (tmp_path / "out").exists()
+    # the PEFT wrapper without LoRA (IA3): said as a wrapped model, not sent to `lora merge`
+    ia3 = get_peft_model(LlamaForCausalLM(base.config), IA3Config(target_modules=["k_proj", "v_proj", "down_proj"],
+                                                                   feedforward_modules=["down_proj"]))
+    torch.save(ia3.state_dict(), tmp_path / "ia3.pt")
+    result = run_cli("convert", str(tmp_path / "ia3.pt"), "--to", "hf", str(tmp_path / "out"))
+    assert result.code == 2 and "a model wrapped by PEFT (" in result.err and "lora merge" not in result.err
+

@@ -249,3 +249,28 @@ def test_diff_takes_an_hf_config_when_neither_side_says_the_model(runs, tmp_path
     # every HF tensor, plus the real-vocabulary rows of the two padded vocab tensors as pairs of their own
     assert report["mapping"] == "mcore->hf" and report["summary"]["equal"] == len(hf_state(runs["hf"])) + 2
     assert report["identical"] and report["summary"]["compared"] == report["summary"]["equal"]
+
+
+def test_a_migrated_mbridge_save_keeps_its_hf_model(runs, tmp_path):
+    """An mbridge save of the pre-v2 layout (the HF weights in ``huggingface/``, optimizer and RNG in
+    ``dist_ckpt/``) after verl's migration script: the model is ``model/huggingface``, the mirrored tree the
+    training state (a reviewer: the tree was taken for the model, 0 parameters, check ok)."""
+    import importlib
+
+    source = actor(runs["verl_v2_mbridge"])
+    old = tmp_path / "run" / "global_step_2" / "actor"
+    shutil.copytree(source / "optimizer" / "dist_ckpt", old / "dist_ckpt")
+    shutil.copytree(source / "model" / "huggingface", old / "huggingface")
+    if str(SAMPLES) not in sys.path:
+        sys.path.insert(0, str(SAMPLES))
+    importlib.import_module("make_verl_samples").migrate_like_verl(old)
+    with open_checkpoint(old) as reader:
+        index = reader.index()
+        entries = model_entries(index)
+        assert not index.issues and index.metadata["verl"]["migrated"]
+        assert set(entries.stored.values()) == set(hf_state(runs["hf"]))
+        assert entries.training.get("optimizer")
+    out = tmp_path / "hf"
+    assert run_cli("convert", str(old), "--to", "hf", str(out)).code == 0
+    got, want = hf_state(out), hf_state(runs["hf"])
+    assert set(got) == set(want) and all(got[n].tobytes() == want[n].tobytes() for n in want)

@@ -84,6 +84,28 @@ def _read_weight_map(index_path: Path) -> tuple[dict[str, str], dict[str, Any]]:
     return weight_map, metadata  # JSON object keys are always str
 
 
+_NUMBERED_SHARD = re.compile(r"(?P<stem>.+)-(?P<k>\d{5})-of-(?P<n>\d{5})\.(?P<ext>safetensors|bin)\Z")
+
+
+def missing_numbered_shards(names: list[str]) -> list[str]:
+    """The shards missing from files named ``model-0000K-of-0000N``: every K of 1..N must be there."""
+    groups: dict[tuple[str, str, str], set[int]] = {}
+    for name in names:
+        m = _NUMBERED_SHARD.match(name)
+        if m:
+            groups.setdefault((m["stem"], m["n"], m["ext"]), set()).add(int(m["k"]))
+    return [f"{stem}-{k:05d}-of-{n}.{ext}" for (stem, n, ext), have in groups.items()
+            for k in range(1, int(n) + 1) if k not in have]
+
+
+def _missing_numbered_shards(index: CheckpointIndex, names: list[str]) -> None:
+    """Shards with no index to list them: ``save_pretrained`` writes the index last, so a save cut short has
+    some shards and no index; it was read as a smaller model, check ok (a reviewer, on verl's ``huggingface/``)."""
+    for name in missing_numbered_shards(names):
+        index.add_issue("missing-file", "missing: the shards are numbered and no index lists them (a save cut "
+                        "short writes no index)", file=name)
+
+
 @register_reader
 class HFDirReader(CheckpointReader):
     """``save_pretrained`` output, sharded or not."""
@@ -191,6 +213,7 @@ class HFDirReader(CheckpointReader):
                 index.warnings.append(f"not named by {index_file.name}, ignored: {', '.join(unindexed)}")
             self._check_total_size(index, meta, index_file)
             return
+        _missing_numbered_shards(index, [p.name for p in files])
         owners: dict[str, str] = {}
         for path in files:
             header = self._header(index, path.name)

@@ -30,7 +30,7 @@ from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry, mark_config_tie
 from ckptscope.core.tensor import Chunk, TensorMeta
 from ckptscope.formats.base import CheckpointReader
-from ckptscope.formats.hf.reader import HFDirReader
+from ckptscope.formats.hf.reader import HFDirReader, missing_numbered_shards
 from ckptscope.formats.megatron.dist_reader import MegatronDistReader
 from ckptscope.formats.pickles.dtensor import EXTRA_GLOBALS, Decoded, walk_state
 from ckptscope.formats.pickles.safe import to_plain, type_name
@@ -158,8 +158,8 @@ def verl_complete(path: Path) -> bool | None:
     dist = megatron_dist_dir(path)
     if dist is not None:
         return MegatronDistReader.supports(dist) and (dist / ".metadata").is_file()
-    if hf_weights_only(path):
-        return True  # save_contents=["hf_model"]: save_pretrained wrote the whole model
+    if hf_weights_only(path):  # save_contents=["hf_model"]: whole unless save_pretrained was cut short
+        return not missing_numbered_shards([p.name for p in (path / HF_SUBDIR).iterdir()])
     layout = fsdp_layout(path)
     if layout is None:
         return None

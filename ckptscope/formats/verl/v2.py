@@ -94,6 +94,14 @@ def migrated_v1(path: Path) -> bool:
     ``.metadata`` bytes). Such a save is whole; read once, it is the old mixed tree. Never raises."""
     if (path / MANIFEST).exists():
         return False
+    try:  # the script's default: hard links, so one inode behind all three .metadata (or one dir, symlinked)
+        found = [(path / rel / ".metadata").stat() for rel in (MODEL_DIST, *TRAINING_DIRS)]
+    except OSError:
+        return False
+    if len({(st.st_dev, st.st_ino) for st in found}) == 1:
+        return True
+    if len({st.st_size for st in found}) != 1:
+        return False
     trees = [_tree(path / rel) for rel in (MODEL_DIST, *TRAINING_DIRS)]
     if trees[0] is None or any(tree != trees[0] for tree in trees[1:]):
         return False
@@ -138,7 +146,12 @@ def v2_layout(path: Path) -> V2Layout | None:
             problem = ("missing: verl writes it last, after every part of the save, so this save did not finish "
                        "(or was copied without it)")
     if problem is not None and migrated_v1(path):
-        # one mixed tree mirrored three times: the model part holds it all (optimizer, rng included)
+        # one mixed tree mirrored three times, read once: the model itself unless mbridge saved the model as
+        # HF weights (moved to model/huggingface), then the tree is the training state beside it
+        from ckptscope.formats.hf.reader import HFDirReader
+
+        if HFDirReader.supports(path / MODEL_HF):
+            return V2Layout(manifest=None, problem=None, model=(MODEL_HF, "hf"), training=[MODEL_DIST], migrated=True)
         return V2Layout(manifest=None, problem=None, model=(MODEL_DIST, "megatron_dist"), migrated=True)
     layout = V2Layout(manifest=manifest, problem=problem, model=None)
     contents = manifest.get("contents") if manifest else None

@@ -780,12 +780,15 @@ def _unmapped_naming(family: str, tensors: dict, index: CheckpointIndex | None =
         return (f"a PEFT adapter ({example}, ...) is not a model to convert: `ckptscope lora merge ADAPTER BASE OUT` "
                 f"merges it into its base model, which converts")
     lora = next((name for name in tensors if ".lora_A." in name or ".lora_B." in name), None)
-    if lora is not None or example.startswith("base_model.model."):
+    if lora is not None:
         # a model wrapped by PEFT during training (verl's LoRA saves: base_model.model.<name>, .base_layer, lora_A/B)
-        return (f"a model wrapped by PEFT for LoRA training ({lora or example}, ...): its base weights and adapter are "
+        return (f"a model wrapped by PEFT for LoRA training ({lora}, ...): its base weights and adapter are "
                 f"stored together, and ckptscope does not unwrap or merge them from training shards yet; export the "
                 f"adapter with PEFT (verl's model merger writes base weights and lora_adapter/), then "
                 f"`ckptscope lora merge ADAPTER BASE OUT` merges it into its base model, which converts")
+    if example.startswith("base_model.model."):
+        return (f"a model wrapped by PEFT ({example}, ...): ckptscope does not unwrap PEFT-wrapped training state; "
+                f"save the model or its adapter with PEFT's own save_pretrained and convert that")
     architectures = index.metadata.get("architectures") if index is not None else None
     if isinstance(architectures, list) and architectures:
         return (f"{architectures[0]} (tensor names {example}, ...) has no HF <-> Megatron-Core mapping in ckptscope; "

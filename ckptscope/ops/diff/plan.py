@@ -204,6 +204,8 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
             notes.append(f"{label}: block-scaled tensors ({', '.join(schemes)}) are compared as their dequantised "
                          f"values; --raw compares the stored payload and scales")
     entries_a, entries_b = model_entries(index_a), model_entries(index_b)
+    vocab_kept = False
+    """Two Megatron saves paired through HF names whose vocab tensors are compared whole (Megatron names)."""
 
     if mapping == "none":
         ta, tb = entries_a.tensors, entries_b.tensors
@@ -252,9 +254,13 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
                 notes += _view_notes("B", view)
             if fam_a == fam_b == "mcore":
                 # padded alike: compared whole; padded to other sizes (another TP), the real rows through HF
+                # and the padding rows both have as a pair of their own
                 alike = {n for n in VOCAB_TENSORS if n in ta and n in tb and ta[n].shape == tb[n].shape}
+                vocab_kept = bool(alike)
                 _vocab_tensors_whole(recipes_a, ta, alike)
                 _vocab_tensors_whole(recipes_b, tb, alike)
+                notes += _shared_padding_pairs(recipes_a, recipes_b, ta, tb, cfg_a.vocab_size or cfg_b.vocab_size,
+                                               [n for n in VOCAB_TENSORS if n in ta and n in tb and n not in alike])
             if view.arch in ZERO_CENTRED_NORM and cfg.zero_centered_norm is not True:
                 notes.append(f"{view.arch} norms are zero-centred (x * (1 + w)) but the Megatron args do not record "
                              f"apply_layernorm_1p: equal norm weights here are norms that differ by 1.0 in the "
@@ -306,13 +312,14 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
     notes += [note for rows, note in vocab_notes.items() if rows in names]
     namespace = ""
     if used == "mcore->hf":
-        kept = " (the vocab tensors keep their Megatron names)" if side_a.mapped and side_b.mapped else ""
+        kept = " (the vocab tensors keep their Megatron names)" if vocab_kept else ""
         namespace = f" (pairs are named by HF names here{kept}: the mapping is mcore->hf)"
     if not names and (include or exclude):  # a typo in a pattern must not read as "identical"
         raise CkptError(f"no tensor of either side matches --include {' '.join(include) or '(all)'}"
                         f"{' --exclude ' + ' '.join(exclude) if exclude else ''}{namespace}")
     unused = [p for p in exclude if not select(every, (p,))]
-    if unused and not training_state:  # (with training state a pattern may also name a trainer's side file)  # an exclusion that excluded nothing is said, not silently ignored
+    # (with --training-state a pattern may name an entry of a trainer's side file instead)
+    if unused and not training_state:  # an exclusion that excluded nothing is said, not silently ignored
         notes.append(f"--exclude {' '.join(unused)} matched no tensor, so nothing was left out{namespace}")
     pairs = [DiffPair(n, side_a.recipes.get(n), side_b.recipes.get(n)) for n in names]
     side_files = pair_training_files(_searched(path_a), index_a, _searched(path_b), index_b)
@@ -350,6 +357,29 @@ def _vocab_tensors_whole(recipes: dict[str, Recipe], tensors: dict, names: set[s
     for name in [n for n, r in recipes.items() if any(p.source in names for p in r.pieces)]:
         del recipes[name]
     recipes.update(identity_recipes({n: tensors[n] for n in sorted(names) if n in tensors}))
+
+
+def _shared_padding_pairs(recipes_a: dict[str, Recipe], recipes_b: dict[str, Recipe], ta: dict, tb: dict,
+                          vocab: int | None, names: list[str]) -> list[str]:
+    """Two Megatron saves padded to other sizes: the padding rows both tables have (``vocab`` up to the
+    smaller one) as a pair of their own, so trained padding rows against zeros are a difference (a reviewer:
+    a TP=4 export of a save with trained padding was 'identical'); the larger table's further rows are
+    listed under ``padding``. Returns the notes."""
+    notes = []
+    for name in names:
+        a, b = ta[name], tb[name]
+        if vocab is None or len(a.shape) != 2 or len(b.shape) != 2 or a.shape[1] != b.shape[1]:
+            continue
+        low = min(a.shape[0], b.shape[0])
+        if low <= vocab:
+            continue
+        rows = f"{name}[{vocab}:{low}]"
+        dst, src = ((0, low - vocab), (0, a.shape[1])), ((vocab, low), (0, a.shape[1]))
+        recipes_a[rows] = Recipe(rows, (low - vocab, a.shape[1]), a.dtype, [Piece(dst, name, src)], ["padding rows"])
+        recipes_b[rows] = Recipe(rows, (low - vocab, b.shape[1]), b.dtype, [Piece(dst, name, src)], ["padding rows"])
+        notes.append(f"{name}: padded to {a.shape[0]} rows in A and {b.shape[0]} in B (vocab_size {vocab}); {rows} "
+                     f"compares the padding rows both have")
+    return notes
 
 
 def _vocab_row_pairs(side_a: DiffSide, side_b: DiffSide, index_a: CheckpointIndex,

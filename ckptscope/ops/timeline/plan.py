@@ -578,11 +578,13 @@ def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None,
     try:
         readable = []
         for info in chosen:
-            reader = open_checkpoint(info.path, trust_pickle=trust_pickle)
+            reader = None
             try:
+                reader = open_checkpoint(info.path, trust_pickle=trust_pickle)
                 reader.index()
             except CkptError as exc:  # a save cut short past the tracker stopped the whole timeline (a probe)
-                reader.close()
+                if reader is not None:
+                    reader.close()
                 notes.append(f"iteration {info.label} left out: it cannot be read ({exc})")
                 continue
             readers.append(reader)
