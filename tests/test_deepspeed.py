@@ -806,3 +806,23 @@ def test_a_save_dir_with_tags_of_its_own_is_read_through_latest_and_says_why_it_
     for command in (["timeline", str(save)], ["inspect", "--iteration", "2", str(save)]):
         result = run_cli(*command)
         assert result.code == 2 and "'latest' names 'tag_a'" in result.err and result.err.count("\n") == 1, result.err
+
+
+def test_universal_checkpoint_is_read_by_its_layout_and_labelled_by_its_config(tmp_path):
+    """The run's ds_config labels a universal checkpoint (ZeRO-1 was said ZeRO-2); it must not choose how the
+    save is read: with a config saying stage 0 (BF16_Optimizer's), the first version of that fix lost the
+    ``lp_params.`` copies (81 tensors -> 61, a reviewer)."""
+    import torch
+
+    root = tmp_path / "u"
+    shutil.copytree(universal(1), root)
+    with open_checkpoint(root) as reader:
+        before = set(reader.index().tensors)
+    states = next(root.rglob("mp_rank_00_model_states.pt"))
+    obj = torch.load(states, weights_only=False)
+    obj["ds_config"]["zero_optimization"]["stage"] = 0
+    torch.save(obj, states)
+    with open_checkpoint(root) as reader:
+        index = reader.index()
+        assert index.metadata["deepspeed"]["zero_stage"] == 0
+        assert set(index.tensors) == before and any(n.startswith("lp_params.") for n in before)
