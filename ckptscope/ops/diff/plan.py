@@ -204,8 +204,7 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
             notes.append(f"{label}: block-scaled tensors ({', '.join(schemes)}) are compared as their dequantised "
                          f"values; --raw compares the stored payload and scales")
     entries_a, entries_b = model_entries(index_a), model_entries(index_b)
-    vocab_kept = False
-    """Two Megatron saves paired through HF names whose vocab tensors are compared whole (Megatron names)."""
+    vocab_kept = False  # two Megatron saves paired through HF names, vocab tensors compared whole (Megatron names)
 
     if mapping == "none":
         ta, tb = entries_a.tensors, entries_b.tensors
