@@ -192,12 +192,14 @@ class ValuesPager(Vertical):
         table = self.query_one(ValuesTable)
         table.clear(columns=True)
         values = page.values
-        table.add_column("", key="row")
+        row_labels = [str(page.row_start + i) if page.row_axis is not None else "" for i in range(values.shape[0])]
+        # the labels' width given, not measured later: a frame drawn before the table measured its auto-width
+        # column showed no row numbers (a snapshot differed under a loaded CI run)
+        table.add_column("", key="row", width=max(map(len, row_labels), default=0))
         for j in range(values.shape[1]):
             label = str(page.col_start + j) if page.col_axis is not None else "value"
             table.add_column(label, width=CELL)
-        for i in range(values.shape[0]):
-            label = str(page.row_start + i) if page.row_axis is not None else ""
+        for i, label in enumerate(row_labels):
             table.add_row(Text(label, style="dim"), *(Text(cell_text(v, self.bits), justify="right")
                                                        for v in values[i]))
         if len(table.columns) > 1:
