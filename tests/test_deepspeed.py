@@ -826,3 +826,13 @@ def test_universal_checkpoint_is_read_by_its_layout_and_labelled_by_its_config(t
         index = reader.index()
         assert index.metadata["deepspeed"]["zero_stage"] == 0
         assert set(index.tensors) == before and any(n.startswith("lp_params.") for n in before)
+
+
+def test_diff_says_the_module_copies_are_among_what_it_left_out():
+    """A probe edited only the bf16 module copy of a ZeRO-2 save: diff said identical (the model is the fp32
+    masters, as zero_to_fp32 and a full resume take it) and its note called all of the rest 'optimizer'.
+    The note now names the low-precision copies, which a load_module_only resume would use."""
+    result = run_cli("diff", "--json", str(SHIPPED / "zero1"), str(SHIPPED / "zero1"))
+    assert result.code == 0, result.err
+    notes = json.loads(result.out)["notes"]
+    assert any("the module's low-precision copies (lp_params.*)" in n and "--training-state" in n for n in notes), notes

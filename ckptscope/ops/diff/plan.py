@@ -292,8 +292,14 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
         if training_state:
             extra.update(state)
         elif state:
+            # DeepSpeed's low-precision module copies sit with the optimizer state: a probe took "optimizer" for
+            # all of it while the bf16 weights a load_module_only resume uses were among them
+            copies = sum(1 for name in state if name.startswith("lp_params."))
+            what = ", ".join(sorted(entries.training)) + (
+                f", of which {plural(copies, 'is', 'are')} the module's low-precision copies (lp_params.*) the fp32 "
+                f"masters stand in for" if copies else "")
             notes.append(f"{label}: {plural(len(state), 'training-state tensor')} not compared "
-                         f"({', '.join(sorted(entries.training))}; --training-state adds them)")
+                         f"({what}; --training-state adds them)")
         for name, recipe in identity_recipes(extra).items():
             recipes.setdefault(name, recipe)
     side_a = DiffSide(str(path_a), reader_a, recipes_a, ignored_a, mapped_a)
