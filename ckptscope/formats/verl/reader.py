@@ -387,10 +387,13 @@ class VerlOptimReader(VerlFsdpReader):
 
 
 def hf_weights_only(path: Path) -> bool:
-    """A verl FSDP role dir saved with ``save_contents=["hf_model"]``: ``fsdp_config.json`` and the whole
-    model in ``huggingface/`` (``save_pretrained``), no rank file of any kind. Never raises."""
+    """A verl FSDP role dir whose ``save_contents`` had ``hf_model`` but not ``model``: ``fsdp_config.json``
+    and the whole model in ``huggingface/`` (``save_pretrained``), no model rank file (optimizer and extra
+    state rank files may be there). Never raises."""
     try:
-        if not (path / FSDP_CONFIG).is_file() or any(RANK_FILE.match(p.name) for p in path.iterdir()):
+        if not (path / FSDP_CONFIG).is_file():
+            return False
+        if any(m is not None and m.group(1) == "model" for m in map(RANK_FILE.match, (p.name for p in path.iterdir()))):
             return False
         return HFDirReader.supports(path / HF_SUBDIR)
     except OSError:
@@ -399,8 +402,8 @@ def hf_weights_only(path: Path) -> bool:
 
 @register_reader
 class VerlHfOnlyReader(ComposedReader):
-    """A verl FSDP actor/critic dir whose save kept only the HF model (``save_contents=["hf_model"]``): the
-    model is ``huggingface/``. It was read as an FSDP dir missing every rank file: "damaged", and a run
+    """A verl FSDP actor/critic dir whose save kept the HF model but no model rank files (``save_contents``
+    with ``hf_model``, without ``model``): the model is ``huggingface/``. It was read as an FSDP dir missing every rank file: "damaged", and a run
     root of such saves had "no complete iteration" (a probe)."""
 
     format_name = "verl_hf"
@@ -421,6 +424,9 @@ class VerlHfOnlyReader(ComposedReader):
         if step is not None:
             index.metadata.setdefault("iteration", step)
         index.files.append(FileInfo(FSDP_CONFIG, (self.path / FSDP_CONFIG).stat().st_size, "config"))
+        for rank_file in sorted(p for p in self.path.iterdir() if RANK_FILE.match(p.name)):  # save_contents optimizer, extra
+            role = "optimizer" if rank_file.name.startswith("optim") else "other"
+            index.files.append(FileInfo(rank_file.name, rank_file.stat().st_size, role))
         return index
 
 
