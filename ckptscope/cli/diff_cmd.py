@@ -145,7 +145,8 @@ def _glob_list(ctx, param, values):
 @click.command()
 @click.argument("a", type=click.Path(path_type=str))
 @click.argument("b", type=click.Path(path_type=str))
-@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object on stdout, and nothing else there.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the report as one JSON object on stdout, and nothing else there.")
 @click.option("--plain", is_flag=True, help="Print the report even in a terminal (no TUI).")
 @click.option("--map", "mapping", type=click.Choice(["auto", "none"]), default="auto", show_default=True,
               help="auto: compare HF and Megatron-Core names through the model mapping; none: by stored name.")

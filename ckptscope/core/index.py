@@ -228,9 +228,9 @@ _TIED_PAIR = ("lm_head.weight", "model.embed_tokens.weight")
 def mark_config_tie(index: CheckpointIndex, config: dict | None) -> None:
     """A config that ties the embeddings (an HF dir's, verl's ``huggingface/``), over weights that store
     ``lm_head.weight`` beside the embedding (FSDP's full state dict, a Trainer under FSDP, verl's FSDP rank
-    files): transformers builds one parameter of the two, so the pair is marked (``TIED_BY_CONFIG``, on both: either may come first) and counted once. A probe's count
-    was 6,736 where ``model.parameters()`` gives 5,712. The bytes stay apart; convert refuses a copy that
-    differs (``ops.convert.plan``)."""
+    files): transformers builds one parameter of the two, so the pair is marked (``TIED_BY_CONFIG``, on
+    both: either may come first) and counted once. A probe's count was 6,736 where ``model.parameters()``
+    gives 5,712. The bytes stay apart; convert refuses a copy that differs (``ops.convert.plan``)."""
     if not config or config.get("tie_word_embeddings") is not True:
         return
     head, embed = (index.tensors.get(name) for name in _TIED_PAIR)

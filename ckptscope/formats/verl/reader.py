@@ -68,6 +68,8 @@ class FsdpLayout:
     warnings: list[str] = field(default_factory=list)
     ambiguous: tuple[int, ...] = ()
     """World sizes with a whole set of model files when no ``fsdp_config.json`` says which is the save."""
+    newest: int | None = None
+    """Of ``ambiguous``, the world size whose model files were written last."""
 
     def missing(self, kind: str = "model") -> list[str]:
         if self.world_size is None:
@@ -116,6 +118,7 @@ def fsdp_layout(path: Path) -> FsdpLayout | None:
     whole = [w for w in with_models if set(found[w]["model"]) >= set(range(w))]
     if layout.source == "file names" and len(whole) > 1:
         layout.ambiguous = tuple(whole)
+        layout.newest = max(whole, key=lambda w: max(_mtime(path / f) for f in found[w]["model"].values()))
     elif stale:
         layout.warnings.append(f"rank files of another world size ({', '.join(map(str, stale))}) are present "
                                f"and ignored; showing world size {layout.world_size}")
@@ -128,8 +131,11 @@ def fsdp_layout(path: Path) -> FsdpLayout | None:
     return layout
 
 
-def _model_files(path: Path, world: int) -> list[str]:
-    return [f"model_world_size_{world}_rank_{r}.pt" for r in range(world) if (path / f"model_world_size_{world}_rank_{r}.pt").is_file()]
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def megatron_dist_dir(path: Path) -> Path | None:
@@ -254,12 +260,10 @@ class VerlFsdpReader(CheckpointReader):
         if step is not None:
             index.metadata["iteration"] = step
         if layout.ambiguous:  # a probe's old-verl dir held a newer W=2 set beside a W=3 one: W=3 was exported
-            newest = max(layout.ambiguous, key=lambda w: max((self.path / f).stat().st_mtime
-                                                             for f in _model_files(self.path, w)))
             sizes = " and ".join(map(str, layout.ambiguous))
-            index.add_issue("ambiguous-files", f"whole sets of model files for world sizes {sizes} and no {FSDP_CONFIG} "
-                            f"to say which is this save (the newest files are world size {newest}'s); showing {world}. "
-                            "Remove the stale set: exports refuse until one is left")
+            index.add_issue("ambiguous-files", f"whole sets of model files for world sizes {sizes} and no "
+                            f"{FSDP_CONFIG} to say which is this save (the newest files are world size "
+                            f"{layout.newest}'s); showing {world}. Remove the stale set: exports refuse until one is left")
         missing = layout.missing("model")
         for name in missing:  # an issue, so `check` reports the file (not only the holes it leaves)
             index.add_issue("missing-file", f"missing (world size {world} from {layout.source}); "
@@ -393,8 +397,9 @@ def hf_weights_only(path: Path) -> bool:
     try:
         if not (path / FSDP_CONFIG).is_file():
             return False
-        if any(m is not None and m.group(1) == "model" for m in map(RANK_FILE.match, (p.name for p in path.iterdir()))):
-            return False
+        names = (p.name for p in path.iterdir())
+        if any(m is not None and m.group(1) == "model" for m in map(RANK_FILE.match, names)):
+            return False  # model rank files: the FSDP reader's
         return HFDirReader.supports(path / HF_SUBDIR)
     except OSError:
         return False
@@ -403,8 +408,8 @@ def hf_weights_only(path: Path) -> bool:
 @register_reader
 class VerlHfOnlyReader(ComposedReader):
     """A verl FSDP actor/critic dir whose save kept the HF model but no model rank files (``save_contents``
-    with ``hf_model``, without ``model``): the model is ``huggingface/``. It was read as an FSDP dir missing every rank file: "damaged", and a run
-    root of such saves had "no complete iteration" (a probe)."""
+    with ``hf_model``, without ``model``): the model is ``huggingface/``. It was read as an FSDP dir missing
+    every rank file: "damaged", and a run root of such saves had "no complete iteration" (a probe)."""
 
     format_name = "verl_hf"
     priority = 69  # before VerlFsdpReader, which takes any dir with fsdp_config.json
@@ -424,7 +429,8 @@ class VerlHfOnlyReader(ComposedReader):
         if step is not None:
             index.metadata.setdefault("iteration", step)
         index.files.append(FileInfo(FSDP_CONFIG, (self.path / FSDP_CONFIG).stat().st_size, "config"))
-        for rank_file in sorted(p for p in self.path.iterdir() if RANK_FILE.match(p.name)):  # save_contents optimizer, extra
+        # optimizer / extra-state rank files when save_contents kept them: listed, not read
+        for rank_file in sorted(p for p in self.path.iterdir() if RANK_FILE.match(p.name)):
             role = "optimizer" if rank_file.name.startswith("optim") else "other"
             index.files.append(FileInfo(rank_file.name, rank_file.stat().st_size, role))
         return index
