@@ -7,7 +7,9 @@ overflow or underflow, and that NaN and inf propagate.
 
 from __future__ import annotations
 
+import ctypes
 import math
+import os
 
 import ml_dtypes
 import numpy as np
@@ -106,3 +108,67 @@ def test_read_mapped_on_a_truncated_file_is_one_clear_error(tmp_path):
         path.write_bytes(path.read_bytes()[:-1024])
         with pytest.raises(CkptError, match="truncated"):
             reader.read_mapped("w")
+
+
+def _two_files(tmp_path, size: int, flip: int | None):
+    rng = np.random.default_rng(7)
+    data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(b"\x00" * 3 + data)  # the same bytes at another (unaligned) offset in a
+    changed = bytearray(data)
+    if flip is not None:
+        changed[flip] ^= 0x10
+    b.write_bytes(bytes(changed))
+    return str(a), str(b)
+
+
+@pytest.mark.parametrize("flip", [None, 0, 4095, 4096, 5 * (1 << 20) + 17, 6 * (1 << 20) - 1])
+@pytest.mark.parametrize("mapped", [True, False])
+def test_same_range_finds_any_differing_byte(tmp_path, monkeypatch, flip, mapped):
+    """diff's byte-equality test: every byte of the range counts, from unaligned offsets, whether
+    the ranges are compared mapped (``map_range``) or read through buffers (where mmap is missing)."""
+    import ckptscope.ops.blockio as blockio
+
+    if not mapped:
+        monkeypatch.setattr(blockio, "map_range", lambda *args: None)
+    path_a, path_b = _two_files(tmp_path, 6 * (1 << 20), flip)
+    reader = blockio.ByteReader()
+    try:
+        assert reader.same_range(path_a, 3, path_b, 0, 6 * (1 << 20)) is (flip is None)
+        if flip is not None and flip > 0:  # the bytes before the difference are equal
+            assert reader.same_range(path_a, 3, path_b, 0, flip) is True
+    finally:
+        reader.close()
+
+
+def test_map_range_gives_the_bytes_of_an_unaligned_range(tmp_path):
+    from ckptscope.ops.blockmath import map_range, unmap_range
+
+    path_a, _ = _two_files(tmp_path, 100_000, None)
+    data = open(path_a, "rb").read()
+    fd = os.open(path_a, os.O_RDONLY)
+    try:
+        mapped = map_range(fd, 70_001, 20_000)
+        if mapped is None:
+            pytest.skip("no libc mmap on this platform")
+        assert ctypes.string_at(mapped[2], 20_000) == data[70_001:90_001]
+        unmap_range(mapped)
+        assert map_range(fd, 5, 0) is None  # nothing to map
+    finally:
+        os.close(fd)
+
+
+def test_same_range_on_a_file_cut_short_is_one_clear_error(tmp_path):
+    """A file truncated after the index was read is the error that names it, never SIGBUS (a mapped
+    page past the end of a file kills the process)."""
+    from ckptscope.ops.blockio import ByteReader
+
+    path_a, path_b = _two_files(tmp_path, 1 << 20, None)
+    with open(path_b, "r+b") as handle:
+        handle.truncate(1000)
+    reader = ByteReader()
+    try:
+        with pytest.raises(CkptError, match="truncated"):
+            reader.same_range(path_a, 3, path_b, 0, 1 << 20)
+    finally:
+        reader.close()

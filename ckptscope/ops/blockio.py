@@ -1,7 +1,8 @@
 """Reading blocks of tensors as raw bytes, shared by ``diff`` and ``timeline``.
 
 Both engines read stored bytes with ``preadv`` into per-thread buffers (no page-cache mapping
-kept, no fresh allocations) from files opened once per run, in blocks of whole first-axis rows.
+kept, no fresh allocations) from files opened once per run, in blocks of whole first-axis rows;
+``diff``'s byte-equality test maps each range for its compare instead (``ByteReader.same_range``).
 Kept apart from either engine so a command imports only what it runs (``timeline`` starts without
 the diff engine).
 """
@@ -16,7 +17,7 @@ from math import prod
 from ckptscope.core.errors import CkptError
 from ckptscope.formats.filecopy import read_exact_fd
 from ckptscope.mappings.links import Box, box_shape
-from ckptscope.ops.blockmath import buffer_address
+from ckptscope.ops.blockmath import buffer_address, map_range, memcmp, unmap_range
 
 BYTE_CHUNK = 1 << 20
 """Bytes per read on the byte path: large enough that syscalls are few, small enough to stay in cache."""
@@ -68,6 +69,40 @@ class ByteReader:
 
     def read_into(self, path: str, offset: int, view: memoryview) -> None:
         read_exact_fd(self.fd(path), path, offset, view)
+
+    def same_range(self, path_a: str, off_a: int, path_b: str, off_b: int, length: int) -> bool:
+        """Do ``length`` bytes of ``path_a`` from ``off_a`` equal those of ``path_b`` from ``off_b``?
+        Compared where they lie in the page cache (``map_range``), or read into this thread's
+        buffers ``BYTE_CHUNK`` at a time where a file cannot be mapped; a file shorter than the
+        range is the same one clear error either way."""
+        fd_a, fd_b = self.fd(path_a), self.fd(path_b)
+        if self._long_enough(fd_a, path_a, off_a + length) and self._long_enough(fd_b, path_b, off_b + length):
+            mapped_a = map_range(fd_a, off_a, length)
+            if mapped_a is not None:
+                try:
+                    mapped_b = map_range(fd_b, off_b, length)
+                    if mapped_b is not None:
+                        try:
+                            return memcmp(mapped_a[2], mapped_b[2], length) == 0
+                        finally:
+                            unmap_range(mapped_b)
+                finally:
+                    unmap_range(mapped_a)
+        (buf_a, buf_b), (addr_a, addr_b) = self.buffers()
+        view_a, view_b = memoryview(buf_a), memoryview(buf_b)
+        for pos in range(0, length, BYTE_CHUNK):
+            n = min(BYTE_CHUNK, length - pos)
+            self.read_into(path_a, off_a + pos, view_a[:n])
+            self.read_into(path_b, off_b + pos, view_b[:n])
+            if memcmp(addr_a, addr_b, n):
+                return False
+        return True
+
+    @staticmethod
+    def _long_enough(fd: int, path: str, end: int) -> bool:
+        """True when the file holds byte ``end - 1``; False sends the caller to ``preadv``, which
+        names the truncated file (a mapped page past the end would kill the process with SIGBUS)."""
+        return os.fstat(fd).st_size >= end
 
     def close(self) -> None:
         with self._lock:

@@ -30,8 +30,8 @@ from typing import Any
 from ckptscope.core.errors import CkptError
 from ckptscope.core.tensor import Encoding, TensorMeta
 from ckptscope.mappings.links import Box, Piece, Recipe, box_shape, source_slices
-from ckptscope.ops.blockio import BYTE_CHUNK, RELEASE_EVERY, ByteReader, split_box
-from ckptscope.ops.blockmath import memcmp, single_threaded_blas
+from ckptscope.ops.blockio import RELEASE_EVERY, ByteReader, split_box
+from ckptscope.ops.blockmath import single_threaded_blas
 from ckptscope.ops.diff.metrics import Accumulator, compare_block
 from ckptscope.ops.diff.plan import DiffPair, DiffPlan, DiffSide
 from ckptscope.ops.diff.quant import quant_error, quant_note, quantised_type
@@ -293,20 +293,10 @@ class DiffEngine:
             self.plan.b.reader.release_pages()
 
     def _bytes_task(self, path_a: str, off_a: int, path_b: str, off_b: int, length: int) -> bool:
-        (buf_a, buf_b), (addr_a, addr_b) = self._bytes.buffers()
-        view_a, view_b = memoryview(buf_a), memoryview(buf_b)
-        pos = 0
         try:
-            while pos < length:
-                n = min(BYTE_CHUNK, length - pos)
-                self._bytes.read_into(path_a, off_a + pos, view_a[:n])
-                self._bytes.read_into(path_b, off_b + pos, view_b[:n])
-                pos += n
-                if memcmp(addr_a, addr_b, n):
-                    return False
-            return True
+            return self._bytes.same_range(path_a, off_a, path_b, off_b, length)
         finally:
-            self._count(2 * pos)
+            self._count(2 * length)
 
     def _values_task(self, box: Box, pa: Piece, pb: Piece) -> Accumulator:
         cuda = self._cuda  # read once: auto may take up the GPU while this block runs
