@@ -18,7 +18,6 @@ filesystems) the file is only sized, and the same writes still work.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import threading
@@ -52,9 +51,8 @@ def _fallocate(fd: int, size: int) -> bool:
 def _libc():
     libc = getattr(_fallocate, "libc", None)
     if libc is None:
-        name = ctypes.util.find_library("c")
         try:
-            libc = ctypes.CDLL(name, use_errno=True)
+            libc = ctypes.CDLL(None, use_errno=True)  # fallocate is Linux's: the process's own libc symbols
             libc.fallocate64.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
             libc.fallocate64.restype = ctypes.c_int
         except (OSError, AttributeError):

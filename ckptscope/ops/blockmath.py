@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import sys
 import threading
 from collections.abc import Iterator
@@ -95,13 +94,23 @@ def single_threaded_blas() -> Iterator[None]:
         yield
 
 
+def _libc() -> ctypes.CDLL:
+    """The C library: the process's own symbols on Linux (``ctypes.util`` would import
+    ``subprocess`` and may run ``ldconfig``), looked up by name on macOS."""
+    if sys.platform == "darwin":
+        from ctypes.util import find_library
+
+        return ctypes.CDLL(find_library("c"))
+    return ctypes.CDLL(None)
+
+
 def _load_memcmp():
     """libc's ``memcmp`` through ctypes (which releases the GIL around the call), or None."""
     try:
         if sys.platform == "win32":
             func = ctypes.cdll.msvcrt.memcmp
         else:
-            func = ctypes.CDLL(ctypes.util.find_library("c") if sys.platform == "darwin" else None).memcmp
+            func = _libc().memcmp
     except (OSError, AttributeError):
         return None
     func.restype = ctypes.c_int
@@ -117,7 +126,7 @@ def _load_mapping():
     if sys.platform == "win32":
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") if sys.platform == "darwin" else None)
+        libc = _libc()
         map_, unmap_ = libc.mmap, libc.munmap
     except (OSError, AttributeError):
         return None
