@@ -57,6 +57,20 @@ def generate(func: str, **kwargs) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def verify(func: str, **kwargs) -> Callable[["Run"], None]:
+    """A ``pairs`` check that runs ``verify.<func>(**kwargs)`` in a child process: it imports torch and
+    reads whole outputs, and this process must stay small (its RSS is every child's ``ru_maxrss``
+    floor). Raises ``BenchError`` with the child's complaint."""
+    def check(_run: "Run") -> None:
+        code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import verify; "
+                "getattr(verify, sys.argv[2])(**json.loads(sys.argv[3]))")
+        proc = subprocess.run([PY, "-c", code, str(BENCH), func, json.dumps(kwargs, default=str)],
+                              capture_output=True, text=True)
+        if proc.returncode:
+            raise BenchError(f"output check verify.{func} failed:\n{proc.stderr[-2000:]}")
+    return check
+
+
 def files_under(*paths: Path) -> list[Path]:
     out: list[Path] = []
     for path in map(Path, paths):
@@ -125,22 +139,29 @@ class Side:
         if self.out is not None:
             os.sync()  # the previous run's dirty pages are written back now, not during this run
         result = spawn(self.cmd, self.env, capture)
-        if result.code not in self.ok:
+        # An uncaught exception exits 1, which some sides accept (diff's "differences found"): a
+        # traceback is a failed run whatever the exit code.
+        if result.code not in self.ok or "Traceback (most recent call last)" in result.stderr:
             raise BenchError(f"exit {result.code}: {' '.join(map(str, self.cmd))}\n{result.stderr[-1500:]}")
         return result
 
 
-def pairs(a: Side, b: Side, n: int, check: Callable[[Run], None] | None = None) -> list[dict]:
+def pairs(a: Side, b: Side, n: int, check: Callable[[Run], None] | None = None,
+          check_every: bool = False) -> list[dict]:
     """``n`` ABAB pairs after one untimed warm-up pair (pays one-off costs such as first reads of
-    the interpreter's own files, and lets ``check`` validate A's output). Outputs are removed at
-    the end. Returns every raw pair."""
+    the interpreter's own files, and lets ``check`` validate A's output). With ``check_every`` every
+    timed A run's stdout is kept (in a temp file, read after the clock stops) and checked too: for
+    commands whose answer is a small report. Outputs are removed at the end. Returns every raw pair."""
     first = a.run(capture=check is not None)
     if check:
         check(first)
     b.run()
     raw = []
     for _ in range(n):
-        ra, rb = a.run(), b.run()
+        ra = a.run(capture=check_every)
+        if check_every and check:
+            check(ra)
+        rb = b.run()
         raw.append({"a_s": round(ra.seconds, 5), "b_s": round(rb.seconds, 5),
                     "ratio": round(ra.seconds / rb.seconds, 4), "a_rss": ra.rss, "b_rss": rb.rss})
     remove(a.out)
@@ -180,6 +201,8 @@ class Row:
     skipped: str = ""
     ok_extra: bool | None = None
     """A second criterion the row must meet as well (e.g. peak RSS), None if there is none."""
+    strict: bool = False
+    """The median must be below ``target``, not merely at it ("faster than the peer")."""
 
     @classmethod
     def from_pairs(cls, id: str, what: str, raw: list[dict], **kw) -> "Row":
@@ -193,7 +216,8 @@ class Row:
     def passed(self) -> bool | None:
         if self.error or self.skipped or not self.values or self.target is None:
             return None
-        ok = self.median < self.target if self.kind == "seconds" else self.median <= self.target
+        strict = self.strict or self.kind == "seconds"
+        ok = self.median < self.target if strict else self.median <= self.target
         if self.target_max is not None:
             ok = ok and max(self.values) <= self.target_max
         return ok and self.ok_extra is not False
@@ -202,7 +226,7 @@ class Row:
         if self.target is None:
             return "-"
         unit = " s" if self.kind == "seconds" else "x"
-        text = f"{'<' if self.kind == 'seconds' else '<='} {self.target:g}{unit}"
+        text = f"{'<' if self.strict or self.kind == 'seconds' else '<='} {self.target:g}{unit}"
         if self.target_max is not None:
             text += f", max <= {self.target_max:g}x"
         return text

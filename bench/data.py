@@ -165,6 +165,21 @@ def _fsdp2_rank(rank: int, world: int, out: str, gb: float, init_file: str) -> N
     dist.destroy_process_group()
 
 
+def fsdp2_full_tensors(gb: float, world: int = 2):
+    """(name, full tensor) of what ``fsdp2_verl`` wrote, re-derived from its seeds (each rank's
+    generator draws its row block of every tensor in turn): the bench checks a merge against
+    this, not against ckptscope's own reading of the shards."""
+    import torch
+
+    _, shapes = _llama_shapes(gb, itemsize=4)
+    gens = [torch.Generator().manual_seed(1 + rank) for rank in range(world)]
+    for name, shape in shapes:
+        rows = -(-shape[0] // world)
+        parts = [torch.randn((max(0, min(rows, shape[0] - rank * rows)), *shape[1:]), generator=gens[rank]) * 0.02
+                 for rank in range(world)]
+        yield name, torch.cat(parts)
+
+
 def fsdp2_verl(path: str, gb: float, world: int = 2) -> dict:
     """A verl FSDP2 actor dir (``model_world_size_W_rank_R.pt``, ``fsdp_config.json``,
     ``huggingface/config.json``) of about ``gb`` GB, written by ``world`` gloo ranks. This is

@@ -26,7 +26,7 @@ def row10(cfg: Config) -> list[Row]:
 
     a = Side(ckptscope("timeline", "--json", "--no-optimizer", root), ok=(0, 1))
     b = Side(["cat", *map(str, files_under(root))])
-    raw = pairs(a, b, cfg.pairs, check=every_iteration)
+    raw = pairs(a, b, cfg.pairs, check=every_iteration, check_every=True)
     rss = max(p["a_rss"] for p in raw)
     what = (f"timeline --json, {ITERATIONS} iterations x {gb_text(size_of(src))} "
             f"({gb_text(size_of(root))} read) vs cat of the same files")

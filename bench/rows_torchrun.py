@@ -39,9 +39,19 @@ def row11(cfg: Config) -> list[Row]:
     if _digests(dst) != one:
         raise BenchError("2 ranks wrote other bytes than one process")
     shutil.rmtree(dst)
+    seen: list[int] = []  # each run's ranks overwrite rank*.json: collected before the next run
+
+    def collect() -> None:
+        for p in rss_dir.glob("rank*.json"):
+            seen.append(json.loads(p.read_text())["max_rss_bytes"])
+            p.unlink()
+
+    a.prepare = collect
     raw = pairs(a, b, cfg.pairs)
-    ranks = [json.loads(p.read_text()) for p in sorted(rss_dir.glob("rank*.json"))]
-    rss = max(r["max_rss_bytes"] for r in ranks)
+    collect()
+    if not seen:
+        raise BenchError("the ranks wrote no peak RSS (CKPTSCOPE_RSS_DIR)")
+    rss = max(seen)  # the largest of every rank of every run
     bound = info["largest"] + 300e6
     start_up = statistics.median(p["a_s"] - p["b_s"] for p in raw)
     what = f"convert HF -> torch_dist ({gb_text(size_of(src))}) on 2 ranks vs 1 process, same bytes"
