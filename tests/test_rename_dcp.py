@@ -463,3 +463,90 @@ def test_unknown_object_in_metadata_is_refused_in_one_line(tmp_path, cli):
     assert "cannot carry over metadata attribute 'odd': it holds torch.device" in result.err
     assert len(result.err.strip().splitlines()) == 1, result.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"], "something was written"
+
+
+# --- torch's flattened optimizer state (torchtitan's layout) -----------------------------------------
+
+
+def _flat_optimizer_save(path: Path, name: str = "layers"):
+    """A model and its AdamW state saved as torchtitan saves them: model keys at the top level, the
+    optimizer flattened by torch (``<opt>.state.<param>.exp_avg`` tensors, ``<opt>.param_groups.<param>.lr``
+    leaves), written by torch DCP itself. Returns the model, its optimizer and a batch."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch import nn
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(10, 8)
+            setattr(self, name, nn.ModuleList(nn.Linear(8, 8) for _ in range(2)))
+            self.head = nn.Linear(8, 10, bias=False)
+
+        def forward(self, x):
+            h = self.embed(x)
+            for layer in getattr(self, name):
+                h = torch.tanh(layer(h))
+            return self.head(h)
+
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, betas=(0.8, 0.95))
+    batch = torch.randint(0, 10, (4, 5))
+    if path is not None:
+        for _ in range(2):
+            net(batch).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        msd, osd = get_state_dict(net, opt, options=StateDictOptions(flatten_optimizer_state_dict=True))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save({**msd, "optimizer": osd}, checkpoint_id=str(path))
+    return net, opt, batch
+
+
+def test_flattened_optimizer_settings_follow_their_parameter(tmp_path, cli):
+    """torchtitan resumes a renamed save: the per-parameter settings (``param_groups.<param>.lr`` ...)
+    move with the parameter's state (a probe: they stayed under the old names and
+    ``set_optimizer_state_dict`` failed with "Missing key ... param_groups.model.blocks.0 ... lr")."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+    src, dst = tmp_path / "step-10", tmp_path / "renamed"
+    original, original_opt, batch = _flat_optimizer_save(src)
+    result = cli("rename", str(src), str(dst), "--sub", r"layers\.", "blocks.")
+    assert result.code == 0, result.err
+    keys = set(read_metadata(dst).state_dict_metadata)
+    assert "optimizer.param_groups.blocks.0.weight.lr" in keys
+    assert not [k for k in keys if "layers." in k]
+
+    net, opt, _ = _flat_optimizer_save(None, name="blocks")  # the renamed model, as a user would build it
+    opt_options = StateDictOptions(flatten_optimizer_state_dict=True)
+    msd, osd = get_state_dict(net, opt, options=opt_options)
+    state = {**msd, "optimizer": osd}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(state, checkpoint_id=str(dst))
+    optimizer_state = state.pop("optimizer")
+    set_state_dict(net, opt, model_state_dict=state, optim_state_dict=optimizer_state, options=opt_options)
+    assert opt.param_groups[0]["betas"] == (0.8, 0.95)
+    for o, n in zip(original_opt.state.values(), opt.state.values()):
+        assert torch.equal(o["exp_avg"], n["exp_avg"]) and torch.equal(o["exp_avg_sq"], n["exp_avg_sq"])
+    # one more step of each lands on the same weights: the resume is exact
+    for model, optimizer in ((original, original_opt), (net, opt)):
+        model(batch).sum().backward()
+        optimizer.step()
+    for (_, a), (_, b) in zip(original.named_parameters(), net.named_parameters()):
+        assert torch.equal(a, b)
+
+
+def test_flattened_optimizer_settings_are_dropped_with_their_parameter(tmp_path, cli):
+    src, dst = tmp_path / "step-10", tmp_path / "dropped"
+    _flat_optimizer_save(src)
+    result = cli("rename", str(src), str(dst), "--drop", r"head\.")
+    assert result.code == 0, result.err
+    keys = set(read_metadata(dst).state_dict_metadata)
+    assert not [k for k in keys if "head." in k]
+    assert "optimizer.param_groups.embed.weight.lr" in keys  # the others stay

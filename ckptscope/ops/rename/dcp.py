@@ -21,6 +21,13 @@ What gets renamed, and why:
   under the module's new key) and what keeps ``optim.param_groups`` beside ``optim.state`` when the
   ``optim`` prefix is renamed. The rule works alike for ``--sub``, ``--map`` and ``--drop``; the
   "pattern matches nothing" check is about tensors only, and the printed plan lists tensors.
+* torch's *flattened* optimizer state (``get_state_dict(..., flatten_optimizer_state_dict=True)``,
+  torchtitan's layout) keeps each parameter's settings as bytes leaves
+  ``<opt>.param_groups.<param>.<setting>`` beside its tensors ``<opt>.state.<param>.<name>``; no tensor
+  lies under the settings' prefix, so the module rule would leave them under the old parameter name
+  and ``set_optimizer_state_dict`` would miss them on resume. They follow that parameter's state
+  tensors instead (or, for a parameter without state, the model tensor ``<param>``): moved with them,
+  dropped with them (``_param_group_leaf``).
 * ``planner_data`` (nested paths) is re-derived for the new keys; renames whose keys would nest
   inside each other are refused before anything is written.
 * A Megatron save root (``latest_checkpointed_iteration.txt`` + ``iter_*/``) is not a checkpoint
@@ -36,6 +43,7 @@ data file no kept entry points into is left out.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -102,6 +110,59 @@ def follow_module(name: str, moves: Mapping[str, tuple[str, str | None]]) -> str
     return name
 
 
+_PARAM_GROUP_LEAF = re.compile(r"(?P<opt>(?:.+\.)?)param_groups\.(?P<param>.+)\.(?P<leaf>[^./]+)")
+
+
+def _param_group_leaf(name: str, tensors: Mapping[str, str | None],
+                      state_of: Mapping[tuple[str, str], list[str]]) -> tuple[bool, str | None]:
+    """(applies, new name) of a flattened optimizer setting ``<opt>.param_groups.<param>.<leaf>``
+    (module docstring): where the state tensors of ``<param>`` under ``<opt>.state.`` went, or the
+    model tensor ``<param>`` when it has no state. (False, None) for anything else."""
+    m = _PARAM_GROUP_LEAF.fullmatch(name)
+    if m is None:
+        return False, None
+    opt, param, leaf = m["opt"], m["param"], m["leaf"]
+    olds = state_of.get((opt, param))
+    if olds:
+        targets = set()
+        for old in olds:
+            new = tensors[old]
+            if new is None:
+                targets.add(None)
+                continue
+            tail = old[len(f"{opt}state.{param}"):]  # ".exp_avg"
+            if not new.endswith(tail):
+                return False, None  # the state moved apart from its parameter's name: no rule applies
+            head = new[: -len(tail)]
+            at = head.find("state.")
+            while at > 0 and head[at - 1] != ".":
+                at = head.find("state.", at + 1)
+            if at < 0:
+                return False, None
+            targets.add(f"{head[:at]}param_groups.{head[at + len('state.'):]}.{leaf}")
+        if len(targets) != 1:
+            return False, None
+        return True, targets.pop()
+    if param in tensors:  # a parameter with no optimizer state yet: its settings follow the parameter
+        new = tensors[param]
+        return True, None if new is None else f"{opt}param_groups.{new}.{leaf}"
+    return False, None
+
+
+def _state_tensors(tensors: Mapping[str, str | None]) -> dict[tuple[str, str], list[str]]:
+    """(optimizer prefix, parameter) -> its flattened state tensors ``<opt>.state.<param>.<name>``."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for name in tensors:
+        at = name.find("state.")
+        while at >= 0:
+            if at == 0 or name[at - 1] == ".":
+                param, dot, _ = name[at + len("state."):].rpartition(".")
+                if dot and param:
+                    out.setdefault((name[:at], param), []).append(name)
+            at = name.find("state.", at + 1)
+    return out
+
+
 def _listing(items: list[str]) -> str:
     shown = ", ".join(repr(i) for i in items[:_SHOW])
     return shown + (f" and {len(items) - _SHOW} more" if len(items) > _SHOW else "")
@@ -119,8 +180,11 @@ def stored_key_changes(meta: DcpMetadata, changes: NameChanges, where: Path) -> 
         tensors[shown] = new
         keys[key] = key if new == shown else new
     moves = _module_moves(tensors)
+    state_of = _state_tensors(tensors) if any("param_groups." in names[k] for k in meta.bytes_entries) else {}
     for key in meta.bytes_entries:
-        new_shown = follow_module(names[key], moves)
+        applies, new_shown = _param_group_leaf(names[key], tensors, state_of)
+        if not applies:
+            new_shown = follow_module(names[key], moves)
         keys[key] = None if new_shown is None else key if new_shown == names[key] else new_shown
     empty = [k for k, v in keys.items() if v is not None and not v.strip()]
     if empty:
