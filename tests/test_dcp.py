@@ -304,6 +304,39 @@ def test_hf_storage_shards_are_whole_tensors_as_torch_reads_them(hf_storage_shar
     assert merged.returncode == 2 and "--hf-config" in merged.stderr and not out.exists(), merged.stderr
 
 
+def test_hf_storage_shards_read_their_config_and_a_missing_rank_file_is_found(hf_storage_shards, tmp_path):
+    """The config.json saved beside the pieces (by transformers) is the model's config: read as in an
+    HF dir (convert needed --hf-config and called it "not an HF model config"), and the one witness
+    of a missing last rank's file, since the pieces then make smaller whole tensors (a probe: check
+    said ok). Dropping the first rank's file leaves holes, found without the config."""
+    from transformers import LlamaConfig
+
+    from tests.conftest import run_cli
+
+    whole = tmp_path / "whole"
+    shutil.copytree(hf_storage_shards, whole)
+    LlamaConfig(vocab_size=5, hidden_size=4, intermediate_size=6, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=2).save_pretrained(whole)
+    data = json.loads(run_cli("inspect", "--json", str(whole)).out)
+    assert "config" in {o["name"] for o in data["objects"]}
+    assert data["metadata"]["model_type"] == "llama"
+    assert {f["path"]: f["role"] for f in data["metadata"]["files"]}["config.json"] == "config"
+    whole_check = run_cli("check", str(whole))
+    assert whole_check.code == 0, whole_check.out
+
+    last_lost = tmp_path / "last_lost"
+    shutil.copytree(whole, last_lost)
+    (last_lost / "shard-00002-model-00001-of-00001.safetensors").unlink()
+    result = run_cli("check", str(last_lost))
+    assert result.code == 1, result.out
+    assert "incomplete: config.json" in result.out and "model.embed_tokens.weight is [3, 4]" in result.out
+
+    first_lost = tmp_path / "first_lost"
+    shutil.copytree(whole, first_lost)
+    (first_lost / "shard-00001-model-00001-of-00001.safetensors").unlink()
+    assert run_cli("check", str(first_lost)).code == 1
+
+
 def test_the_dcp_tutorial_app_state_is_read_under_its_container(tmp_path):
     """PyTorch's DCP recipe saves ``{"app": AppState}`` whose state_dict is ``{"model": ..., "optim": ...}``:
     every key sat under ``app.``, so the model was not found (naming "other") and the optimizer's

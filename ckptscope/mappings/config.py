@@ -843,13 +843,15 @@ def _mul(a: int | None, b: int | None) -> int | None:
     return a * b if a is not None and b is not None else None
 
 
-def hf_shape_problems(hf_config: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> list[str]:
+def hf_shape_problems(hf_config: dict[str, Any], shapes: dict[str, tuple[int, ...]], *,
+                      shapes_only: bool = False) -> list[str]:
     """Where the tensors an HF export writes disagree with the shapes its ``config.json`` implies.
 
     transformers builds the model from the config and then loads the tensors: a config derived
     from incomplete Megatron args (``num_query_groups`` without ``group_query_attention``, say)
     gives a model that refuses or, worse, silently re-initialises mismatched weights. Checked
-    before anything is written; one line per kind of tensor.
+    before anything is written; one line per kind of tensor. ``shapes_only``: only the tensors
+    there are, not which ones a layer lacks (``check`` asks that of a format whose shapes it infers).
     """
     cfg = from_hf_config(hf_config)
     problems: dict[str, str] = {}
@@ -863,6 +865,8 @@ def hf_shape_problems(hf_config: dict[str, Any], shapes: dict[str, tuple[int, ..
                 break
     if cfg.is_moe:
         problems.update(_expert_shape_problems(cfg, shapes))
+    if shapes_only:
+        return list(problems.values())
     text = hf_config.get("text_config") if isinstance(hf_config.get("text_config"), dict) else hf_config
     problems.update(_hf_layout.layout_problems(cfg.arch, text, cfg.num_layers, cfg.hidden_size,
                                                cfg.num_attention_heads, cfg.head_dim, shapes))

@@ -490,6 +490,34 @@ def metadata_problems(tensors: Iterable[TensorMeta]) -> list[Problem]:
     return problems
 
 
+INFERRED_SHAPES = "dcp_safetensors_shards"
+"""The format whose global shapes are inferred from the pieces found (HuggingFaceStorageWriter stores none)."""
+
+
+def inferred_shape_problems(index: CheckpointIndex) -> list[Problem]:
+    """A shard dir of torch's ``HuggingFaceStorageWriter`` records no global shape: the reader takes the
+    largest ``offset + size`` of the pieces it finds, so without the last rank's file every tensor is
+    whole, only smaller (a probe: ``check`` said ok). The ``config.json`` saved beside the pieces is
+    then the one witness: tensors that do not fit it are a problem. An architecture ckptscope has no
+    shape rules for is not judged."""
+    if index.format != INFERRED_SHAPES:
+        return []
+    config = next((o.value for o in index.objects if o.name == "config" and isinstance(o.value, dict)), None)
+    if config is None:
+        return []
+    from ckptscope.mappings.config import hf_shape_problems
+
+    try:
+        found = hf_shape_problems(config, {name: meta.shape for name, meta in index.tensors.items()}, shapes_only=True)
+    except (CkptError, KeyError, TypeError, ValueError):  # no rules for this config: nothing to judge by
+        return []
+    if not found:
+        return []
+    return [Problem("incomplete", "config.json", (), f"the tensors do not fit it ({'; '.join(found[:3])}"
+                    f"{f'; {len(found) - 3} more' if len(found) > 3 else ''}): the writer stores no global "
+                    "shape, so a rank's shard file that is missing shows only here")]
+
+
 def check_index(index: CheckpointIndex, root: Path) -> tuple[list[Problem], int, int]:
     """Every check on one index whose chunk files are relative to ``root``.
 
@@ -497,6 +525,7 @@ def check_index(index: CheckpointIndex, root: Path) -> tuple[list[Problem], int,
     """
     problems, files, chunks = file_problems(index.tensors.values(), root)
     problems.extend(metadata_problems(index.tensors.values()))
+    problems.extend(inferred_shape_problems(index))
     seen = {(p.kind, p.file) for p in problems if p.file is not None}
     for issue in index.issues:  # the reader's own findings, unless already reported more precisely
         if issue.file is not None and (issue.kind, issue.file) in seen:

@@ -19,10 +19,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from ckptscope.core.errors import CkptError
-from ckptscope.core.index import CheckpointIndex, FileInfo
+from ckptscope.core.index import CheckpointIndex, mark_config_tie
 from ckptscope.core.names import natural_key
 from ckptscope.core.tensor import Chunk, TensorMeta
 from ckptscope.formats.base import CheckpointReader
+from ckptscope.formats.hf.side_files import add_side_files
 from ckptscope.formats.registry import register_reader
 from ckptscope.formats.safetensors.reader import note_header, parse_safetensors_header
 
@@ -60,7 +61,6 @@ class DcpSafetensorsShardsReader(CheckpointReader):
         pieces: dict[str, list[TensorMeta]] = {}
         for path in _shard_files(self.path):
             header = parse_safetensors_header(path, path.name, allow_truncated=True)
-            index.files.append(FileInfo(path.name, header.file_size, "data"))
             note_header(index, header, path.name)
             if header.truncated:
                 index.add_issue("truncated", f"the file has {header.file_size} bytes, its header places data "
@@ -81,10 +81,11 @@ class DcpSafetensorsShardsReader(CheckpointReader):
             chunks: list[Chunk] = sorted((m.chunks[0] for m in metas), key=lambda c: c.offsets)
             shape = tuple(max(c.offsets[d] + c.shape[d] for c in chunks) for d in range(len(chunks[0].shape)))
             index.tensors[name] = TensorMeta(name, metas[0].dtype, shape, tuple(chunks))
-        for path in sorted(self.path.iterdir(), key=lambda p: natural_key(p.name)):
-            if path.is_file() and not SHARD_FILE.match(path.name):
-                role = "index" if path.name.endswith(".index.json") else "other"
-                index.files.append(FileInfo(path.name, path.stat().st_size, role))
+        # The files beside the pieces as an HF dir has them: config.json (the writer's caller saves it
+        # there; convert and check read it as the model's config), tokenizer, index.
+        add_side_files(index, self.path)
+        config = next((o.value for o in index.objects if o.name == "config" and isinstance(o.value, dict)), None)
+        mark_config_tie(index, config)
         return index
 
     @staticmethod
