@@ -550,3 +550,22 @@ def test_flattened_optimizer_settings_are_dropped_with_their_parameter(tmp_path,
     keys = set(read_metadata(dst).state_dict_metadata)
     assert not [k for k in keys if "head." in k]
     assert "optimizer.param_groups.embed.weight.lr" in keys  # the others stay
+
+
+def test_param_group_list_is_not_taken_for_flattened_settings(tmp_path, cli):
+    """``optimizer.state_dict()`` saved as it is keys its state by parameter id (``optim.state.0.exp_avg``)
+    and its groups by index (``optim.param_groups.0.lr``): dropping parameter 0's state must not drop
+    group 0's settings, which every parameter of the group shares."""
+    import torch.distributed.checkpoint as dcp
+
+    net, opt, batch = _flat_optimizer_save(None)
+    net(batch).sum().backward()
+    opt.step()
+    src, dst = tmp_path / "ids", tmp_path / "dropped"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": net.state_dict(), "optim": opt.state_dict()}, checkpoint_id=str(src))
+    result = cli("rename", str(src), str(dst), "--drop", r"^optim\.state\.0\.")
+    assert result.code == 0, result.err
+    keys = set(read_metadata(dst).state_dict_metadata)
+    assert "optim.param_groups.0.lr" in keys and not [k for k in keys if k.startswith("optim.state.0.")]

@@ -122,6 +122,10 @@ def _param_group_leaf(name: str, tensors: Mapping[str, str | None],
     if m is None:
         return False, None
     opt, param, leaf = m["opt"], m["param"], m["leaf"]
+    if param.split(".", 1)[0].isdigit():
+        # ``param_groups.0.lr``: a group of ``optimizer.state_dict()``'s list (its state keyed by
+        # parameter ids), not a parameter's name. The module rule decides.
+        return False, None
     olds = state_of.get((opt, param))
     if olds:
         targets = set()
