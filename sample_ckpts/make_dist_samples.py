@@ -311,6 +311,50 @@ def write_hf_storage_shards(out: Path) -> Path:
     return out / "hf_storage_shards"
 
 
+def _fsdp_rank_files_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    _init_gloo(rank, world_size, init_file)
+    import torch
+    from torch import nn
+    from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, ShardedStateDictConfig
+    from torch.distributed.fsdp import StateDictType, fully_shard
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    def model() -> nn.Module:
+        torch.manual_seed(23)
+        return nn.Sequential(nn.Embedding(10, 6), nn.Linear(6, 9), nn.Linear(9, 5, bias=False))
+
+    # FSDP1, SHARDED_STATE_DICT: ShardedTensor values (CPU needs offload_to_cpu=False)
+    fsdp1 = FullyShardedDataParallel(model(), auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),
+                                     device_id=torch.device("cpu"), use_orig_params=True)
+    with FullyShardedDataParallel.state_dict_type(fsdp1, StateDictType.SHARDED_STATE_DICT,
+                                                  ShardedStateDictConfig(offload_to_cpu=False)):
+        torch.save(fsdp1.state_dict(), os.path.join(out, "fsdp1", f"model_rank{rank}.pt"))
+    with FullyShardedDataParallel.state_dict_type(fsdp1, StateDictType.FULL_STATE_DICT,
+                                                  FullStateDictConfig(offload_to_cpu=False, rank0_only=True)):
+        full = fsdp1.state_dict()
+    if rank == 0:
+        torch.save(full, os.path.join(out, "fsdp1", "full.pt"))
+    # FSDP2 (fully_shard): DTensor values
+    fsdp2 = model()
+    for layer in fsdp2:
+        fully_shard(layer)
+    fully_shard(fsdp2)
+    torch.save(fsdp2.state_dict(), os.path.join(out, "fsdp2", f"model_world_size_{world_size}_rank_{rank}.pt"))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def write_fsdp_rank_files(out: Path) -> Path:
+    """Per-rank ``torch.save`` of a sharded state dict from 2 gloo ranks, as training scripts write
+    them: ``fsdp1/model_rank{R}.pt`` (FSDP1 SHARDED_STATE_DICT: ShardedTensor values) with FSDP1's own
+    FULL_STATE_DICT ``fsdp1/full.pt``, and ``fsdp2/model_world_size_2_rank_{R}.pt`` (fully_shard:
+    DTensor values) of the same model. Not a shipped sample: tests write it."""
+    for sub in ("fsdp1", "fsdp2"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    _spawn(_fsdp_rank_files_rank, out)
+    return out
+
+
 WRITERS = {
     "megatron_torch_dist": write_megatron_torch_dist,
     "dcp_fsdp2": write_dcp_fsdp2,
