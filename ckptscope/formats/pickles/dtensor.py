@@ -279,6 +279,17 @@ def decode_sharded_tensor(args: tuple[Any, ...], state: Any) -> Decoded:
     return decoded
 
 
+def holds_sharded(value: Any) -> bool:
+    """Does a state dict hold a DTensor or ShardedTensor value anywhere? A cheap look at the pickled
+    wrapper classes only, so a plain file pays next to nothing for the question."""
+    if isinstance(value, dict):
+        return any(holds_sharded(child) for child in value.values())
+    if isinstance(value, TensorRef) or not isinstance(value, PickleStub):
+        return False
+    parts = _wrapper_parts(value)
+    return parts is not None and parts[0] in ("DTensor", "ShardedTensor")
+
+
 def decode_value(leaf: Any, rank: int, world_size: int) -> Decoded | None:
     """A rank file's value as distributed-tensor parts, or None when it is not a tensor at all."""
     if isinstance(leaf, TensorRef):

@@ -17,7 +17,7 @@ from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.formats.base import CheckpointReader
-from ckptscope.formats.pickles.dtensor import EXTRA_GLOBALS, walk_state
+from ckptscope.formats.pickles.dtensor import EXTRA_GLOBALS, holds_sharded, walk_state
 from ckptscope.formats.pickles.safe import to_plain, type_name
 from ckptscope.formats.pickles.torch_file import (
     ZIP_MAGIC,
@@ -87,6 +87,8 @@ class TorchZipReader(TrustedReadMixin, CheckpointReader):
     def _rank_pieces(self, index: CheckpointIndex, parsed: TorchZip) -> bool:
         """Fill ``index`` from one rank's file of a sharded state dict (module docstring); False, having
         changed nothing, when the file holds no DTensor or ShardedTensor value."""
+        if not holds_sharded(parsed.obj):
+            return False
         rank_match, world_match = _RANK.search(self.path.stem), _WORLD.search(self.path.stem)
         rank = int(rank_match.group(1)) if rank_match else 0
         world = int(world_match.group(1)) if world_match else 1
