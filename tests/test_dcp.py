@@ -330,6 +330,9 @@ def test_hf_storage_shards_read_their_config_and_a_missing_rank_file_is_found(hf
     result = run_cli("check", str(last_lost))
     assert result.code == 1, result.out
     assert "incomplete: config.json" in result.out and "model.embed_tokens.weight is [3, 4]" in result.out
+    shown = run_cli("inspect", str(last_lost))
+    assert shown.code == 0 and "config.json: the tensors do not fit it" in shown.err, shown.err
+    assert "do not fit" not in run_cli("inspect", str(whole)).err
 
     first_lost = tmp_path / "first_lost"
     shutil.copytree(whole, first_lost)

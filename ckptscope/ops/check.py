@@ -490,8 +490,6 @@ def metadata_problems(tensors: Iterable[TensorMeta]) -> list[Problem]:
     return problems
 
 
-INFERRED_SHAPES = "dcp_safetensors_shards"
-"""The format whose global shapes are inferred from the pieces found (HuggingFaceStorageWriter stores none)."""
 
 
 def inferred_shape_problems(index: CheckpointIndex) -> list[Problem]:
@@ -500,7 +498,7 @@ def inferred_shape_problems(index: CheckpointIndex) -> list[Problem]:
     whole, only smaller (a probe: ``check`` said ok). The ``config.json`` saved beside the pieces is
     then the one witness: tensors that do not fit it are a problem. An architecture ckptscope has no
     shape rules for is not judged."""
-    if index.format != INFERRED_SHAPES:
+    if "global_shapes" not in index.metadata:  # set by readers whose shapes are inferred (formats.dcp.hf_shards)
         return []
     config = next((o.value for o in index.objects if o.name == "config" and isinstance(o.value, dict)), None)
     if config is None:

@@ -51,6 +51,10 @@ def inspect_checkpoint(path: str | Path, *, include: tuple[str, ...] = (), exclu
                        trust_pickle: bool = False) -> InspectReport:
     with open_checkpoint(path, trust_pickle=trust_pickle) as reader:
         full = reader.index()
+    if "global_shapes" in full.metadata:  # inferred from the pieces found: config.json is the witness
+        from ckptscope.ops.check import inferred_shape_problems
+
+        full.warnings.extend(f"{p.file}: {p.detail}" for p in inferred_shape_problems(full))
     if include or exclude:
         names = select(full.tensors, include, exclude)
         index = CheckpointIndex(

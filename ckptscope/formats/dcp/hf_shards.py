@@ -30,6 +30,8 @@ from ckptscope.formats.safetensors.reader import note_header, parse_safetensors_
 SHARD_FILE = re.compile(r"shard-\d+-model-\d+-of-\d+\.safetensors\Z")
 SHARDING_INFO = "DCP_SHARDING_INFO"
 SAVED_OFFSETS = "saved_offsets"
+INFERRED_SHAPES = "global_shapes"
+"""Metadata key set by readers whose global shapes are inferred, not stored (``ops.check``)."""
 
 
 def _shard_files(path: Path) -> list[Path]:
@@ -84,6 +86,7 @@ class DcpSafetensorsShardsReader(CheckpointReader):
         # The files beside the pieces as an HF dir has them: config.json (the writer's caller saves it
         # there; convert and check read it as the model's config), tokenizer, index.
         add_side_files(index, self.path)
+        index.metadata[INFERRED_SHAPES] = "the largest offset + size of the pieces found (the writer stores none)"
         config = next((o.value for o in index.objects if o.name == "config" and isinstance(o.value, dict)), None)
         mark_config_tie(index, config)
         return index
