@@ -85,6 +85,10 @@ def bytes_by_dtype(metas: Iterable[TensorMeta]) -> dict[str, int]:
     return dict(counts.most_common())
 
 
+INFERRED_SHAPES = "global_shapes"
+"""Metadata key a reader sets when its global shapes are inferred from the pieces it found, not stored
+(torch's HuggingFaceStorageWriter shards): ``check`` and ``inspect`` then compare them with config.json."""
+
 TIED_BY_CONFIG = "tied_by_config"
 """Attr of a stored copy of a tied weight (``lm_head.weight`` beside ``model.embed_tokens.weight`` when the
 config ties them: FSDP, DCP and Trainer saves keep both, on separate storage). transformers builds one

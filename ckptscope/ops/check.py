@@ -33,7 +33,7 @@ from typing import Any
 
 from ckptscope.core.dtypes import DType
 from ckptscope.core.errors import CkptError, UnknownFormat
-from ckptscope.core.index import CheckpointIndex
+from ckptscope.core.index import INFERRED_SHAPES, CheckpointIndex
 from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
 from ckptscope.core.units import plural
 from ckptscope.formats import open_checkpoint
@@ -498,7 +498,7 @@ def inferred_shape_problems(index: CheckpointIndex) -> list[Problem]:
     whole, only smaller (a probe: ``check`` said ok). The ``config.json`` saved beside the pieces is
     then the one witness: tensors that do not fit it are a problem. An architecture ckptscope has no
     shape rules for is not judged."""
-    if "global_shapes" not in index.metadata:  # set by readers whose shapes are inferred (formats.dcp.hf_shards)
+    if INFERRED_SHAPES not in index.metadata:
         return []
     config = next((o.value for o in index.objects if o.name == "config" and isinstance(o.value, dict)), None)
     if config is None:

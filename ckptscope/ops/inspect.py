@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptscope.core.dtypes import dtype_by_name
-from ckptscope.core.index import CheckpointIndex
+from ckptscope.core.index import INFERRED_SHAPES, CheckpointIndex
 from ckptscope.core.names import select
 from ckptscope.core.roles import MODEL, UNKNOWN
 from ckptscope.formats import open_checkpoint
@@ -51,7 +51,7 @@ def inspect_checkpoint(path: str | Path, *, include: tuple[str, ...] = (), exclu
                        trust_pickle: bool = False) -> InspectReport:
     with open_checkpoint(path, trust_pickle=trust_pickle) as reader:
         full = reader.index()
-    if "global_shapes" in full.metadata:  # inferred from the pieces found: config.json is the witness
+    if INFERRED_SHAPES in full.metadata:  # inferred from the pieces found: config.json is the witness
         from ckptscope.ops.check import inferred_shape_problems
 
         full.warnings.extend(f"{p.file}: {p.detail}" for p in inferred_shape_problems(full))

@@ -29,8 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def verify_round_trip(src: str | Path, *, via: str | None = None, tp: int | None = None, pp: int | None = None,
-                      ep: int = 1,
-                      spec: str = "local", ckpt_format: str = "torch_dist", arch: str | None = None,
+                      ep: int = 1, spec: str = "local", ckpt_format: str = "torch_dist", arch: str | None = None,
                       hf_config: str | Path | None = None, skip_unknown: bool = False,
                       group: Group | None = None) -> DiffReport | None:
     """SRC's model -> ``via`` -> back to SRC's family, compared with SRC's model bit for bit (dtypes

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ckptscope.core.errors import CkptError
-from ckptscope.core.index import CheckpointIndex, mark_config_tie
+from ckptscope.core.index import INFERRED_SHAPES, CheckpointIndex, mark_config_tie
 from ckptscope.core.names import natural_key
 from ckptscope.core.tensor import Chunk, TensorMeta
 from ckptscope.formats.base import CheckpointReader
@@ -30,8 +30,6 @@ from ckptscope.formats.safetensors.reader import note_header, parse_safetensors_
 SHARD_FILE = re.compile(r"shard-\d+-model-\d+-of-\d+\.safetensors\Z")
 SHARDING_INFO = "DCP_SHARDING_INFO"
 SAVED_OFFSETS = "saved_offsets"
-INFERRED_SHAPES = "global_shapes"
-"""Metadata key set by readers whose global shapes are inferred, not stored (``ops.check``)."""
 
 
 def _shard_files(path: Path) -> list[Path]:

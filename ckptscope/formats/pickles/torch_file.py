@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -200,6 +200,15 @@ def tensor_meta(name: str, ref: TensorRef, file: str, placement: StoragePlacemen
     if ref.kind != "Tensor":
         attrs += (("kind", ref.kind),)
     return TensorMeta(name=name, dtype=ref.dtype.name, shape=ref.shape, chunks=(chunk,), attrs=attrs)
+
+
+def piece_chunk(name: str, ref: TensorRef, offsets: tuple[int, ...], file: str, parsed: "TorchZip",
+                path: Path | None = None) -> Chunk:
+    """One rank's local piece of a sharded tensor (a DTensor's local tensor, a ShardedTensor's local
+    shard) as a chunk at its global ``offsets`` in the rank file ``file``."""
+    placement = parsed.storages.get(ref.storage.key) if ref.storage else None
+    meta = tensor_meta(name, ref, file, placement, big_endian=parsed.big_endian, path=path)
+    return replace(meta.chunks[0], offsets=offsets)
 
 
 def mark_shared_storages(tensors: dict[str, TensorMeta]) -> dict[str, TensorMeta]:

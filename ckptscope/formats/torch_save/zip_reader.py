@@ -10,7 +10,6 @@ ranks' parts as holes and exports refuse it. It read as 0 tensors (DTensor) or f
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from pathlib import Path
 
 from ckptscope.core.errors import CkptError
@@ -25,7 +24,7 @@ from ckptscope.formats.pickles.torch_file import (
     build_torch_index,
     is_torch_zip,
     read_torch_zip,
-    tensor_meta,
+    piece_chunk,
 )
 from ckptscope.formats.pickles.trusted import TrustedReadMixin, TrustedTorchFile
 from ckptscope.formats.registry import register_reader
@@ -107,9 +106,7 @@ class TorchZipReader(TrustedReadMixin, CheckpointReader):
             for piece in decoded.pieces:
                 if piece.ref.numel == 0:
                     continue
-                meta = tensor_meta(name, piece.ref, file, parsed.storages.get(piece.ref.storage.key)
-                                   if piece.ref.storage else None, big_endian=parsed.big_endian, path=self.path)
-                chunks.append(replace(meta.chunks[0], offsets=piece.offsets))
+                chunks.append(piece_chunk(name, piece.ref, piece.offsets, file, parsed, self.path))
             index.tensors[name] = TensorMeta(name=name, dtype=decoded.dtype, shape=decoded.shape,
                                              chunks=tuple(chunks), attrs=decoded.attrs)
         index.metadata["sharded_rank_file"] = {"kinds": kinds, "rank": rank if rank_match else None}

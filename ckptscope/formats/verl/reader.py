@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from ckptscope.formats.hf.reader import HFDirReader, missing_numbered_shards
 from ckptscope.formats.megatron.dist_reader import MegatronDistReader
 from ckptscope.formats.pickles.dtensor import EXTRA_GLOBALS, Decoded, walk_state
 from ckptscope.formats.pickles.safe import to_plain, type_name
-from ckptscope.formats.pickles.torch_file import read_torch_zip, tensor_meta
+from ckptscope.formats.pickles.torch_file import piece_chunk, read_torch_zip
 from ckptscope.formats.registry import register_reader
 from ckptscope.formats.verl.compose import ComposedReader
 from ckptscope.formats.verl.side_files import json_file
@@ -308,9 +308,7 @@ class VerlFsdpReader(CheckpointReader):
                         continue
                     if piece.ref.numel == 0 and math.prod(decoded.shape) != 0:
                         continue
-                    meta = tensor_meta(name, piece.ref, file, parsed.storages.get(piece.ref.storage.key)
-                                       if piece.ref.storage else None, big_endian=parsed.big_endian, path=path)
-                    entry.chunks.append(replace(meta.chunks[0], offsets=piece.offsets))
+                    entry.chunks.append(piece_chunk(name, piece.ref, piece.offsets, file, parsed, path))
         return assembled
 
     def _finish(self, index: CheckpointIndex, assembled: dict[str, _Assembly], missing_ranks: set[int],

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from ckptscope.core.errors import CkptError
@@ -138,10 +138,8 @@ def _param_group_leaf(name: str, tensors: Mapping[str, str | None],
             if not new.endswith(tail):
                 return False, None  # the state moved apart from its parameter's name: no rule applies
             head = new[: -len(tail)]
-            at = head.find("state.")
-            while at > 0 and head[at - 1] != ".":
-                at = head.find("state.", at + 1)
-            if at < 0:
+            at = next(_state_starts(head), None)
+            if at is None:
                 return False, None
             targets.add(f"{head[:at]}param_groups.{head[at + len('state.'):]}.{leaf}")
         if len(targets) != 1:
@@ -153,17 +151,23 @@ def _param_group_leaf(name: str, tensors: Mapping[str, str | None],
     return False, None
 
 
+def _state_starts(name: str) -> Iterator[int]:
+    """Where a ``state.`` component starts in a dotted name (the optimizer prefix ends just before)."""
+    at = name.find("state.")
+    while at >= 0:
+        if at == 0 or name[at - 1] == ".":
+            yield at
+        at = name.find("state.", at + 1)
+
+
 def _state_tensors(tensors: Mapping[str, str | None]) -> dict[tuple[str, str], list[str]]:
     """(optimizer prefix, parameter) -> its flattened state tensors ``<opt>.state.<param>.<name>``."""
     out: dict[tuple[str, str], list[str]] = {}
     for name in tensors:
-        at = name.find("state.")
-        while at >= 0:
-            if at == 0 or name[at - 1] == ".":
-                param, dot, _ = name[at + len("state."):].rpartition(".")
-                if dot and param:
-                    out.setdefault((name[:at], param), []).append(name)
-            at = name.find("state.", at + 1)
+        for at in _state_starts(name):
+            param, dot, _ = name[at + len("state."):].rpartition(".")
+            if dot and param:
+                out.setdefault((name[:at], param), []).append(name)
     return out
 
 
