@@ -122,7 +122,7 @@ def build_tree(tensors: Iterable[TensorMeta], *, collapse: bool = True, root_lab
         if node is None:
             node = parent.children[part] = _Trie(shapes)
         node.tensor = meta
-    _sum_totals(root)
+    _sum_totals(root, {})
     aliases = storage_aliases(tensors)
     if aliases:
         _count_shared_once(root, tensors, aliases, storage_aliases(tensors, ties=False))
@@ -165,21 +165,25 @@ def _node_at(path: str, root: _Trie, parents: dict[str, _Trie]) -> _Trie:
     return node
 
 
-def _sum_totals(trie: _Trie, bits: dict[str, int] | None = None) -> None:
-    """Fill params/bytes/count bottom-up: once per trie node, instead of once per tensor per
-    level while inserting. Recursion depth is the name depth (a dozen levels). ``bits`` caches
-    each dtype's bits: a leaf's size is then arithmetic, not two property calls (issue 15)."""
-    if bits is None:
-        bits = {}
+def _sum_totals(trie: _Trie, bits: dict[str, int]) -> int:
+    """Fill params/bytes/count and the structure signature (``_signature``) bottom-up, in one walk:
+    once per trie node, instead of once per tensor per level while inserting, and without a second
+    recursion for the signatures that collapsing layers needs (issue 15). Recursion depth is the
+    name depth (a dozen levels). ``bits`` caches each dtype's bits: a leaf's size is then
+    arithmetic, not two property calls. Returns the node's signature."""
     tensor = trie.tensor
     if tensor is not None:
         params, nbytes, count = tensor.numel, tensor.nbytes, 1
+        own: tuple | None = (tensor.dtype, tensor.shape)
     else:
         params = nbytes = count = 0
+        own = None
+    shapes = trie.shapes
     prod = math.prod
-    for child in trie.children.values():
+    below = []
+    for key, child in trie.children.items():
         if child.children:
-            _sum_totals(child, bits)
+            sig = _sum_totals(child, bits)
         else:  # a leaf: one tensor (most nodes; skip the call)
             leaf = child.tensor
             if leaf.attrs:  # type: ignore[union-attr]  # quantised sizes live in attrs
@@ -191,10 +195,15 @@ def _sum_totals(trie: _Trie, bits: dict[str, int] | None = None) -> None:
                 child.params = numel = prod(leaf.shape)  # type: ignore[union-attr]
                 child.nbytes = (numel * dtype_bits + 7) // 8
             child.count = 1
+            sig = child.signature = shapes.setdefault(((leaf.dtype, leaf.shape), ()), len(shapes))  # type: ignore[union-attr]
+        below.append((key, sig))
         params += child.params
         nbytes += child.nbytes
         count += child.count
     trie.params, trie.nbytes, trie.count = params, nbytes, count
+    below.sort()
+    trie.signature = sig = shapes.setdefault((own, tuple(below)), len(shapes))
+    return sig
 
 
 def _node(trie: _Trie, label: str, path: str, collapse: bool, members: tuple[str, ...] = ()) -> TreeNode:
@@ -242,24 +251,10 @@ def _numeric_children(trie: _Trie, keys: list[str], path: str, collapse: bool) -
 def _signature(trie: _Trie) -> int:
     """What must match for two layers to share a range: names, dtypes and shapes below.
 
-    Structures are interned bottom-up (each distinct one gets an id from a dict, compared by full
-    equality), so equal ids mean exactly equal subtrees and each node is hashed once.
+    Structures are interned bottom-up by ``_sum_totals`` (each distinct one gets an id from a dict,
+    compared by full equality), so equal ids mean exactly equal subtrees and each node is hashed once.
     """
-    if trie.signature is None:
-        own = (trie.tensor.dtype, trie.tensor.shape) if trie.tensor is not None else None
-        shapes = trie.shapes
-        below = []
-        for key, child in trie.children.items():
-            sig = child.signature
-            if sig is None:
-                leaf = child.tensor
-                if child.children or leaf is None:
-                    sig = _signature(child)
-                else:  # most nodes are leaves: interned here, without a call
-                    sig = child.signature = shapes.setdefault(((leaf.dtype, leaf.shape), ()), len(shapes))
-            below.append((key, sig))
-        below.sort()
-        trie.signature = shapes.setdefault((own, tuple(below)), len(shapes))
+    assert trie.signature is not None
     return trie.signature
 
 
