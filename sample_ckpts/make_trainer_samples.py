@@ -40,6 +40,9 @@ keeps beside it, so a reader has to tell the model's weights apart from that sta
   fsdp_plugin=...)`` this generator sets ``distributed_type = DistributedType.FSDP`` in accelerate's
   shared state (``PartialState`` and ``AcceleratorState``); ``prepare`` then runs ``fully_shard`` per
   decoder layer and on the root exactly as on GPUs.
+* ``accelerate_fsdp2_ranks/``: the same model and optimizer saved by accelerate's ``save_fsdp_model`` /
+  ``save_fsdp_optimizer`` with ``use_dcp=False``: one ``torch.save`` per rank of its sharded state dict,
+  ``pytorch_model_fsdp_0_rank{0,1}.bin`` (DTensor values) and ``optimizer_0_rank{0,1}.bin``.
 
 Reference weights (``reference=True``, for tests; written outside the sample dirs, see
 ``reference_dir``): ``hf_trainer_run_ref/checkpoint-N.safetensors`` (the model's ``state_dict()`` as the
@@ -72,6 +75,8 @@ MAX_STEPS = 4
 SEQ = 16
 ACCELERATE_STEPS = 2
 ACCELERATE_WORLD = 2
+ACCELERATE_RANKS = "accelerate_fsdp2_ranks"
+"""Beside ``accelerate_fsdp2/``: the same state saved per rank with ``use_dcp=False``."""
 
 
 def reference_dir(sample: Path) -> Path:
@@ -239,6 +244,14 @@ def _accelerate_rank(rank: int, world_size: int, out: str, init_file: str, *, re
 
     target = Path(out) / "accelerate_fsdp2"
     accelerator.save_state(str(target))
+    accelerator.wait_for_everyone()
+    # The same state as accelerate's per-rank torch.save files (save_fsdp_model / save_fsdp_optimizer with
+    # use_dcp=False): pytorch_model_fsdp_0_rank{R}.bin, optimizer_0_rank{R}.bin
+    from accelerate.utils.fsdp_utils import save_fsdp_model, save_fsdp_optimizer
+
+    per_rank = Path(out) / ACCELERATE_RANKS
+    save_fsdp_model(plugin, accelerator, model, str(per_rank), 0, use_dcp=False)
+    save_fsdp_optimizer(plugin, accelerator, optimizer, model, str(per_rank), 0, use_dcp=False)
     accelerator.wait_for_everyone()
     full = {name: value.full_tensor() if hasattr(value, "full_tensor") else value
             for name, value in model.state_dict().items()}  # collective: every rank takes part

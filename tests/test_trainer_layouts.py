@@ -250,6 +250,42 @@ def test_accelerate_save_state_dir_is_read_as_its_model(accelerate_run, gen, tmp
     assert_bitwise(out, reference)
 
 
+def test_accelerate_per_rank_save_is_assembled_into_its_model(accelerate_run, gen, tmp_path):
+    """``save_fsdp_model`` / ``save_fsdp_optimizer`` with ``use_dcp=False``: one torch.save per rank. It read
+    as an HF model of 0 tensors and ``check`` said ok (a probe). Ground truth: the ranks' ``full_tensor()``."""
+    ranks = accelerate_run.parent / gen.ACCELERATE_RANKS
+    assert sorted(p.name for p in ranks.iterdir()) == [
+        "optimizer_0_rank0.bin", "optimizer_0_rank1.bin", "pytorch_model_fsdp_0_rank0.bin", "pytorch_model_fsdp_0_rank1.bin"]
+    reference = accelerate_reference(gen, accelerate_run)
+    result = run_cli("inspect", str(ranks), "--json")
+    ok(result, "inspect <accelerate per-rank dir> --json")
+    data = json.loads(result.out)
+    assert data["format"] == "accelerate_fsdp_ranks"
+    assert {t["name"] for t in data["tensors"]} == set(reference)
+    assert data["metadata"]["num_params"] == sum(t.numel() for t in reference.values())
+    assert data["metadata"]["accelerate_fsdp"]["world_size_from"] == "the saved values' mesh"
+    check = run_cli("check", str(ranks))
+    ok(check, "check <accelerate per-rank dir>")
+    out = tmp_path / "out"
+    ok(run_cli("convert", str(ranks), str(out), "--to", "hf", "--hf-config", str(gen.reference_dir(accelerate_run))),
+       "convert <accelerate per-rank dir> --to hf")
+    assert_bitwise(out, reference)
+    assert_loads_in_transformers(out)
+
+
+def test_accelerate_per_rank_save_missing_its_last_rank_is_refused(accelerate_run, gen, tmp_path):
+    """Without rank 1's file the names alone say world size 1: the DTensors' mesh says 2, so rank 1's
+    parts are holes (check exits 1) and exports refuse, instead of a model of half-tensors."""
+    damaged = tmp_path / "ranks"
+    shutil.copytree(accelerate_run.parent / gen.ACCELERATE_RANKS, damaged)
+    (damaged / "pytorch_model_fsdp_0_rank1.bin").unlink()
+    check = run_cli("check", str(damaged))
+    assert check.code == 1 and "pytorch_model_fsdp_0_rank1.bin" in check.out + check.err, (check.out, check.err)
+    out = tmp_path / "out"
+    refused = run_cli("convert", str(damaged), str(out), "--to", "hf", "--hf-config", str(gen.reference_dir(accelerate_run)))
+    assert one_line_error(refused) and not out.exists(), (refused.code, refused.err)
+
+
 # --- tied embeddings: 4.x pytorch_model.bin vs 5.x safetensors ---------------------------------------------
 
 

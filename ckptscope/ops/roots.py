@@ -576,6 +576,7 @@ _FORMAT_LAYOUTS = {
     "dcp_safetensors_shards": "PyTorch DCP HuggingFaceStorageWriter shards (per-rank safetensors pieces)", "megatron_legacy": "Megatron-LM per-rank checkpoint (torch)",
     "megatron_dcp": "Megatron-LM DCP dir (torch_dcp / fsdp_dtensor)",
     "verl_fsdp": "verl FSDP checkpoint dir", "verl_megatron": "verl Megatron checkpoint dir",
+    "accelerate_fsdp_ranks": "accelerate FSDP per-rank save",
     "verl_hf": "verl FSDP checkpoint dir (HF model only)",
 }
 

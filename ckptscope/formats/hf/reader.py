@@ -44,10 +44,13 @@ def _safetensors_files(path: Path) -> list[Path]:
 FSDP_LOCAL_SHARD = re.compile(r"^pytorch_model_fsdp_rank\d+\.bin$")
 """accelerate's FSDP1 ``LOCAL_STATE_DICT`` save: each rank's flat parameters (a ShardedTensor of the
 FlatParameter) in one file per rank: not a state dict of named weights."""
+FSDP_RANK_FILE = re.compile(r"^pytorch_model_fsdp_\d+_rank\d+\.bin$")
+"""One rank's part of an accelerate FSDP save (``formats.verl.accelerate_ranks``), never an HF weights file."""
 
 
 def _bin_files(path: Path) -> list[Path]:
-    return sorted((p for p in path.glob("pytorch_model*.bin") if p.is_file() and not FSDP_LOCAL_SHARD.match(p.name)),
+    return sorted((p for p in path.glob("pytorch_model*.bin")
+                   if p.is_file() and not FSDP_LOCAL_SHARD.match(p.name) and not FSDP_RANK_FILE.match(p.name)),
                   key=lambda p: natural_key(p.name))
 
 

@@ -200,6 +200,10 @@ class Decoded:
     rank file held. Empty when unknown."""
     attrs: tuple[tuple[str, str], ...] = ()
     problem: str | None = None
+    world: int | None = None
+    """Ranks the save was laid out over, as the value itself records it (the DTensor's pickled mesh,
+    the ShardedTensor's shard placements); None when it does not say. A set of rank files named
+    without their world size (accelerate's) learns it here."""
 
 
 def _global_dtype(args: tuple[Any, ...], fallback: str) -> str:
@@ -220,7 +224,8 @@ def decode_dtensor(args: tuple[Any, ...], state: Any, rank: int, world_size: int
     mesh = _mesh(spec.get("mesh"))
     attrs = (("kind", "DTensor"), ("placements", "(" + ", ".join(p.label for p in placements) + ")"),
              ("mesh", mesh.label))
-    decoded = Decoded("DTensor", shape, _global_dtype(args, local.dtype.name), attrs=attrs)
+    decoded = Decoded("DTensor", shape, _global_dtype(args, local.dtype.name), attrs=attrs,
+                      world=math.prod(mesh.shape) if mesh.shape is not None else None)
     mesh_shape = mesh.shape
     if mesh_shape is None and len(placements) == 1:
         mesh_shape = (world_size,)
@@ -276,6 +281,8 @@ def decode_sharded_tensor(args: tuple[Any, ...], state: Any) -> Decoded:
         owner = _fields(entry_fields.get("placement")).get("_rank")
         if offsets is not None and sizes is not None and isinstance(owner, int):
             decoded.expected.append((offsets, sizes, owner))
+    if decoded.expected:
+        decoded.world = max(owner for _, _, owner in decoded.expected) + 1
     return decoded
 
 

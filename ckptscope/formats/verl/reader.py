@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,11 @@ _TOKENIZER_HINTS = ("tokenizer", "vocab", "merges.txt", "special_tokens_map", "c
 # --- directory layout ---------------------------------------------------------------------------------
 
 
+def verl_rank_file(kind: str, world: int, rank: int) -> str:
+    """The file verl's FSDP manager writes for ``kind`` (model, optim, extra_state) on ``rank``."""
+    return f"{kind}_world_size_{world}_rank_{rank}.pt"
+
+
 @dataclass(slots=True)
 class FsdpLayout:
     """Which rank files an FSDP actor dir has, and the world size they belong to."""
@@ -70,12 +76,14 @@ class FsdpLayout:
     """World sizes with a whole set of model files when no ``fsdp_config.json`` says which is the save."""
     newest: int | None = None
     """Of ``ambiguous``, the world size whose model files were written last."""
+    rank_file: Callable[[str, int, int], str] = verl_rank_file
+    """How the writer names a rank's file (``kind, world, rank``): verl's, or accelerate's (``formats.verl.accelerate_ranks``)."""
 
     def missing(self, kind: str = "model") -> list[str]:
         if self.world_size is None:
             return []
         have = self.files.get(kind, {})
-        return [f"{kind}_world_size_{self.world_size}_rank_{r}.pt" for r in range(self.world_size) if r not in have]
+        return [self.rank_file(kind, self.world_size, r) for r in range(self.world_size) if r not in have]
 
 
 def fsdp_layout(path: Path) -> FsdpLayout | None:
@@ -269,7 +277,8 @@ class VerlFsdpReader(CheckpointReader):
             index.add_issue("missing-file", f"missing (world size {world} from {layout.source}); "
                             "the shards it held cannot be read", file=name)
         assembled = self._read_rank_files(index, layout)
-        self._finish(index, assembled, {r for r in range(world) if r not in layout.files.get("model", {})}, world)
+        self._finish(index, assembled, {r for r in range(world) if r not in layout.files.get("model", {})}, world,
+                     rank_file=layout.rank_file)
         self._add_side_files(index, layout)
         # huggingface/config.json ties the embeddings while the rank files hold both (a probe: 18,912
         # parameters where model.parameters() gives 17,280)
@@ -312,7 +321,7 @@ class VerlFsdpReader(CheckpointReader):
         return assembled
 
     def _finish(self, index: CheckpointIndex, assembled: dict[str, _Assembly], missing_ranks: set[int],
-                world: int, kind: str = "model") -> None:
+                world: int, kind: str = "model", rank_file: Callable[[str, int, int], str] = verl_rank_file) -> None:
         """Turn the per-rank pieces into tensors; record holes left by missing rank files."""
         incomplete = 0
         for name, entry in assembled.items():
@@ -326,7 +335,7 @@ class VerlFsdpReader(CheckpointReader):
                 stored = {(c.offsets, c.shape) for c in entry.chunks}
                 for offsets, shape, owner in first.expected:
                     if owner in missing_ranks and math.prod(shape) and (offsets, shape) not in stored:
-                        holes.append((offsets, shape, f"{kind}_world_size_{world}_rank_{owner}.pt"))
+                        holes.append((offsets, shape, rank_file(kind, world, owner)))
             if holes:
                 incomplete += 1
                 self._holes[name] = holes
