@@ -94,6 +94,41 @@ def test_naming_families(names, family):
 # --- every export path, smuggled entries ------------------------------------------------------------
 
 
+class _WithExtraState(torch.nn.Module):
+    """A module whose ``get_extra_state()`` holds a tensor (as TE's fp8 metadata, or a custom counter)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 5)
+        self.register_buffer("inv_freq", torch.arange(3, dtype=torch.float32))  # a persistent buffer
+
+    def get_extra_state(self):
+        return {"counter": 3, "t": torch.tensor([1.5, 2.5, 3.5])}
+
+    def set_extra_state(self, state) -> None:
+        pass
+
+
+@pytest.mark.parametrize("value", ["dict", "tensor"])
+def test_extra_state_is_not_counted_as_parameters(tmp_path, value):
+    """``parameters`` counts what ``model.parameters()`` does: a probe's module of 35 parameters read 38
+    (its ``_extra_state`` tensor). A persistent buffer is stored like a weight and stays counted; a RoPE
+    ``rotary_emb.inv_freq`` (older transformers saved it) does not."""
+    model = torch.nn.Module()
+    model.block = _WithExtraState()
+    model.rotary_emb = torch.nn.Module()
+    model.rotary_emb.register_buffer("inv_freq", torch.ones(4))
+    if value == "tensor":
+        model.block.get_extra_state = lambda: torch.tensor([7.0, 8.0])
+    state = model.state_dict()
+    assert any("_extra_state" in name for name in state) and "rotary_emb.inv_freq" in state
+    torch.save(state, tmp_path / "model.pt")
+    result = run_cli("inspect", "--json", str(tmp_path / "model.pt"))
+    assert result.code == 0, result.err
+    buffers = model.block.inv_freq.numel()
+    assert json.loads(result.out)["metadata"]["num_params"] == sum(p.numel() for p in model.parameters()) + buffers
+
+
 def test_torchtitan_model_under_a_model_key_is_torchtitan_not_hf(tmp_path):
     """An older torchtitan (and any ``dcp.save({"model": ...})`` of its model) stores
     ``model.layers.0.attention.wq.weight``: transformers' pattern admits most of those names as they

@@ -10,6 +10,7 @@ compares what it calls the model, convert / merge export exactly its model and n
 from __future__ import annotations
 
 import operator
+import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -45,8 +46,9 @@ class ModelEntries:
     @property
     def num_params(self) -> int:
         """Parameters of the model as ``sum(p.numel() for p in model.parameters())`` counts them: a
-        tensor stored twice on one storage (tied embeddings in a ``torch.save`` file) counts once."""
-        return count_elements(self.unique_tensors())
+        tensor stored twice on one storage (tied embeddings in a ``torch.save`` file) counts once, and
+        entries that are never parameters (``_extra_state``, a saved ``inv_freq``) not at all."""
+        return count_elements(parameter_tensors(self.unique_tensors()))
 
     @property
     def nbytes(self) -> int:
@@ -88,12 +90,28 @@ class ModelEntries:
         }
 
 
+_NOT_PARAMETERS = re.compile(r"(?:^|\.)_extra_state\d*(?:\.|$)|(?:^|\.)rotary_emb\.inv_freq$")
+"""A module's ``get_extra_state()`` (TE fp8 metadata, a custom module's tensors: ``m._extra_state`` or,
+for a dict, ``m._extra_state.<key>``) and the RoPE buffer older transformers saved: stored beside the
+weights, never in ``model.parameters()`` (a probe counted 38 parameters for a module of 35)."""
+
+
+def parameter_tensors(metas: list[TensorMeta]) -> list[TensorMeta]:
+    """``metas`` without the entries that are never parameters (``_NOT_PARAMETERS``); one C-level look at
+    the names first, so the common checkpoint pays no per-name match."""
+    joined = "\0".join(m.name for m in metas)
+    if "_extra_state" not in joined and "inv_freq" not in joined:
+        return metas
+    return [m for m in metas if not _NOT_PARAMETERS.search(m.name)]
+
+
 def _totals(metas, stored=None) -> dict[str, int]:
     """Count, elements and bytes of some tensors (bytes of ``stored`` when given: the same tensors with the
     config's tied copies, which have bytes of their own)."""
     metas = list(metas)
     stored = metas if stored is None else list(stored)
-    return {"tensors": len(metas), "params": count_elements(metas), "bytes": sum(bytes_by_dtype(stored).values())}
+    return {"tensors": len(metas), "params": count_elements(parameter_tensors(metas)),
+            "bytes": sum(bytes_by_dtype(stored).values())}
 
 
 def _groups(index: CheckpointIndex) -> dict[str, str]:
