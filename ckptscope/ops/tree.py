@@ -95,10 +95,15 @@ class TreeNode:
 
 
 class _Trie:
+    """A module: its children by name segment. A tensor with nothing below it is stored in its parent's
+    ``children`` as its ``TensorMeta`` itself, not wrapped in a node of its own (most names are leaves:
+    100,000 tensors made 100,000 more objects, issue 15); a name that is a tensor and a module (``a.b``
+    and ``a.b.c``) is a ``_Trie`` with ``tensor`` set."""
+
     __slots__ = ("children", "tensor", "params", "nbytes", "count", "signature", "shapes")
 
     def __init__(self, shapes: dict[tuple, int]) -> None:
-        self.children: dict[str, _Trie] = {}
+        self.children: dict[str, _Trie | TensorMeta] = {}
         self.tensor: TensorMeta | None = None
         self.params = self.nbytes = self.count = 0
         self.signature: int | None = None
@@ -119,9 +124,10 @@ def build_tree(tensors: Iterable[TensorMeta], *, collapse: bool = True, root_lab
         parent_path, dot, part = meta.name.rpartition(".")
         parent = (parents.get(parent_path) or _node_at(parent_path, root, parents)) if dot else root
         node = parent.children.get(part)
-        if node is None:
-            node = parent.children[part] = _Trie(shapes)
-        node.tensor = meta
+        if type(node) is _Trie:  # a module of that name came first
+            node.tensor = meta
+        else:
+            parent.children[part] = meta
     _sum_totals(root, {})
     aliases = storage_aliases(tensors)
     if aliases:
@@ -146,7 +152,7 @@ def _count_shared_once(root: _Trie, tensors: list[TensorMeta], aliases: dict[str
         node = root
         for depth in range(common + 1):
             if depth:
-                node = node.children[mine[depth - 1]]
+                node = node.children[mine[depth - 1]]  # type: ignore[assignment]  # a module: it has children
             node.params -= meta.numel
             if meta.name in shared_bytes:
                 node.nbytes -= meta.nbytes
@@ -158,9 +164,12 @@ def _node_at(path: str, root: _Trie, parents: dict[str, _Trie]) -> _Trie:
     whole trie alive until the cyclic collector runs."""
     above_path, dot, part = path.rpartition(".")
     above = (parents.get(above_path) or _node_at(above_path, root, parents)) if dot else root
-    node = above.children.get(part)
-    if node is None:
+    found = above.children.get(part)
+    if type(found) is _Trie:
+        node = found
+    else:  # new, or a tensor of that name came first: it becomes this module's own tensor
         node = above.children[part] = _Trie(root.shapes)
+        node.tensor = found  # type: ignore[assignment]
     parents[path] = node
     return node
 
@@ -182,32 +191,36 @@ def _sum_totals(trie: _Trie, bits: dict[str, int]) -> int:
     prod = math.prod
     below = []
     for key, child in trie.children.items():
-        if child.children:
+        if type(child) is _Trie:
             sig = _sum_totals(child, bits)
+            params += child.params
+            nbytes += child.nbytes
+            count += child.count
         else:  # a leaf: one tensor (most nodes; skip the call)
-            leaf = child.tensor
-            if leaf.attrs:  # type: ignore[union-attr]  # quantised sizes live in attrs
-                child.params, child.nbytes = leaf.numel, leaf.nbytes  # type: ignore[union-attr]
+            if child.attrs:  # type: ignore[union-attr]  # quantised sizes live in attrs
+                params += child.numel  # type: ignore[union-attr]
+                nbytes += child.nbytes  # type: ignore[union-attr]
             else:
-                dtype_bits = bits.get(leaf.dtype)  # type: ignore[union-attr]
+                dtype_bits = bits.get(child.dtype)  # type: ignore[union-attr]
                 if dtype_bits is None:
-                    dtype_bits = bits[leaf.dtype] = leaf.dtype_info.bits  # type: ignore[union-attr]
-                child.params = numel = prod(leaf.shape)  # type: ignore[union-attr]
-                child.nbytes = (numel * dtype_bits + 7) // 8
-            child.count = 1
-            sig = child.signature = shapes.setdefault(((leaf.dtype, leaf.shape), ()), len(shapes))  # type: ignore[union-attr]
+                    dtype_bits = bits[child.dtype] = child.dtype_info.bits  # type: ignore[union-attr]
+                numel = prod(child.shape)  # type: ignore[union-attr]
+                params += numel
+                nbytes += (numel * dtype_bits + 7) // 8
+            count += 1
+            sig = shapes.setdefault(((child.dtype, child.shape), ()), len(shapes))  # type: ignore[union-attr]
         below.append((key, sig))
-        params += child.params
-        nbytes += child.nbytes
-        count += child.count
     trie.params, trie.nbytes, trie.count = params, nbytes, count
     below.sort()
     trie.signature = sig = shapes.setdefault((own, tuple(below)), len(shapes))
     return sig
 
 
-def _node(trie: _Trie, label: str, path: str, collapse: bool, members: tuple[str, ...] = ()) -> TreeNode:
+def _node(trie: _Trie | TensorMeta, label: str, path: str, collapse: bool, members: tuple[str, ...] = ()) -> TreeNode:
     repeat = max(1, len(members))
+    if type(trie) is not _Trie:  # a leaf tensor
+        return TreeNode(label=label, path=path, tensor=trie, members=members, num_params=trie.numel * repeat,
+                        nbytes=trie.nbytes * repeat, num_tensors=repeat)
     node = TreeNode(label=label, path=path, tensor=trie.tensor, members=members,
                     num_params=trie.params * repeat, nbytes=trie.nbytes * repeat, num_tensors=trie.count * repeat)
     node._trie = trie
@@ -229,7 +242,7 @@ def _numeric_children(trie: _Trie, keys: list[str], path: str, collapse: bool) -
     runs: list[list[str]] = []
     last_sig: int | None = None
     for key in keys:
-        sig = _signature(trie.children[key])
+        sig = _signature(trie.children[key], trie.shapes)
         if runs and sig == last_sig and int(key) == int(runs[-1][-1]) + 1:
             runs[-1].append(key)
         else:
@@ -248,14 +261,16 @@ def _numeric_children(trie: _Trie, keys: list[str], path: str, collapse: bool) -
     return out
 
 
-def _signature(trie: _Trie) -> int:
+def _signature(trie: _Trie | TensorMeta, shapes: dict[tuple, int]) -> int:
     """What must match for two layers to share a range: names, dtypes and shapes below.
 
-    Structures are interned bottom-up by ``_sum_totals`` (each distinct one gets an id from a dict,
-    compared by full equality), so equal ids mean exactly equal subtrees and each node is hashed once.
-    """
-    assert trie.signature is not None
-    return trie.signature
+    Structures are interned bottom-up by ``_sum_totals`` (each distinct one gets an id from ``shapes``,
+    compared by full equality), so equal ids mean exactly equal subtrees and each node is hashed once;
+    a leaf tensor's id is looked up the same way."""
+    if type(trie) is _Trie:
+        assert trie.signature is not None
+        return trie.signature
+    return shapes.setdefault(((trie.dtype, trie.shape), ()), len(shapes))  # type: ignore[union-attr]
 
 
 def _join(prefix: str, key: str) -> str:
