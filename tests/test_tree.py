@@ -106,3 +106,25 @@ def test_tied_weights_in_a_torch_save_count_once_in_the_tree_and_the_byte_totals
     torch.save({"state_dict": state}, tmp_path / "wrapped.ckpt")
     wrapped = inspect_checkpoint(tmp_path / "wrapped.ckpt")
     assert wrapped.entries.prefix == "state_dict." and wrapped.entries.num_params == wrapped.tree().num_params == truth
+
+
+def test_a_tensor_that_is_also_a_module_in_either_order():
+    """Leaves live in their parent's children as tensors; a name that turns out to be a module too
+    (``a`` before ``a.w``, or after it) keeps its tensor and its children either way."""
+    first = [meta("a", (7,)), meta("a.w", (3, 5)), meta("a.b.c", (2, 2))]
+    for tensors in (first, first[::-1]):
+        tree = build_tree(tensors, collapse=False)
+        (a,) = tree.children
+        assert a.tensor is not None and a.tensor.name == "a"
+        assert sorted(c.label for c in a.children) == ["b", "w"]
+        assert a.num_tensors == 3 and a.num_params == 7 + 15 + 4
+
+
+def test_numbered_leaf_tensors_collapse_and_open_as_members():
+    tensors = [meta(f"experts.bias.{i}", (4,)) for i in range(4)] + [meta("experts.bias.4", (5,))]
+    bias = build_tree(tensors).children[0].children[0]
+    assert [c.label for c in bias.children] == ["[0-3]", "4"]
+    rng = bias.children[0]
+    assert rng.tensor is not None and rng.num_params == 16 and rng.num_tensors == 4
+    member = rng.member("2")
+    assert member.tensor.name == "experts.bias.2" and member.children == []
