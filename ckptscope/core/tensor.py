@@ -14,6 +14,11 @@ from enum import Enum
 from ckptscope.core.dtypes import DType, dtype_by_name
 
 
+STORAGE_TRANSFORMS = "storage_transforms"
+"""Attr of a tensor whose DCP items went through storage transforms (``FileSystemWriter(_extensions=...)``):
+set by the DCP reader, asked by ``check`` (which then need not import the reader)."""
+
+
 class Encoding(str, Enum):
     """How a chunk's bytes are laid out in its file."""
 

@@ -34,10 +34,9 @@ from typing import Any
 from ckptscope.core.dtypes import DType
 from ckptscope.core.errors import CkptError, UnknownFormat
 from ckptscope.core.index import INFERRED_SHAPES, CheckpointIndex
-from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
+from ckptscope.core.tensor import STORAGE_TRANSFORMS, Chunk, Encoding, TensorMeta
 from ckptscope.core.units import plural
 from ckptscope.formats import open_checkpoint
-from ckptscope.formats.dcp.reader import STORAGE_TRANSFORMS
 from ckptscope.formats.pickles.torch_file import ZIP_MAGIC
 from ckptscope.ops.roots import (
     ACCELERATE_FSDP_MODEL,

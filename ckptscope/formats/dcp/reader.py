@@ -31,7 +31,7 @@ from typing import IO, Any
 from ckptscope.core.dtypes import dtype_by_safetensors
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
-from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
+from ckptscope.core.tensor import STORAGE_TRANSFORMS, Chunk, Encoding, TensorMeta
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.dcp.metadata import DcpMetadata, DcpTensor, load_dcp_metadata
 from ckptscope.formats.pickles.safe import PickleStub, TensorRef, safe_loads, to_plain, type_name
@@ -71,8 +71,6 @@ def group_summary(tensors: dict[str, TensorMeta]) -> dict[str, dict[str, int]]:
     return out
 
 
-STORAGE_TRANSFORMS = "storage_transforms"
-"""Attr of a tensor whose DCP items went through storage transforms (``FileSystemWriter(_extensions=...)``)."""
 
 
 class RangeIO(io.RawIOBase):

@@ -16,7 +16,6 @@ from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.formats.base import CheckpointReader
-from ckptscope.formats.pickles.dtensor import EXTRA_GLOBALS, holds_sharded, walk_state
 from ckptscope.formats.pickles.safe import to_plain, type_name
 from ckptscope.formats.pickles.torch_file import (
     ZIP_MAGIC,
@@ -66,6 +65,9 @@ class TorchZipReader(TrustedReadMixin, CheckpointReader):
             self._trusted = TrustedTorchFile(self.path, mmap=True)
             self._trusted.fill_index(index, self.path.name)
             return index
+        # Here, not at the top: detection imports this module for every checkpoint, HF dirs included.
+        from ckptscope.formats.pickles.dtensor import EXTRA_GLOBALS
+
         try:
             parsed = read_torch_zip(self.path)
         except CkptError:
@@ -86,6 +88,8 @@ class TorchZipReader(TrustedReadMixin, CheckpointReader):
     def _rank_pieces(self, index: CheckpointIndex, parsed: TorchZip) -> bool:
         """Fill ``index`` from one rank's file of a sharded state dict (module docstring); False, having
         changed nothing, when the file holds no DTensor or ShardedTensor value."""
+        from ckptscope.formats.pickles.dtensor import holds_sharded, walk_state
+
         if not holds_sharded(parsed.obj):
             return False
         rank_match, world_match = _RANK.search(self.path.stem), _WORLD.search(self.path.stem)

@@ -56,7 +56,6 @@ from ckptscope.mappings.resolve import to_mcore as map_to_mcore
 from ckptscope.mappings.schemas import is_ignored
 from ckptscope.ops.check import metadata_problems
 from ckptscope.ops.convert import fp8_keep
-from ckptscope.ops.diff.plan import identity_recipes
 from ckptscope.ops.model import ModelEntries, model_entries
 from ckptscope.ops.roots import resolve_root
 
@@ -179,6 +178,8 @@ def _piece_json(piece) -> dict[str, Any]:
 
 
 def _identity_view(tensors: dict, cfg: ModelConfig, arch: str) -> MappedView:
+    from ckptscope.ops.diff.plan import identity_recipes  # HF -> HF only: a conversion does not import diff
+
     return MappedView("hf", arch, cfg, identity_recipes(tensors))
 
 
