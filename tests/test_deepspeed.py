@@ -836,3 +836,30 @@ def test_diff_says_the_module_copies_are_among_what_it_left_out():
     assert result.code == 0, result.err
     notes = json.loads(result.out)["notes"]
     assert any("the module's low-precision copies (lp_params.*)" in n and "--training-state" in n for n in notes), notes
+
+
+def test_latest_naming_a_tag_of_its_own_beside_numbered_saves_is_the_default(tmp_path):
+    """``save_checkpoint(dir, tag="final_tag")`` after numbered saves: DeepSpeed resumes from, and
+    zero_to_fp32 exports, what ``latest`` names. Only ``global_stepN`` dirs were listed, so a probe's root
+    (real DeepSpeed 0.19.8) exported its older ``global_step2`` and ``check`` called the save damaged."""
+    root = tmp_path / "run"
+    root.mkdir()
+    shutil.copytree(SHIPPED / "zero1" / TAG, root / TAG)            # the older, numbered save
+    shutil.copytree(SHIPPED / "zero2" / TAG, root / "final_tag")    # the newer one, under the user's tag
+    (root / "latest").write_text("final_tag")
+    want, older = oracle(SHIPPED / "zero2"), oracle(SHIPPED / "zero1")
+    assert any(n not in older or want[n].tobytes() != older[n].tobytes() for n in want)  # the saves tell apart
+    check = run_cli("check", str(root))
+    assert check.code == 0 and "final_tag" in check.out + check.err, (check.out, check.err)
+    listing = run_cli("inspect", str(root))
+    assert listing.code == 0 and "final_tag" in listing.out and "global_step2" in listing.out, listing.out
+    for picked, expected in ((None, want), ("final_tag", want), ("2", older)):
+        out = tmp_path / f"out_{picked}"
+        extra = ("--iteration", picked) if picked else ()
+        result = run_cli("convert", str(root), str(out), "--to", "hf", "--hf-config", str(SHIPPED / "hf_config"), *extra)
+        assert result.code == 0, result.err
+        from safetensors.numpy import load_file
+
+        got = {k: v for f in out.glob("*.safetensors") for k, v in load_file(str(f)).items()}
+        for name, value in expected.items():  # (zero1's oracle leaves its frozen norm out)
+            assert got[name].tobytes() == value.tobytes(), (picked, name)

@@ -295,6 +295,8 @@ def discover_iterations(path: str | Path) -> list[IterationInfo] | None:
         found = [i for i in found if i.kind != "deepspeed"]
         if final is not None:
             found.append(replace(final, path=str(root), iteration=FINAL, kind="hf-trainer", latest=False))
+    if found and root_kind(found) == "deepspeed":
+        found += _deepspeed_custom_tag(root, found)
     if not found and not has_tracker:
         # torchtitan's dump folder: its saves are one level down, in checkpoint/ (checkpoint.folder)
         folder = root / TORCHTITAN_FOLDER
@@ -322,6 +324,22 @@ def discover_iterations(path: str | Path) -> list[IterationInfo] | None:
         if newest is not None:
             found = [replace(i, latest=True) if i is newest else i for i in found]
     return found
+
+
+def _deepspeed_custom_tag(root: Path, found: list[IterationInfo]) -> list[IterationInfo]:
+    """The save DeepSpeed's ``latest`` names when it is a tag of the user's own (``save_checkpoint(dir,
+    tag="final")``) beside numbered ``global_stepN`` saves: listed under its name, and the default pick,
+    as DeepSpeed resumes from it and ``zero_to_fp32`` exports it. Only numbered dirs were listed, so a
+    probe's root exported its older ``global_step2`` instead, and ``check`` called the healthy save damaged."""
+    from ckptscope.formats.deepspeed.reader import read_latest
+
+    tag = read_latest(root)
+    if tag is None or _DEEPSPEED.match(tag) or any(Path(i.path).name == tag for i in found):
+        return []
+    entry = root / tag
+    size, saved = _dir_stats(entry)
+    return [IterationInfo(path=str(entry), iteration=tag, size=size, saved=saved,
+                          complete=_is_complete(entry, "deepspeed"), kind="deepspeed")]
 
 
 def root_kind(found: list[IterationInfo]) -> str:
