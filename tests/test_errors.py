@@ -500,6 +500,12 @@ def test_usage_slips_are_one_clear_line(tmp_path):
     (src / "config.json").write_text("[1, 2]")
     result = run_cli("convert", str(src), str(tmp_path / "out"), "--to", "hf")
     assert result.code == 2 and "config.json is not an HF model config" in result.err, result.err
+    # a single file beside a good config.json: the file is read on its own, and the line says so (it called
+    # the good config "not an HF model config", a probe)
+    single = run_cli("convert", str(REPO / "sample_ckpts" / "hf_llama_single" / "model.safetensors"),
+                     str(tmp_path / "out_single"), "--to", "hf")
+    assert single.code == 2 and single.err.count("\n") == 1 and "without the config.json beside it" in single.err \
+        and "not an HF model config" not in single.err, single.err
     (tmp_path / "empty.bin").write_bytes(b"not a checkpoint")
     unknown = run_cli("inspect", str(tmp_path / "empty.bin"))
     tried = unknown.err.split("tried: ", 1)[1].strip().split(", ")

@@ -187,6 +187,10 @@ def _no_config_reason(src: Path) -> str:
     """Why no HF config was found: none at all, or a ``config.json`` that is no model config (a JSON
     array, a directory: said as such, not as a missing file)."""
     config = (src if src.is_dir() else src.parent) / "config.json"
+    if not src.is_dir() and config.is_file():
+        # a single file is read on its own: the config beside it may belong to another file (a probe read
+        # "is not an HF model config" about a good one, next to DeepSpeed's save_16bit_model output)
+        return f"a single file is converted without the {config.name} beside it (convert the directory {src.parent})"
     if config.is_dir():
         return f"{config} is a directory, not an HF config file"
     if config.is_file():
