@@ -863,3 +863,20 @@ def test_latest_naming_a_tag_of_its_own_beside_numbered_saves_is_the_default(tmp
         got = {k: v for f in out.glob("*.safetensors") for k, v in load_file(str(f)).items()}
         for name, value in expected.items():  # (zero1's oracle leaves its frozen norm out)
             assert got[name].tobytes() == value.tobytes(), (picked, name)
+
+
+def test_a_model_states_file_opened_alone_says_what_it_holds(saves, tmp_path):
+    """One ``*model_states.pt`` file on its own (a probe, real DeepSpeed 0.19.8): the ZeRO-3 one read as a
+    model of 0 parameters that checked ok; it is damage-like now (placeholders: check exits 1, convert refuses
+    with the reason), and a ZeRO-1/2 one warns that the fp32 masters are in the optimizer files."""
+    zero3 = saves[3] / TAG / "zero_pp_rank_0_mp_rank_00_model_states.pt"
+    check = run_cli("check", str(zero3))
+    assert check.code == 1 and "placeholders of 0 elements" in check.out, check.out
+    out = tmp_path / "out"
+    refused = run_cli("convert", str(zero3), str(out), "--to", "hf", "--hf-config", str(SHIPPED / "hf_config"))
+    assert refused.code == 2 and refused.err.count("\n") == 1 and "ZeRO-3 model-states" in refused.err and not out.exists()
+    zero2 = saves[2] / TAG / "mp_rank_00_model_states.pt"
+    inspected = run_cli("inspect", "--json", str(zero2))
+    assert inspected.code == 0
+    assert any("fp32 master weights" in w for w in json.loads(inspected.out)["metadata"]["warnings"])
+    assert run_cli("check", str(zero2)).code == 0

@@ -81,6 +81,7 @@ class TorchZipReader(TrustedReadMixin, CheckpointReader):
         if not self._rank_pieces(index, parsed):
             build_torch_index(index, parsed.obj, self.path.name, parsed.storages,
                               big_endian=parsed.big_endian, path=self.path)
+            _note_deepspeed_model_states(index, self.path)
         if parsed.big_endian:
             index.metadata["byteorder"] = "big"
         return index
@@ -121,3 +122,27 @@ class TorchZipReader(TrustedReadMixin, CheckpointReader):
             "them (model_world_size_W_rank_R.pt) opens as the whole model")
         return True
 
+
+
+_DEEPSPEED_MODEL_STATES = {"ds_version", "param_shapes", "dp_world_size"}
+"""Top-level keys of DeepSpeed's ``*mp_rank_XX_model_states.pt`` (``engine.save_checkpoint``)."""
+
+
+def _note_deepspeed_model_states(index: CheckpointIndex, path: Path) -> None:
+    """One DeepSpeed model-states file opened on its own says what it is (a probe read a ZeRO-3 one as a
+    model of 0 parameters that checked ok). Under ZeRO-3 its module holds placeholders of 0 elements:
+    an ``unassembled-file`` issue (``check`` exits 1, exports refuse with this line). Under ZeRO-0/1/2 it
+    holds the engine's working copy (bf16 under bf16 training), while the fp32 masters that DeepSpeed's
+    ``zero_to_fp32`` exports are in the optimizer files beside it: a warning."""
+    if not _DEEPSPEED_MODEL_STATES <= {o.name for o in index.objects}:
+        return
+    tag = path.parent
+    module = [m for name, m in index.tensors.items() if name.startswith("module.")]
+    if module and all(m.numel == 0 for m in module):
+        index.add_issue("unassembled-file", f"a DeepSpeed ZeRO-3 model-states file: its module holds placeholders "
+                        f"of 0 elements, the weights are partitioned across the optimizer files beside it; open "
+                        f"the tag dir ({tag}) instead", file=path.name)
+    else:
+        index.warnings.append(f"a DeepSpeed model-states file: the module as the engine held it (its working dtype); "
+                              f"the fp32 master weights, which DeepSpeed's zero_to_fp32 exports, are in the "
+                              f"optimizer files: open the tag dir ({tag}) for them")
