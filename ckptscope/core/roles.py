@@ -263,11 +263,12 @@ def _split_plain(names: list[str]) -> Split | None:
     for first in set(map(itemgetter(0), map(methodcaller("partition", "."), names))):
         if first.startswith("chained_") or training_kind(first) is not None:
             return None
-    prefix, family = _model_prefix(names)
+    prefix, family, claimed = _model_prefix_counted(names)
     if prefix:
         return None
     pattern = _PATTERNS.get(family)
-    if pattern is not None and not all(map(pattern.match, names)):
+    # every name claimed by the family already matched its pattern (which admits at least as much): no second pass
+    if pattern is not None and claimed != len(names) and not all(map(pattern.match, names)):
         return None
     stored = dict(zip(names, names))
     if len(stored) != len(names):  # a name twice: the general loop records the collision
@@ -276,7 +277,13 @@ def _split_plain(names: list[str]) -> Split | None:
 
 
 def _model_prefix(names: list[str]) -> tuple[str, str]:
-    """The wrapper prefix under which most names form a known naming family, and that family.
+    """``_model_prefix_counted`` without the count."""
+    return _model_prefix_counted(names)[:2]
+
+
+def _model_prefix_counted(names: list[str]) -> tuple[str, str, int]:
+    """The wrapper prefix under which most names form a known naming family, that family, and how many
+    names it claims there (0 when no family holds half of them).
 
     Tries the names as they are first, then under each peelable wrapper component, depth first,
     and keeps the prefix under which the most names are recognised (the shallowest on a tie; the
@@ -307,7 +314,7 @@ def _model_prefix(names: list[str]) -> tuple[str, str]:
         head, rest = max(heads.items(), key=lambda kv: len(kv[1]))
         prefix, current = prefix + head + ".", rest
     if best is not None and 2 * best[0] >= len(names):
-        return best[1], best[2]
+        return best[1], best[2], best[0]
     # Nothing recognised, or only a few names (an HF model renamed to backbone.layers...: lm_head alone
     # still looks like HF): peel only wrappers that hold every name, and judge no name by a family.
     prefix = ""
@@ -321,4 +328,4 @@ def _model_prefix(names: list[str]) -> tuple[str, str]:
             break
         prefix += head + "."
         current = [name.partition(".")[2] for name in current]
-    return prefix, "other"
+    return prefix, "other", 0
