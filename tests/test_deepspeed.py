@@ -792,6 +792,11 @@ def test_a_tied_alias_in_a_universal_checkpoint_is_its_targets_master(tmp_path):
         embedding = reader.read("model.embed_tokens.weight")
         assert np.array_equal(reader.read("lm_head.weight"), embedding)
         assert reader.meta("lm_head.weight").attr("shares_storage_with") == "model.embed_tokens.weight"
+    # counted once, as model.parameters() counts a tied pair (the folders come sorted, lm_head first: it was twice)
+    result = run_cli("inspect", "--json", str(save))
+    assert result.code == 0, result.err
+    want = sum(v.size for k, v in oracle(SHIPPED / "zero2").items() if k != "lm_head.weight")
+    assert json.loads(result.out)["metadata"]["num_params"] == want
 
 
 def test_a_save_dir_with_tags_of_its_own_is_read_through_latest_and_says_why_it_has_no_iterations(tmp_path):
