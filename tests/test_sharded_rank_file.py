@@ -59,3 +59,27 @@ def test_fsdp2_rank_files_in_verls_layout_are_the_whole_model(rank_files, tmp_pa
         assert set(tensors) == set(full)
         for name in full:
             assert np.array_equal(np.asarray(reader.read(name)), full[name].numpy()), name
+
+
+def test_fsdp1_rank_files_under_accelerates_names_are_the_whole_model(rank_files, tmp_path):
+    """accelerate's ``save_fsdp_model(..., use_dcp=False)`` under FSDP1 SHARDED_STATE_DICT is this same
+    ``torch.save`` of each rank's ShardedTensor state dict, named ``pytorch_model_fsdp_0_rank{R}.bin``. The
+    names carry no world size: it comes from the ShardedTensors' placements, so without rank 1's file its
+    parts are holes (check exits 1), not a smaller model."""
+    import torch
+
+    full = torch.load(rank_files / "fsdp1" / "full.pt", weights_only=True)
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    for rank in (0, 1):
+        shutil.copy(rank_files / "fsdp1" / f"model_rank{rank}.pt", ranks / f"pytorch_model_fsdp_0_rank{rank}.bin")
+    with open_checkpoint(ranks) as reader:
+        index = reader.index()
+        assert index.format == "accelerate_fsdp_ranks" and set(index.tensors) == set(full)
+        assert index.metadata["accelerate_fsdp"]["world_size"] == 2
+        for name in full:
+            assert np.array_equal(np.asarray(reader.read(name)), full[name].numpy()), name
+    assert run_cli("check", str(ranks)).code == 0
+    (ranks / "pytorch_model_fsdp_0_rank1.bin").unlink()
+    check = run_cli("check", str(ranks))
+    assert check.code == 1 and "pytorch_model_fsdp_0_rank1.bin" in check.out, check.out

@@ -52,11 +52,10 @@ def rank_files(path: Path) -> dict[int, dict[str, dict[int, str]]]:
     return {i: kinds for i, kinds in found.items() if "model" in kinds}
 
 
-def saved_world(path: Path) -> int | None:
-    """The world size the values of one rank file were sharded over (the largest any value records)."""
-    parsed = read_torch_zip(path, extra_globals=EXTRA_GLOBALS)
-    worlds = [d.world for _, _, d in walk_state(parsed.obj, 0, 1) if d is not None and d.world is not None]
-    return max(worlds, default=None)
+def saved_world(leaves) -> int | None:
+    """The world size a rank file's values were sharded over (the largest any value records), from its
+    ``walk_state`` leaves."""
+    return max((d.world for _, _, d in leaves if d is not None and d.world is not None), default=None)
 
 
 @register_reader
@@ -81,9 +80,9 @@ class AccelerateFsdpRanksReader(VerlFsdpReader):
         files = models[first]
         namer = accelerate_rank_file(first)
         lowest = files["model"][min(files["model"])]
-        world = saved_world(self.path / lowest)
-        if any("_flat_param" in name.split(".") for name, _, _ in
-               walk_state(read_torch_zip(self.path / lowest, extra_globals=EXTRA_GLOBALS).obj, 0, 1)):
+        leaves = list(walk_state(read_torch_zip(self.path / lowest, extra_globals=EXTRA_GLOBALS).obj, 0, 1))
+        world = saved_world(leaves)
+        if any("_flat_param" in name.split(".") for name, _, _ in leaves):
             raise CkptError(f"{lowest}: an accelerate FSDP LOCAL_STATE_DICT save (each rank's flattened "
                             f"parameters, no named weights), which ckptscope does not read; save with "
                             f"fsdp_state_dict_type SHARDED_STATE_DICT or FULL_STATE_DICT", self.path)
