@@ -71,8 +71,6 @@ def group_summary(tensors: dict[str, TensorMeta]) -> dict[str, dict[str, int]]:
     return out
 
 
-
-
 class RangeIO(io.RawIOBase):
     """A read-only, seekable file over ``buffer[start:start+length]`` (no copy), so ``zipfile``
     can open a torch.save zip embedded in a larger file (a mmap of a ``.distcp``)."""

@@ -123,7 +123,6 @@ class TorchZipReader(TrustedReadMixin, CheckpointReader):
         return True
 
 
-
 _DEEPSPEED_MODEL_STATES = {"ds_version", "param_shapes", "dp_world_size"}
 """Top-level keys of DeepSpeed's ``*mp_rank_XX_model_states.pt`` (``engine.save_checkpoint``)."""
 

@@ -15,11 +15,13 @@ files (flat parameters) can carry the same name for a second model; they stay re
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
-from ckptscope.formats.pickles.dtensor import EXTRA_GLOBALS, walk_state
+from ckptscope.formats.pickles.dtensor import EXTRA_GLOBALS, Decoded, walk_state
 from ckptscope.formats.pickles.torch_file import read_torch_zip
 from ckptscope.formats.registry import register_reader
 from ckptscope.formats.verl.reader import FsdpLayout, VerlFsdpReader
@@ -29,8 +31,9 @@ OPTIM_RANK_FILE = re.compile(r"^optimizer_(\d+)_rank(\d+)\.bin$")
 _KIND_PATTERNS = (("model", MODEL_RANK_FILE), ("optim", OPTIM_RANK_FILE))
 
 
-def accelerate_rank_file(model_index: int):
+def accelerate_rank_file(model_index: int) -> Callable[[str, int, int], str]:
     """The ``FsdpLayout.rank_file`` namer for model ``model_index``'s files."""
+
     def name(kind: str, world: int, rank: int) -> str:
         stem = "pytorch_model_fsdp" if kind == "model" else "optimizer"
         return f"{stem}_{model_index}_rank{rank}.bin"
@@ -52,7 +55,7 @@ def rank_files(path: Path) -> dict[int, dict[str, dict[int, str]]]:
     return {i: kinds for i, kinds in found.items() if "model" in kinds}
 
 
-def saved_world(leaves) -> int | None:
+def saved_world(leaves: list[tuple[str, Any, Decoded | None]]) -> int | None:
     """The world size a rank file's values were sharded over (the largest any value records), from its
     ``walk_state`` leaves."""
     return max((d.world for _, _, d in leaves if d is not None and d.world is not None), default=None)
@@ -87,9 +90,8 @@ class AccelerateFsdpRanksReader(VerlFsdpReader):
                             f"parameters, no named weights), which ckptscope does not read; save with "
                             f"fsdp_state_dict_type SHARDED_STATE_DICT or FULL_STATE_DICT", self.path)
         source = "the saved values' mesh"
-        highest = max(r for ranks in files.values() for r in ranks)
-        if world is None or world <= highest:
-            world, source = (highest + 1 if world is None else world), "file names"
+        if world is None:  # no value records it: the highest rank present is the last one
+            world, source = max(r for ranks in files.values() for r in ranks) + 1, "file names"
         layout = FsdpLayout(world_size=world, source=source, fsdp_version=None, files=files, rank_file=namer)
         for ranks in layout.files.values():
             for r in sorted(r for r in ranks if r >= world):
