@@ -177,6 +177,21 @@ def _piece_json(piece) -> dict[str, Any]:
     return {"source": piece.source, "box": [list(b) for b in piece.src_box], "into": [list(b) for b in piece.dst_box]}
 
 
+_DENSE_MLP = re.compile(r"(^|\.)layers\.\d+\.mlp\.(linear_fc[12]|gate_proj|up_proj|down_proj)\.")
+
+
+def _unmapped_hint(unmapped: list[str], arch: str) -> str:
+    """What to do about tensors no rule of ``arch`` maps, said for the layouts probes met: a dense MLP in some
+    layers of an MoE model (HF ``mlp_only_layers``, Megatron ``moe_layer_freq``), learned absolute positions
+    beside RoPE. "pass --arch" alone sent a user looking for an architecture that does not exist."""
+    if all(_DENSE_MLP.search(name) for name in unmapped):
+        return (f"dense MLP layers among the MoE layers of {arch} (HF mlp_only_layers, Megatron moe_layer_freq) "
+                f"are not supported yet")
+    if any("position_embeddings" in name for name in unmapped):
+        return f"learned absolute position embeddings have no place in {arch}, which uses RoPE"
+    return "pass --arch or report the layout"
+
+
 def _identity_view(tensors: dict, cfg: ModelConfig, arch: str) -> MappedView:
     from ckptscope.ops.diff.plan import identity_recipes  # HF -> HF only: a conversion does not import diff
 
@@ -550,7 +565,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
             raise CkptError(_unmapped_naming(family, tensors, index), src_path)
         if view.unmapped:
             raise CkptError(f"{plural(len(view.unmapped), 'tensor matches', 'tensors match')} no {view.arch} rule "
-                            f"(first: {view.unmapped[0]}); pass --arch or report the layout")
+                            f"(first: {view.unmapped[0]}); {_unmapped_hint(view.unmapped, view.arch)}")
         if family == "mcore":
             check_norm_convention(cfg, view.arch, src_path)
             problems = hf_export_problems(cfg, view.arch)
