@@ -858,6 +858,8 @@ def test_latest_naming_a_tag_of_its_own_beside_numbered_saves_is_the_default(tmp
     assert check.code == 0 and "final_tag" in check.out + check.err, (check.out, check.err)
     listing = run_cli("inspect", str(root))
     assert listing.code == 0 and "final_tag" in listing.out and "global_step2" in listing.out, listing.out
+    timeline = run_cli("timeline", str(root))  # one numbered save: the tag has no step to order it by, said so
+    assert timeline.code == 2 and "final_tag has no step number to order by" in timeline.err, timeline.err
     for picked, expected in ((None, want), ("final_tag", want), ("2", older)):
         out = tmp_path / f"out_{picked}"
         extra = ("--iteration", picked) if picked else ()

@@ -152,6 +152,7 @@ def _choose(root: Path, found: list[IterationInfo] | None, lo: int | None, hi: i
     if found is None:
         raise CkptError(not_a_save_root(root), root)
     numbered = sorted((i for i in found if i.number is not None), key=lambda i: i.number or 0)
+    named = [i.label for i in found if i.number is None]  # release, final, a DeepSpeed tag of the user's own
     chosen = [i for i in numbered if (lo is None or i.iteration >= lo) and (hi is None or i.iteration <= hi)]
     incomplete = [i for i in chosen if not i.complete]
     if incomplete:
@@ -162,6 +163,8 @@ def _choose(root: Path, found: list[IterationInfo] | None, lo: int | None, hi: i
         complete = [i.label for i in numbered if i.complete]
         have = f"the only complete one is iteration {complete[0]}" if len(complete) == 1 else \
             f"complete iterations: {', '.join(complete)}" if complete else "none is complete"
+        if named:
+            have += f" ({', '.join(named)} {'has' if len(named) == 1 else 'have'} no step number to order by)"
         raise CkptError(f"a timeline needs at least 2 complete iterations in range; {have}", root)
     return chosen
 
