@@ -95,6 +95,26 @@ def test_megatron_args_record_zero_centred_norms_and_gemma_facts(hf_dir, dist_di
     assert args["hf_config_extra"]["model_type"] == src["model_type"]
     assert args["hf_config_extra"]["sliding_window"] == src["sliding_window"]
     assert args["qk_layernorm"] is (src["model_type"] == "gemma3_text")
+    # rotary_base is the global layers' RoPE base (transformers 5 keeps Gemma 3's per layer type); a probe's
+    # export wrote the default 10000 for bases of 1e6 and 1000
+    rope = src.get("rope_parameters") or {}
+    want = rope["full_attention"]["rope_theta"] if "full_attention" in rope else src.get("rope_theta", rope.get("rope_theta"))
+    assert args["rotary_base"] == want
+
+
+def test_gemma3_local_rope_base_is_said_and_the_global_one_written(tmp_path):
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(**DIMS, layer_types=["sliding_attention", "full_attention"], rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}})
+    hf = tmp_path / "hf"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(hf)
+    result = run_cli("convert", str(hf), str(tmp_path / "mcore"), "--to", "mcore")
+    assert result.code == 0 and "the local layers' RoPE base" in result.err, result.err
+    args = vars(torch.load(tmp_path / "mcore" / "iter_0000000" / "common.pt", map_location="cpu", weights_only=False)["args"])
+    assert args["rotary_base"] == 1e6
+    back = _convert(tmp_path / "mcore", tmp_path / "back", to="hf")
+    assert torch.equal(_logits(back), _logits(hf))
 
 
 _rewrite_args = rewrite_args  # one helper for every arch's Megatron-args edits (tests/arch_roundtrip.py)

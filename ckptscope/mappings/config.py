@@ -86,11 +86,33 @@ _GEMMA_UNCARRIED = {"query_pre_attn_scalar": "the attention scale", "attn_logit_
                     "use_bidirectional_attention": "bidirectional attention"}
 
 
+def _rope_theta_of(rope: Any) -> float | None:
+    """The RoPE base in transformers 5's ``rope_parameters``: flat for one RoPE, or per layer type (Gemma 3's
+    ``{"full_attention": {...}, "sliding_attention": {...}}``), where the global layers' base is what Megatron's
+    ``rotary_base`` means. A probe's Gemma 3 export wrote the default 10000 for bases of 1e6 and 1000."""
+    if not isinstance(rope, dict):
+        return None
+    if "rope_theta" in rope:
+        return rope["rope_theta"]
+    full = rope.get("full_attention")
+    return full.get("rope_theta") if isinstance(full, dict) else None
+
+
+def _local_rope_base(extra: dict) -> bool:
+    """Whether the local (sliding-window) layers have a RoPE base of their own, in either spelling."""
+    if extra.get("rope_local_base_freq") not in (None, False):
+        return True
+    rope = extra.get("rope_parameters")
+    local = rope.get("sliding_attention") if isinstance(rope, dict) else None
+    return isinstance(local, dict) and local.get("rope_theta") is not None
+
+
 def _gemma_export_notes(cfg: "ModelConfig") -> list[str]:
     """What a Gemma 2/3 Megatron export carries only in ``hf_config_extra``: a probe found pairs of models
     whose logits differ by 0.6-4.0 written with the same Megatron args, so say it after every export."""
     extra = cfg.hf_extra or {}
-    missing = [what for key, what in _GEMMA_UNCARRIED.items() if extra.get(key) not in (None, False)]
+    missing = [what for key, what in _GEMMA_UNCARRIED.items()
+               if extra.get(key) not in (None, False) or (key == "rope_local_base_freq" and _local_rope_base(extra))]
     if not missing:
         return []
     return [f"{cfg.arch}: {', '.join(missing)} travel only in hf_config_extra (for the way back to HF); the "
@@ -285,7 +307,7 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
     if shared_experts is None and _first(text, "n_shared_experts") and _first(text, "moe_intermediate_size"):
         shared_experts = text["n_shared_experts"] * text["moe_intermediate_size"]  # DeepSeek: n copies, one MLP
     rope = text.get("rope_parameters")  # transformers >= 5 keeps rope_theta there (flat for one RoPE)
-    rope_theta = _first(text, "rope_theta") or (rope.get("rope_theta") if isinstance(rope, dict) else None)
+    rope_theta = _first(text, "rope_theta") or _rope_theta_of(rope)
     # Qwen2-MoE spells it qkv_bias (default true), the rest attention_bias
     qkv_bias = _first(text, "qkv_bias") if arch == "qwen2_moe" else _first(text, "attention_bias")
     hf_extra = {k: text[k] for k in HF_EXTRA_KEYS[arch] if k in text} if arch in HF_EXTRA_KEYS else None
