@@ -534,3 +534,18 @@ def test_unmapped_tensors_are_explained_for_the_layouts_probes_met():
     assert "dense MLP layers among the MoE layers of qwen3_moe" in _unmapped_hint(dense, "qwen3_moe")
     assert "RoPE" in _unmapped_hint(["embedding.position_embeddings.weight"], "llama")
     assert _unmapped_hint(["decoder.layers.0.self_attention.odd.weight"], "llama") == "pass --arch or report the layout"
+
+
+@pytest.mark.parametrize("fmt", ["torch", "torch_dist"])
+def test_a_pipeline_split_megatron_cannot_build_is_refused_in_both_formats(tmp_path, fmt):
+    """Layers that do not split evenly over the stages: the per-rank torch writer refused them, torch_dist wrote
+    args (a probe: num_layers 3, pipeline size 2, no uneven-stage args) that megatron-core cannot build."""
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "sample_ckpts" / "hf_llama_single", src)
+    config = json.loads((src / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    pp = 3
+    assert layers > pp and layers % pp  # (4 layers over 3 stages)
+    out = tmp_path / "out"
+    result = run_cli("convert", str(src), str(out), "--to", "mcore", "--pp", str(pp), "--ckpt-format", fmt)
+    assert result.code == 2 and "do not split evenly" in result.err and not out.exists(), result.err

@@ -700,6 +700,12 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
         raise CkptError("; ".join(problems), src_path)
     args = to_megatron_args(cfg_out, tp=tp, pp=pp, ep=ep, ckpt_format=ckpt_format,
                             make_vocab_size_divisible_by=divisible)
+    if pp > 1 and cfg_out.num_layers:
+        # torch_dist stores the layers whole, but its args must name a split megatron-core can build: the torch
+        # writer refused 3 layers over 2 stages while torch_dist wrote those args (a probe)
+        from ckptscope.formats.megatron.model_layout import pipeline_layer_ranges
+
+        pipeline_layer_ranges(cfg_out.num_layers, pp, args)
     args["iteration"] = iteration
     generation = (_generation_config_file(src_path, index, Path(hf_config) if hf_config else None)
                   if family == "hf" else _carried_generation_config(index))
