@@ -87,6 +87,23 @@ async def test_picker_opens_the_chosen_iteration(tmp_path, samples, monkeypatch)
 
 
 @sync
+async def test_the_picker_starts_on_what_opening_the_root_picks(tmp_path, samples, monkeypatch):
+    """The tracker names 20, below an incomplete 30: the cursor starts on 20, so Enter opens what the
+    CLI opens (it started on the top row; a DeepSpeed tag named by 'latest' is listed last)."""
+    megatron_root(tmp_path, samples)
+    monkeypatch.chdir(tmp_path)
+    app = make_app("save", keymap={})
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        assert isinstance(app.screen, IterationPickerScreen)
+        assert app.screen.query_one(DataTable).cursor_row == 1
+        await pilot.press("enter")
+        await settle(pilot)
+        index = app.screen.query_one(SummaryHeader).index
+        assert index is not None and Path(index.path).name == "iter_0000020"
+
+
+@sync
 async def test_an_iteration_opened_directly_still_knows_its_root(tmp_path, samples):
     """``ckptscope open ROOT --iteration N`` opens N; ``i`` then offers ROOT's other iterations."""
     root = megatron_root(tmp_path, samples)

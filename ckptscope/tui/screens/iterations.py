@@ -14,7 +14,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from ckptscope.core.units import human_bytes, human_time, plural
-from ckptscope.ops.roots import IterationInfo
+from ckptscope.ops.roots import IterationInfo, default_iteration
 from ckptscope.tui.widgets.vim_keys import table_keys
 
 
@@ -67,6 +67,12 @@ class IterationPickerScreen(Screen[str | None]):
                           Text("latest", style="magenta") if info.latest else "",
                           status, Text(human_bytes(info.size), justify="right"), human_time(info.saved),
                           _below(info.path, self.root), key=info.path)
+        # The cursor starts on what opening the root picks (the tracker's or DeepSpeed's 'latest' when complete),
+        # not on the top row: a DeepSpeed tag of the user's own is listed below the numbered saves, and Enter
+        # opened global_step2 beside a 'latest' naming it (a person testing the picker)
+        chosen = default_iteration(self.iterations)
+        if chosen is not None:
+            table.move_cursor(row=self.iterations.index(chosen))
         table.focus()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
