@@ -277,6 +277,10 @@ async def test_a_filter_that_matches_nothing_clears_the_tensor_panes(in_repo):
         assert text_of(screen.query_one("#filter-status", Static)).strip() == "no tensor matches"
         facts = text_of(screen.query_one(TensorDetail).query_one("#facts", Static))
         assert screen.current is None and "Move the cursor onto a tensor" in facts, facts
+        screen._jump(1)  # what n does: the line names the filter, not "press / to filter" (a person testing)
+        await settle(pilot)
+        said = [n.message for n in app._notifications]
+        assert any("'no_such_tensor' matches no tensor" in m for m in said), said
         await pilot.press("escape")
         await settle(pilot)
         assert any("lm_head" in line for line in tree_lines(app))

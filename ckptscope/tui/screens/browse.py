@@ -500,7 +500,10 @@ class BrowseScreen(RenameActions, Screen[None]):
 
     def _jump(self, step: int) -> None:
         if not self._leaves:
-            self.notify("No filter matches: press / to filter.", severity="information")
+            # a filter that matches nothing is not "no filter" (the same line was shown for both: a person testing)
+            message = (f"The filter {self._pattern!r} matches no tensor: press / to change it." if self._pattern.strip()
+                       else "No filter matches: press / to filter.")
+            self.notify(message, severity="information")
             return
         self._match = (self._match + step) % len(self._leaves)
         tree = self.query_one(TensorTree)
