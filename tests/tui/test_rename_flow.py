@@ -175,6 +175,8 @@ async def test_rename_flow_end_to_end(src, tmp_path):
         apply = app.screen
         assert isinstance(apply, RenameApplyScreen)
         assert apply.query_one("#apply-dst", Input).value == str(src.with_name("src_hf-renamed"))
+        # nothing typed yet: the opening line, not "destination changed" (said on first open, a person testing)
+        assert "destination changed" not in text_of(apply.query_one("#apply-status", Static))
         taken = tmp_path / "taken"
         taken.mkdir()
         await type_into(pilot, str(taken))

@@ -83,6 +83,9 @@ class RenameApplyScreen(ModalScreen[str | None]):
         """destination -> planned -> writing -> done (or back to destination on a failure)."""
         self.plan: RenamePlan | None = None
         self.written: str | None = None
+        self._offered = (str(default_destination(src)), False)
+        """The destination and overwrite the dialog opened with: the Input's first Changed event carries
+        them, and "destination changed" was said before the user changed anything (a person testing)."""
 
     def compose(self) -> ComposeResult:
         count = len(self.rules)
@@ -92,7 +95,7 @@ class RenameApplyScreen(ModalScreen[str | None]):
             yield Static(Text.assemble(("source".ljust(12), "dim"), (self.src, "bold")), id="apply-src")
             with Horizontal(classes="rename-field"):
                 yield Label("destination", classes="rename-label")
-                yield Input(str(default_destination(self.src)), id="apply-dst")
+                yield Input(self._offered[0], id="apply-dst")
             yield Checkbox("overwrite the destination if it exists", id="apply-overwrite")
             yield Static(Text("enter checks the plan; nothing is written before you confirm it", style="dim"),
                          id="apply-status")
@@ -225,10 +228,12 @@ class RenameApplyScreen(ModalScreen[str | None]):
     @on(Checkbox.Changed, "#apply-overwrite")
     def _edited(self) -> None:
         """A new destination needs a new plan; the old plan's verdict (or refusal) no longer holds."""
-        if self.stage == "planned":
+        dropped = self.stage == "planned"
+        if dropped:
             self.plan = None
             self._set_stage("destination")
-        if self.stage == "destination":
+        edited = (self.query_one("#apply-dst", Input).value, self.query_one("#apply-overwrite", Checkbox).value)
+        if self.stage == "destination" and (dropped or edited != self._offered):
             self._status(Text("destination changed: enter checks the plan again", style="dim"))
             self.query_one("#apply-plan", Static).update("")
         self.query_one("#apply-plan-box").display = False
