@@ -184,6 +184,9 @@ async def test_rename_flow_end_to_end(src, tmp_path):
         await settle(pilot)
         assert apply.stage == "destination"
         assert "destination exists" in text_of(apply.query_one("#apply-status", Static))
+        await type_into(pilot, str(src.with_name("src_hf-renamed")))  # back to the offered value: a change all the same
+        await settle(pilot)
+        assert "destination changed" in text_of(apply.query_one("#apply-status", Static))
         dst = tmp_path / "dst_hf"
         await type_into(pilot, str(dst))
         await pilot.press("enter")

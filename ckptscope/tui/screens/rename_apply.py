@@ -86,6 +86,8 @@ class RenameApplyScreen(ModalScreen[str | None]):
         self._offered = (str(default_destination(src)), False)
         """The destination and overwrite the dialog opened with: the Input's first Changed event carries
         them, and "destination changed" was said before the user changed anything (a person testing)."""
+        self._touched = False
+        """Whether the user has changed the destination or overwrite since the dialog opened."""
 
     def compose(self) -> ComposeResult:
         count = len(self.rules)
@@ -233,7 +235,8 @@ class RenameApplyScreen(ModalScreen[str | None]):
             self.plan = None
             self._set_stage("destination")
         edited = (self.query_one("#apply-dst", Input).value, self.query_one("#apply-overwrite", Checkbox).value)
-        if self.stage == "destination" and (dropped or edited != self._offered):
+        self._touched = self._touched or dropped or edited != self._offered
+        if self.stage == "destination" and self._touched:
             self._status(Text("destination changed: enter checks the plan again", style="dim"))
             self.query_one("#apply-plan", Static).update("")
         self.query_one("#apply-plan-box").display = False
