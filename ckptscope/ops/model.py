@@ -10,7 +10,6 @@ compares what it calls the model, convert / merge export exactly its model and n
 from __future__ import annotations
 
 import operator
-import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -90,19 +89,17 @@ class ModelEntries:
         }
 
 
-_NOT_PARAMETERS = re.compile(r"(?:^|\.)_extra_state\d*(?:\.|$)|(?:^|\.)rotary_emb\.inv_freq$")
-"""A module's ``get_extra_state()`` (TE fp8 metadata, a custom module's tensors: ``m._extra_state`` or,
-for a dict, ``m._extra_state.<key>``) and the RoPE buffer older transformers saved: stored beside the
-weights, never in ``model.parameters()`` (a probe counted 38 parameters for a module of 35)."""
-
-
 def parameter_tensors(metas: list[TensorMeta]) -> list[TensorMeta]:
-    """``metas`` without the entries that are never parameters (``_NOT_PARAMETERS``); one C-level look at
-    the names first, so the common checkpoint pays no per-name match."""
+    """``metas`` without the entries that are never parameters, by the mappings' one rule for them
+    (``is_ignored``: a module's ``_extra_state``, also a dict's tensors under it, and a saved
+    ``rotary_emb.inv_freq``; a probe counted 38 parameters for a module of 35). One C-level look at the
+    names first, so the common checkpoint pays no per-name test."""
     joined = "\0".join(m.name for m in metas)
     if "_extra_state" not in joined and "inv_freq" not in joined:
         return metas
-    return [m for m in metas if not _NOT_PARAMETERS.search(m.name)]
+    from ckptscope.mappings.schemas import is_ignored  # here: the mappings package is no import of inspect's
+
+    return [m for m in metas if not is_ignored(m.name)]
 
 
 def _totals(metas, stored=None) -> dict[str, int]:
