@@ -152,3 +152,30 @@ async def test_escape_goes_back_and_only_q_quits(tmp_path, samples, monkeypatch)
         await pilot.press("q")
         await settle(pilot)
     assert not app.is_running
+
+
+@sync
+async def test_backspace_goes_back_to_the_iterations_and_the_footer_leads_with_q(tmp_path, samples, monkeypatch):
+    """Backspace in an iteration picked from a root goes back to the root's list (it did nothing; a
+    person testing), and at 80 columns the footer still shows q and ? (they came last and were cut)."""
+    from textual.widgets._footer import FooterKey
+
+    megatron_root(tmp_path, samples)
+    monkeypatch.chdir(tmp_path)
+    app = make_app("save", keymap={})
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("enter")  # the tracker's iteration 20
+        await settle(pilot)
+        assert isinstance(app.screen, BrowseScreen)
+        keys = [key for key in app.screen.query(FooterKey) if not key.has_class("-command-palette")]
+        assert [key.key for key in keys[:2]] == ["q", "question_mark"]
+        assert all(key.region.right <= 80 and key.region.width > 0 for key in keys[:2])
+        assert any(key.action == "back" for key in keys)
+        await pilot.press("backspace")
+        await settle(pilot)
+        assert isinstance(app.screen, IterationPickerScreen)
+        await pilot.press("escape")  # and back again to the checkpoint left open
+        await settle(pilot)
+        assert isinstance(app.screen, BrowseScreen)
+        assert Path(app.screen.query_one(SummaryHeader).index.path).name == "iter_0000020"

@@ -14,8 +14,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Footer, OptionList, Static
+from textual.widgets import DataTable, OptionList, Static
 
+from ckptscope.tui.widgets.key_footer import KeyFooter
 from ckptscope.tui.widgets.table_search import SearchableTable, search_bindings
 from ckptscope.tui.widgets.vim_keys import table_keys
 
@@ -60,7 +61,7 @@ class ArchsScreen(ModalScreen[None]):
                 yield ArchList(*self.archs, id="archs-list")
                 yield ArchTable(id="archs-table", cursor_type="row", zebra_stripes=True)
             yield Static("", id="archs-facts")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         table = self.query_one(ArchTable)

@@ -17,7 +17,7 @@ from textual.cache import LRUCache
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.timer import Timer
-from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
+from textual.widgets import Input, Static, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from ckptscope.core.errors import CkptError
@@ -35,6 +35,7 @@ from ckptscope.tui.messages import (
 from ckptscope.tui.screens.rename_actions import RENAME_BINDINGS, RenameActions
 from ckptscope.tui.widgets.files_table import FilesTable
 from ckptscope.tui.widgets.filter_bar import FilterBar
+from ckptscope.tui.widgets.key_footer import KeyFooter
 from ckptscope.tui.widgets.objects_table import ObjectDetail, ObjectsTable
 from ckptscope.tui.widgets.shard_map import ShardMap
 from ckptscope.tui.widgets.stats_view import StatsView
@@ -109,8 +110,9 @@ class BrowseScreen(RenameActions, Screen[None]):
                 tooltip="Shard map: next block of the leading axes"),
         Binding("i", "iterations", "iterations", show=False, id="browse.iterations",
                 tooltip="Pick another iteration of this save directory"),
-        Binding("backspace", "back_to_source", "back to source", id="browse.back",
-                tooltip="Back to the checkpoint this copy was written from, as you left it"),
+        Binding("backspace", "back", "back", id="browse.back",
+                tooltip="Back to where this checkpoint was opened from: the checkpoint this copy was written "
+                        "from, as you left it, or the save directory's list of iterations"),
         Binding("p", "pick_layer", "pick layer", id="browse.pick_layer",
                 tooltip="In a collapsed range: open one layer, or compare two layers"),
         Binding("y", "copy_name", "copy name", show=False, id="browse.copy_name",
@@ -161,7 +163,7 @@ class BrowseScreen(RenameActions, Screen[None]):
                 yield FilterBar(id="filter")
             with Vertical(id="right"):
                 yield Static(Text("reading metadata…", style="dim italic"), id="panes-waiting")
-        yield Footer()
+        yield KeyFooter()
 
     @property
     def panes_ready(self) -> bool:
@@ -559,13 +561,17 @@ class BrowseScreen(RenameActions, Screen[None]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "pick_layer":  # in the footer only where it applies
             return self._panes_ready and self.query_one(TensorTree).range_at_cursor() is not None
-        if action == "back_to_source":
-            return self.opened_from is not None
+        if action == "back":
+            return self.opened_from is not None or self.iterations_root is not None
         return True
 
-    def action_back_to_source(self) -> None:
+    def action_back(self) -> None:
+        """To the source a conversion or rename was written from, else to the iteration list this
+        checkpoint was picked from (backspace did nothing there; a person testing)."""
         if self.opened_from is not None:
             self.app.pop_screen()
+        elif self.iterations_root is not None:
+            self.action_iterations()
 
     def action_pick_layer(self) -> None:
         from ckptscope.tui.screens.layers import LayerPickScreen

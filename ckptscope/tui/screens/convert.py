@@ -23,7 +23,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.timer import Timer
-from textual.widgets import Button, Checkbox, DataTable, Footer, Input, Label, ProgressBar, Select, Static
+from textual.widgets import Button, Checkbox, DataTable, Input, Label, ProgressBar, Select, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from ckptscope.core.errors import CkptError
@@ -46,6 +46,7 @@ from ckptscope.tui.messages import (
     ConvertProgressed,
     ConvertVerified,
 )
+from ckptscope.tui.widgets.key_footer import KeyFooter
 from ckptscope.tui.widgets.path_suggester import PathSuggester
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -177,7 +178,7 @@ class ConvertScreen(ModalScreen[str | None]):
                 yield Button("Open result", variant="success", id="convert-open")
                 yield Button("Verify round trip", id="convert-verify-go")
                 yield Button("Cancel", id="convert-cancel")
-        yield Footer()
+        yield KeyFooter()
 
     def on_resize(self) -> None:
         self._fit()

@@ -21,7 +21,7 @@ from textual.cache import LRUCache
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.timer import Timer
-from textual.widgets import DataTable, Footer, Input, Static
+from textual.widgets import DataTable, Input, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from ckptscope.core.errors import CkptError
@@ -29,6 +29,7 @@ from ckptscope.tui.diff_rows import COLUMN_BY_KEY, COLUMNS, STATUS_FILTERS, STAT
 from ckptscope.tui.messages import DiffDetailComputed, DiffFailed, DiffFinished, DiffPlanned, PairsCompared
 from ckptscope.tui.widgets.diff_header import DiffHeader, DiffProgress
 from ckptscope.tui.widgets.diff_table import DiffTable
+from ckptscope.tui.widgets.key_footer import KeyFooter
 from ckptscope.tui.widgets.pair_detail import PairDetailView
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -131,7 +132,7 @@ class DiffScreen(Screen[None]):
                 yield Input(placeholder="tensor name: substring or glob (*.mlp.*)", id="diff-filter")
             with VerticalScroll(id="diff-detail-box"):
                 yield PairDetailView(id="diff-detail")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.set_class(self.app.size.width < NARROW_BELOW, "-narrow")

@@ -12,8 +12,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Input, Static
+from textual.widgets import Input, Static
 
+from ckptscope.tui.widgets.key_footer import KeyFooter
 from ckptscope.tui.widgets.path_suggester import PathSuggester
 
 
@@ -39,7 +40,7 @@ class DiffWithDialog(ModalScreen[str | None]):
                         suggester=PathSuggester(), id="diff-with-path")
             yield Static(Text("enter compares (A = the checkpoint open here) · → completes a path · esc cancels",
                               style="dim"), id="diff-with-status")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.query_one(Input).focus()

@@ -9,7 +9,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Center, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
+
+from ckptscope.tui.widgets.key_footer import KeyFooter
 
 EXIT_TROUBLE = 2
 
@@ -30,7 +32,7 @@ class ErrorScreen(Screen[None]):
             yield Static(Text(self.path, style="bold"), id="error-path")
             yield Static(Text(self.reason), id="error-reason")
             yield Static(Text("press q to quit", style="dim italic"), id="error-hint")
-        yield Footer()
+        yield KeyFooter()
 
     def action_quit_trouble(self) -> None:
         self.app.exit(return_code=EXIT_TROUBLE)

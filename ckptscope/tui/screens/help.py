@@ -16,7 +16,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
+
+from ckptscope.tui.widgets.key_footer import KeyFooter
 
 KEYMAP_HINT = ("Remap any key by id in ~/.config/ckptscope/keymap.toml, e.g.\n"
                '  [keymap]\n  "browse.filter" = "ctrl+f"\n  "browse.stats" = "S"')
@@ -84,7 +86,7 @@ class HelpScreen(ModalScreen[None]):
                                   "transforms) follows the fields; ctrl+s writes it, ctrl+r verifies a round trip, "
                                   "ctrl+o browses the result.", style="dim"), classes="help-group")
             yield Static(Text(KEYMAP_HINT, style="dim"), classes="help-group")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.query_one("#help-box", VerticalScroll).focus()

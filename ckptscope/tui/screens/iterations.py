@@ -11,10 +11,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 
 from ckptscope.core.units import human_bytes, human_time, plural
 from ckptscope.ops.roots import IterationInfo, default_iteration
+from ckptscope.tui.widgets.key_footer import KeyFooter
 from ckptscope.tui.widgets.vim_keys import table_keys
 
 
@@ -55,7 +56,7 @@ class IterationPickerScreen(Screen[str | None]):
             if not self.iterations:
                 yield Static(Text("No iteration directories yet (the tracker file exists but no iter_* "
                                   "directory).", style="yellow"))
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)

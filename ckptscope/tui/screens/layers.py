@@ -16,10 +16,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Footer, Input, Static
+from textual.widgets import DataTable, Input, Static
 
 from ckptscope.core.units import shape_str
 from ckptscope.ops.layers import LayerPair
+from ckptscope.tui.widgets.key_footer import KeyFooter
 from ckptscope.tui.widgets.table_search import SearchableTable, search_bindings
 from ckptscope.tui.widgets.vim_keys import table_keys
 
@@ -103,7 +104,7 @@ class LayerCompareScreen(ModalScreen[None]):
                               + ("  (identical layers: a copy, or an untrained init?)" if same == len(self.pairs)
                                  and self.pairs else ""), style="yellow" if same else "dim"))
             yield CompareTable(id="compare-table", cursor_type="row", zebra_stripes=True)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)

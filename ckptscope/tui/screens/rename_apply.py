@@ -22,7 +22,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Checkbox, Footer, Input, Label, ProgressBar, Static
+from textual.widgets import Button, Checkbox, Input, Label, ProgressBar, Static
 from textual.worker import Worker, WorkerState
 
 from ckptscope.core.errors import CkptError
@@ -32,6 +32,7 @@ from ckptscope.ops.rename.rules import RenameRule, rules_request
 from ckptscope.tui.messages import RenameApplied, RenameFailed, RenamePlanned, RenameProgressed
 from ckptscope.tui.destinations import replaced_text
 from ckptscope.tui.renaming import default_destination
+from ckptscope.tui.widgets.key_footer import KeyFooter
 
 PROGRESS_EVERY = 0.05
 """Seconds between progress messages (the writer reports per copied range, far more often)."""
@@ -107,7 +108,7 @@ class RenameApplyScreen(ModalScreen[str | None]):
             with Horizontal(id="apply-buttons"):
                 yield Button("Check plan", variant="primary", id="apply-go")
                 yield Button("Cancel", id="apply-cancel")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.query_one("#apply-plan-box").display = False

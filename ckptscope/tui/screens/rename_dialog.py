@@ -21,12 +21,13 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.timer import Timer
-from textual.widgets import Button, Footer, Input, Label, RadioButton, RadioSet, Static
+from textual.widgets import Button, Input, Label, RadioButton, RadioSet, Static
 
 from ckptscope.ops.rename.plan import RenamePlanError
 from ckptscope.ops.rename.rules import RenameRule, regex_rule, rename_name, rename_prefix
 from ckptscope.tui.messages import RenamePreviewed
 from ckptscope.tui.renaming import PendingRenames, Preview, Selection, preview
+from ckptscope.tui.widgets.key_footer import KeyFooter
 
 PREVIEW_DELAY = 0.08
 """Seconds of typing pause before the preview is recomputed."""
@@ -124,7 +125,7 @@ class RenameDialog(ModalScreen[RenameRule | None]):
                 yield Static(Text("rules apply in order, after the pending ones", style="dim"), id="rename-hint")
                 yield Button("Add to pending", variant="primary", id="rename-add")
                 yield Button("Cancel", id="rename-cancel")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self._show_mode()

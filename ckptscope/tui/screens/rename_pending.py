@@ -14,9 +14,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Footer, Static
+from textual.widgets import Button, DataTable, Static
 
 from ckptscope.ops.rename.rules import rule_hits
+from ckptscope.tui.widgets.key_footer import KeyFooter
 from ckptscope.tui.widgets.table_search import SearchableTable, search_bindings
 from ckptscope.tui.widgets.vim_keys import table_keys
 
@@ -71,7 +72,7 @@ class PendingRenamesScreen(ModalScreen[None]):
                 yield Button("Undo last", id="pending-undo")
                 yield Button("Remove", id="pending-remove")
                 yield Button("Close", id="pending-close")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)

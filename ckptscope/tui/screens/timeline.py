@@ -23,13 +23,14 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, ProgressBar, Sparkline, Static
+from textual.widgets import DataTable, ProgressBar, Sparkline, Static
 from textual.worker import get_current_worker
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.units import plural
 from ckptscope.tui.widgets.column_fit import fit_column
 from ckptscope.tui.widgets.diff_table import NameCell
+from ckptscope.tui.widgets.key_footer import KeyFooter
 from ckptscope.tui.widgets.table_search import SearchableTable, search_bindings
 from ckptscope.tui.widgets.vim_keys import table_keys
 
@@ -135,7 +136,7 @@ class TimelineScreen(Screen[None]):
                 yield Static("", id="tl-detail")
                 yield Static(Text("norm over the iterations", style="dim"), id="tl-spark-title")
                 yield Sparkline([], id="tl-spark")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.set_class(self.app.size.width < NARROW_BELOW, "-narrow")
