@@ -49,7 +49,9 @@ def facts(result: PairResult) -> Group:
         if source is None:
             sides.add_row(label, Text("— (not in this checkpoint)", style="dim"))
             continue
-        line = Text(source + "\n")
+        # the pane's title is the pair's name: a side stored under that same name shows only its dtype and
+        # shape (the name again, cut mid-word where the pane is narrow, told nothing; a person testing)
+        line = Text() if source == result.name else Text(source + "\n")
         line.append(str(dtype), style="cyan")
         line.append(f"  {shape_str(tuple(shape or ()))}", style="dim")
         sides.add_row(label, line)
@@ -106,7 +108,8 @@ def histogram_lines(hist: DiffHistogram, height: int = 5) -> list[Text]:
     else:
         lines.append(Text(f"{lo} to {hi}", style="dim"))
     step = "octave" if hist.step == 1 else f"{hist.step} octaves"
-    lines.append(Text.assemble(extras, (f"   one bar per {step}", "dim")))
+    lines.append(extras)  # each on a line of its own: the pane is 40 columns on a 120-column terminal
+    lines.append(Text(f"one bar per {step}", style="dim"))
     return lines
 
 
@@ -138,8 +141,10 @@ def heatmap_lines(heat: DiffHeatmap, shape: tuple[int, ...]) -> list[Text]:
     view = (f"{heat.matrix_rows:,} × {heat.matrix_cols:,}" if len(shape) == 2 else
             f"{' × '.join(map(str, shape[:-1]))} rows × {shape[-1]} cols" if len(shape) > 2 else
             f"one row of {heat.matrix_cols:,}")
-    lines = [Text("where they differ: max |a − b| per cell", style="bold"),
-             Text(f"{view} · {r} × {c} cells of ≤ {cell_rows:,} × {cell_cols:,}", style="dim")]
+    # short lines, each a fact: they wrapped mid-phrase in a 40-column pane
+    lines = [Text.assemble(("where they differ", "bold"), (" · max |a − b|", "dim")),
+             Text(view, style="dim"),
+             Text(f"{r} × {c} cells of ≤ {cell_rows:,} × {cell_cols:,}", style="dim")]
     finite = [v for row, counts in zip(heat.max_abs, heat.counts) for v, n in zip(row, counts)
               if n and v > 0 and math.isfinite(v)]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
