@@ -71,7 +71,7 @@ _FAMILIES = (
     ("hf", re.compile(r"model\.(layers\.\d+\.[A-Za-z_]+\.|embed_tokens\.|norm\.|rotary_emb\.|language_model\.)|"
                       r"lm_head\.")),
     ("gguf", re.compile(r"token_embd\.|output(_norm)?\.weight\Z|blk\.\d+\.[a-z_]+\.")),  # llama.cpp's names
-    ("torchtitan", re.compile(r"tok_embeddings\.|output\.weight\Z|norm\.weight\Z|"
+    ("torchtitan", re.compile(r"tok_embeddings\.|(output|lm_head)\.weight\Z|norm\.weight\Z|"
                               r"layers\.\d+\.(attention|feed_forward|attention_norm|ffn_norm|moe)\.")),
 )
 

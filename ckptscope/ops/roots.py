@@ -171,7 +171,11 @@ def _is_complete(path: Path, kind: str = "") -> bool:
     if kind == "torchtitan":  # DCP renames .metadata into place once every rank wrote its data
         if ".metadata" in entries or any(e.endswith(".distcp") for e in entries):
             return ".metadata" in entries and "common.pt" not in entries
-        # (``last_save_in_hf``: the last step exported as HF safetensors shards + index, no DCP files)
+        # ``last_save_in_hf``: the last step exported as HF safetensors shards; torchtitan's
+        # ``_find_load_step`` resumes only from a step with the shards' index (or DCP's .metadata), and
+        # consolidation writes the index after the shards: shards without it are a save cut short
+        if any(e.endswith(".safetensors") for e in entries):
+            return "model.safetensors.index.json" in entries
     from ckptscope.formats.megatron.legacy_reader import is_complete_save
     from ckptscope.formats.verl.reader import verl_complete
 

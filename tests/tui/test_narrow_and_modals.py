@@ -81,7 +81,8 @@ async def test_diff_at_80_columns_shows_whole_names_and_the_detail_inside_the_sc
         assert box.region.y >= table.region.bottom and box.region.right <= NARROW[0]
         detail = "\n".join(lines[box.region.y:box.region.bottom])
         assert screen.current == "model.layers.0.self_attn.k_proj.weight"
-        assert "A model.layers.0.self_attn.k_proj.weight" in detail
+        # A is stored under the pair's name (the pane's title): its line gives dtype and shape; B's names its source
+        assert " model.layers.0.self_attn.k_proj.weight" in detail and "A float32  [16, 64]" in detail
         assert "decoder.layers.self_attention.linear_qkv.weight[0, 32:40, :] +" in detail
 
 

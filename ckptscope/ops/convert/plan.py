@@ -536,6 +536,11 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
         entries = model_entries(index, logical=True)
         tensors = entries.tensors
     fp8, fp8_metas = _fp8_scales_apart(tensors, block, dtype, src_path)
+    family = naming_family(tensors)
+    if family not in ("hf", "mcore"):
+        # before the unknown entries' refusal: its "pass --skip-unknown" hid that nothing would convert
+        # (torchtitan 0.3's lm_head.weight read as unknown; a probe with torchtitan's own CheckpointManager)
+        raise CkptError(_unmapped_naming(family, tensors, index), src_path)
     split_notes, split_dropped = _split_report(entries, skip_unknown, src_path)
     hf_cfg_dict, quant_notes = _dequantised(tensors, dtype, hf_cfg_dict, src_path)
     if fp8:
@@ -545,7 +550,6 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
         cfg = from_hf_config(hf_cfg_dict).merged(cfg)
     cfg = cfg.merged(config_from_names(shapes_of(tensors)))
     _check_sizes(cfg, src_path)
-    family = naming_family(tensors)
     notes: list[str] = list(split_notes) + quant_notes
     iteration = index.iteration or 0
     shapes = shapes_of(tensors)

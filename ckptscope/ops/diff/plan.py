@@ -15,6 +15,7 @@ from pathlib import Path
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.names import select
+from ckptscope.core.roles import training_kind
 from ckptscope.core.units import plural
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
@@ -149,6 +150,10 @@ TIED_PAIRS = (("lm_head.weight", "model.embed_tokens.weight"), ("output_layer.we
 embedding holds the output layer too."""
 
 
+LOST_FILE_ISSUES = ("missing-file", "unreadable-file")
+"""Damage that leaves tensors the save names unreadable."""
+
+
 def _add_tied(recipes: dict[str, Recipe], other: dict[str, Recipe], cfg: ModelConfig) -> str | None:
     """Present a tied side's embedding as its output layer when the other side stores both.
 
@@ -194,6 +199,22 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
         reader_a.show_stored_quantization()
         reader_b.show_stored_quantization()
     index_a, index_b = reader_a.index(), reader_b.index()
+    for path, index in ((path_a, index_a), (path_b, index_b)):
+        if not index.tensors and index.issues:
+            # damage that leaves nothing to read (DCP without .metadata) is not "every tensor only in the
+            # other side", exit 1: refused as a missing shard is (a probe with torchtitan's saves)
+            issue = index.issues[0]
+            reader_a.close()
+            reader_b.close()
+            raise CkptError(f"no tensor can be read: {issue.file + ': ' if issue.file else ''}{issue.detail}", path)
+        lost = next((i for i in index.issues if i.kind in LOST_FILE_ISSUES
+                     and any(training_kind(name) is None for name in i.tensors)), None)
+        if lost is not None:
+            # model tensors the save holds but cannot be read are neither "only in A" nor (an HF shard
+            # holding lm_head) a tied head: the diff would report damage as differences (a probe)
+            reader_a.close()
+            reader_b.close()
+            raise CkptError(f"{lost.file}: {lost.detail}; `ckptscope check` lists the damage", path)
     notes: list[str] = []
     for label, index in (("A", index_a), ("B", index_b)):
         # what the reader said of a side (files it does not assemble, weights compared as stored codes,

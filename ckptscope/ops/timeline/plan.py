@@ -16,6 +16,7 @@ from typing import Any
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.names import select
+from ckptscope.core.roles import naming_family
 from ckptscope.core.units import plural
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
@@ -318,14 +319,22 @@ def _plan_optimizer(entries: list[ModelEntries], tensors: list[TimelineTensor], 
     by_param: dict[str, list[str | None]] = {}
     wanted = {t.name: t for t in tensors}
     any_moments = False
+    orphans: list[str] = []
+    """exp_avg_sq of no model tensor: torchtitan 0.3 keeps Adam state on the fused ``qkv_linear.wqkv``
+    its model saves as ``wq`` / ``wk`` / ``wv`` (a probe); the module's statistics then leave it out."""
     for i, entry in enumerate(entries):
         stored_to_model = {s: m for m, s in entry.stored.items()}
+        model_names = set(entry.tensors)
         for name, meta in _optimizer_candidates(entry, readers[i]).items():
             if "exp_avg_sq" not in name.split(".") or not meta.dtype_info.is_float:
                 continue
             any_moments = True
-            param = _optimizer_param(name, "exp_avg_sq", set(entry.tensors), stored_to_model)
-            if param is None or param not in wanted or tuple(meta.shape) != wanted[param].shape:
+            param = _optimizer_param(name, "exp_avg_sq", model_names, stored_to_model)
+            if param is None or param not in model_names:
+                if i == 0:
+                    orphans.append(name)
+                continue
+            if param not in wanted or tuple(meta.shape) != wanted[param].shape:
                 continue
             by_param.setdefault(param, [None] * len(entries))[i] = name
     if not any_moments:
@@ -333,6 +342,9 @@ def _plan_optimizer(entries: list[ModelEntries], tensors: list[TimelineTensor], 
     if not by_param:
         return [], "the saved exp_avg_sq entries name no parameter of the model: no per-layer Adam statistics", []
     notes = _check_named_masters(by_param, entries, readers, wanted, labels)
+    if orphans:
+        notes.append(f"{plural(len(orphans), 'saved exp_avg_sq names', 'saved exp_avg_sq entries name')} no tensor "
+                     f"of the model (first: {orphans[0]}); the Adam statistics of their modules leave them out")
     by_param = {p: stored for p, stored in by_param.items() if any(s is not None for s in stored)}
     if not by_param:
         return [], "no saved exp_avg_sq belongs to its parameter's weights: no per-layer Adam statistics", notes
@@ -558,6 +570,31 @@ def _plan_save_state_optimizer(chosen: list[IterationInfo], entries: list[ModelE
     return _SideOptimizer(_optimizer_tensors(by_param, wanted), opened, eps, None, notes)
 
 
+def _naming_change(entries: list[ModelEntries], chosen: list[IterationInfo]) -> str:
+    """Which chosen iterations name their tensors how, when the namings differ: torchtitan's last save
+    in HF names (``last_save_in_hf``) after DCP saves in its own (a probe), or a root holding saves
+    before and after a conversion; and the longest run of one naming to follow instead. Empty when
+    every iteration names its tensors alike."""
+    families = [naming_family(e.tensors) for e in entries]
+    if len(set(families)) < 2:
+        return ""
+    runs: list[tuple[str, list[str]]] = []
+    for family, info in zip(families, chosen):
+        if runs and runs[-1][0] == family:
+            runs[-1][1].append(info.label)
+        else:
+            runs.append((family, [info.label]))
+    said = "; ".join(f"{_span(labels)} {'has' if len(labels) == 1 else 'have'} {family} names" for family, labels in runs)
+    family, longest = max(runs, key=lambda run: len(run[1]))
+    if len(longest) < 2:
+        return said
+    return f"{said}; --iterations {longest[0]}:{longest[-1]} follows the {family}-named ones"
+
+
+def _span(labels: list[str]) -> str:
+    return f"iteration {labels[0]}" if len(labels) == 1 else f"iterations {labels[0]} to {labels[-1]}"
+
+
 def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None, int | None] | None = None,
                         include: tuple[str, ...] = (), exclude: tuple[str, ...] = (), sample: int | None = None,
                         optimizer: bool = True, trust_pickle: bool = False) -> TimelinePlan:
@@ -624,6 +661,9 @@ def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None,
         if later:
             notes.append(f"{plural(len(later), 'tensor')} appear after iteration {chosen[0].label}, not followed "
                          f"(first: {later[0]})")
+        change = _naming_change(entries, chosen)
+        if change:  # a name both namings share (lm_head.weight) is no timeline of the model
+            raise CkptError(f"the chosen iterations name their tensors differently: {change}", root)
         if not tensors:
             raise CkptError("no float model tensor is in every chosen iteration", root)
         opt, opt_note, opt_notes = (_plan_optimizer(entries, tensors, readers, [i.label for i in chosen])
