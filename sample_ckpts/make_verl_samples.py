@@ -183,12 +183,48 @@ def _save_fsdp1(rank: int, world_size: int, root: Path, *, oracle: bool) -> None
             torch.save(full, oracle_path(root))
 
 
+LORA = {"r": 4, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
+"""The LoRA of ``verl_lora``: PEFT's ``LoraConfig`` as verl builds it from ``lora_rank`` / ``lora_alpha``."""
+
+
+def _save_fsdp2_lora(rank: int, world_size: int, root: Path, *, lora_only: bool) -> None:
+    """verl's LoRA actor (``model.lora_rank > 0``): the model wrapped by PEFT, then FSDP2, and the optimizer
+    over every parameter (frozen base weights get no gradient, so AdamW leaves them as they are). Saved at
+    steps 1 and 2 as ``FSDPCheckpointManager.save_checkpoint`` does: PEFT's names in the rank files
+    (``base_model.model.<name>`` with ``.base_layer`` / ``.lora_A.default``), only the ``lora_`` keys under
+    ``checkpoint.save_lora_only``, and ``lora_train_meta.json`` (r, lora_alpha, task_type) on rank 0."""
+    from peft import LoraConfig, get_peft_model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = get_peft_model(_tiny_model(), LoraConfig(task_type="CAUSAL_LM", **LORA))
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("fsdp",))
+    for layer in model.base_model.model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer, scheduler = _optimizer(model)
+    for step in (1, 2):
+        _train_step(model, optimizer, scheduler)
+        model_state = model.state_dict()
+        if lora_only:
+            model_state = {k: v for k, v in model_state.items() if "lora_" in k or ".adapter_" in k}
+        actor = root / f"global_step_{step}" / "actor"
+        _save_like_verl(actor, rank, world_size, model.base_model.model, optimizer, scheduler, 2,
+                        model_state, optimizer.state_dict())
+        if rank == 0:
+            (actor / "lora_train_meta.json").write_text(json.dumps(
+                {"r": LORA["r"], "lora_alpha": LORA["lora_alpha"], "task_type": "CAUSAL_LM"}, indent=4))
+            (root / "latest_checkpointed_iteration.txt").write_text(str(step))
+
+
 def _run_rank(rank: int, world_size: int, out: str, init_file: str, *, jobs: tuple[str, ...], oracle: bool) -> None:
     _init_gloo(rank, world_size, init_file)
     import torch
 
     for job in jobs:
-        if job == "fsdp1":
+        if job in ("verl_lora", "verl_lora_only"):
+            _save_fsdp2_lora(rank, world_size, Path(out) / job, lora_only=job == "verl_lora_only")
+        elif job == "fsdp1":
             _save_fsdp1(rank, world_size, Path(out) / "verl_fsdp1", oracle=oracle)
         else:
             _save_fsdp2(rank, world_size, Path(out) / job, hsdp=job == "verl_hsdp", oracle=oracle,
@@ -210,6 +246,14 @@ def write_verl_tied(out: Path, *, oracle: bool = False) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     _spawn(functools.partial(_run_rank, jobs=("verl_tied",), oracle=oracle), out, world_size=2)
     return out / "verl_tied"
+
+
+def write_verl_lora(out: Path) -> tuple[Path, Path]:
+    """Two LoRA runs on 2 ranks, saved at steps 1 and 2: ``verl_lora/`` (base weights and adapter in the
+    rank files) and ``verl_lora_only/`` (``checkpoint.save_lora_only``: the adapter alone)."""
+    out.mkdir(parents=True, exist_ok=True)
+    _spawn(functools.partial(_run_rank, jobs=("verl_lora", "verl_lora_only"), oracle=False), out, world_size=2)
+    return out / "verl_lora", out / "verl_lora_only"
 
 
 def write_verl_hsdp_and_fsdp1(out: Path, *, oracle: bool = False) -> tuple[Path, Path]:

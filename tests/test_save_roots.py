@@ -292,7 +292,8 @@ def test_titan_inspect_and_step_layout(titan_root, cli):
 def test_check_names_each_layout(kind, megatron_root, verl_root, titan_root, cli):
     root, layout, target = {
         "megatron": (megatron_root, "Megatron-LM save root (torch_dist, tracker: iteration 20)", "iter_0000020"),
-        "verl": (verl_root, "verl checkpoint dir (FSDP, tracker: step 2)", "global_step_2/actor"),
+        # step 2 holds actor/ and critic/: the step is checked whole, both roles
+        "verl": (verl_root, "verl checkpoint dir (FSDP, tracker: step 2)", "global_step_2"),
         "torchtitan": (titan_root, "torchtitan checkpoint folder (DCP, newest complete: step-200)", "step-200"),
     }[kind]
     result = cli("check", str(root), "--json")

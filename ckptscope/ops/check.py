@@ -682,6 +682,11 @@ def check_checkpoint(path: str | Path, iteration: Iteration | None = None) -> Ch
             # the iteration is a save_state dir (accelerate, or the Trainer under FSDP): every part of it, not
             # only the model (a probe truncated the newest save's optimizer_0/ and the root's check said ok)
             return _merge_part(report, _check_save_state(target.parent), target.parent.relative_to(given).as_posix())
+        step_roles = [target.parent / r for r in VERL_ROLES if (target.parent / r).is_dir()]
+        if target.name in VERL_ROLES and len(step_roles) > 1:
+            # every role of the verl step (actor and critic): the critic was never checked (a probe)
+            step = _check_parts(target.parent, step_roles, "", target.name)
+            return _merge_part(report, step, target.parent.relative_to(given).as_posix())
     try:
         reader = open_checkpoint(target)
     except UnknownFormat as exc:

@@ -31,6 +31,7 @@ from typing import Any
 
 from ckptscope.core.dtypes import dtype_by_name
 from ckptscope.core.errors import CkptError
+from ckptscope.core.units import plural
 from ckptscope.formats import open_checkpoint
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.filecopy import copy_range
@@ -217,6 +218,13 @@ def plan_merge(adapter: str | Path, base: str | Path, out: str | Path, *, dtype:
         adapter_tensors = dict(reader.index().tensors)
     if lora["unsupported_merge"]:
         raise CkptError("cannot merge: " + "; ".join(lora["unsupported_merge"]), adapter)
+    zero = [pair["module"] for pair in lora["pairs"] if pair.get("scaling") == 0]
+    if zero:
+        # lora_alpha 0 makes every update zero: the "merged" model is the base, bit for bit, with exit 0. verl's
+        # merger writes lora_alpha 0 when its lora_train_meta.json is absent (a probe with verl 0.9.1)
+        raise CkptError(f"lora_alpha is 0 for {plural(len(zero), 'module')} (first: {zero[0]}): scaling = lora_alpha / r "
+                        f"is 0, so the merge would write the base model unchanged; set the lora_alpha training used "
+                        f"in adapter_config.json (verl records it in lora_train_meta.json beside its shards)", adapter)
     base_reader = open_checkpoint(base)
     with base_reader:
         index = base_reader.index()

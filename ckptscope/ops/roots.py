@@ -280,8 +280,11 @@ def discover_iterations(path: str | Path) -> list[IterationInfo] | None:
             continue
         whole = entry if kind in ("accelerate", "hf-trainer") else target  # (its model may be one level down)
         size, saved = _dir_stats(whole)
+        # a verl step is whole when every role saved in it is (a critic missing a rank file left the step
+        # "complete" from its actor alone; a probe with verl 0.9.1's checkpoint manager)
+        complete = all(_is_complete(entry / r, kind) for r in roles) if roles else _is_complete(whole, kind)
         found.append(IterationInfo(path=str(target), iteration=iteration, size=size, saved=saved,
-                                   complete=_is_complete(whole, kind), latest=has_tracker and iteration == latest,
+                                   complete=complete, latest=has_tracker and iteration == latest,
                                    kind=kind, roles=roles))
     if found and all(i.kind == "deepspeed" for i in found) and _root_has_model(root) and (root / TRAINER_STATE).is_file():
         return None  # an HF Trainer checkpoint-N with DeepSpeed's global_stepN inside: a checkpoint, not a root

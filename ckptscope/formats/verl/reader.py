@@ -76,6 +76,8 @@ class FsdpLayout:
     """World sizes with a whole set of model files when no ``fsdp_config.json`` says which is the save."""
     newest: int | None = None
     """Of ``ambiguous``, the world size whose model files were written last."""
+    config_mismatch: str | None = None
+    """``fsdp_config.json`` names a world size whose files are not here (verl's merger then fails)."""
     rank_file: Callable[[str, int, int], str] = verl_rank_file
     """How the writer names a rank's file (``kind, world, rank``): verl's, or accelerate's (``formats.verl.accelerate_ranks``)."""
 
@@ -119,8 +121,9 @@ def fsdp_layout(path: Path) -> FsdpLayout | None:
         if candidates:
             layout.world_size = candidates[-1]
     elif with_models and layout.world_size not in with_models:
-        layout.warnings.append(f"{FSDP_CONFIG} says world size {layout.world_size} but the model files are "
-                               f"for world size {with_models[-1]}; using the files")
+        layout.config_mismatch = (f"says world size {layout.world_size} but the model files are for world size "
+                                  f"{with_models[-1]}; using the files (verl's merger and resume follow the config "
+                                  f"and fail)")
         layout.world_size, layout.source = with_models[-1], "file names"
     stale = sorted(w for w in found if w != layout.world_size)
     whole = [w for w in with_models if set(found[w]["model"]) >= set(range(w))]
@@ -262,6 +265,8 @@ class VerlFsdpReader(CheckpointReader):
         world = layout.world_size
         index = CheckpointIndex(path=str(self.path), format=self.format_name)
         index.warnings.extend(layout.warnings)
+        if layout.config_mismatch:  # an issue, so `check` says it (it said ok; a probe with verl 0.9.1)
+            index.add_issue("config-mismatch", layout.config_mismatch, file=FSDP_CONFIG)
         index.metadata["verl"] = {"backend": "fsdp", "world_size": world, "world_size_from": layout.source,
                                   "fsdp_version": layout.fsdp_version, "role": self.path.name}
         step = _step_of(self.path)
@@ -362,7 +367,11 @@ class VerlFsdpReader(CheckpointReader):
                                                  {"files": len(sizes), "bytes": sum(sizes.values()),
                                                   "per_file": sizes}))
             for name in layout.missing(kind):
-                index.warnings.append(f"{name}: missing")
+                # an issue, so `check` fails: verl's load_checkpoint opens every rank's optim and extra_state
+                # file and a resume dies on this one (it said ok; a probe with verl 0.9.1's own manager)
+                index.add_issue("missing-state-file", f"missing: every rank loads its own {kind} file, so a resume "
+                                f"from this save would fail (the model itself is whole)", file=name,
+                                warning=f"{name}: missing")
         extra = layout.files.get("extra_state", {}).get(0)
         if extra is not None and (self.path / extra).stat().st_size <= _MAX_DECODED_EXTRA:
             try:
@@ -374,7 +383,29 @@ class VerlFsdpReader(CheckpointReader):
                     index.objects.append(ObjectEntry(f"extra_state.{key}", type_name(value), to_plain(value)))
         if (self.path / HF_SUBDIR).is_dir():
             add_hf_subdir(index, self.path / HF_SUBDIR, HF_SUBDIR)
+        _add_lora_meta(index, self.path)
 
+
+
+LORA_META = "lora_train_meta.json"
+"""verl's LoRA runs write ``{"r", "lora_alpha", "task_type"}`` beside the shards: the adapter's scaling."""
+
+
+def _add_lora_meta(index: CheckpointIndex, path: Path) -> None:
+    """A LoRA run's ``lora_train_meta.json`` as an object, and a warning when the shards hold the adapter
+    alone (``checkpoint.save_lora_only``): it was shown as a small model of its own (a probe with verl 0.9.1)."""
+    meta_path = path / LORA_META
+    if meta_path.is_file():
+        index.files.append(FileInfo(LORA_META, meta_path.stat().st_size, "config"))
+        meta, problem = json_file(meta_path)
+        if problem:
+            index.warnings.append(problem)
+        else:
+            index.objects.append(ObjectEntry("lora_train_meta", "json", meta))
+    names = [n for n in index.tensors if not n.startswith(("optimizer.", "optim."))]
+    if names and all(".lora_" in n for n in names):
+        index.warnings.append(f"adapter-only LoRA save (verl checkpoint.save_lora_only): the {len(names)} tensors are "
+                              f"lora_A/lora_B, not the model; the base weights are the model training started from")
 
 
 class VerlOptimReader(VerlFsdpReader):
@@ -481,4 +512,5 @@ class VerlMegatronReader(ComposedReader):
                 index.objects.insert(0, ObjectEntry("transformer_config", "json", config))
         if (self.path / HF_SUBDIR).is_dir():
             add_hf_subdir(index, self.path / HF_SUBDIR, HF_SUBDIR)
+        _add_lora_meta(index, self.path)
         return index

@@ -423,6 +423,9 @@ def _refuse_damage(index: CheckpointIndex, entries: ModelEntries, src: Path) -> 
             continue
         if issue.tensors and all(name in training for name in issue.tensors):
             continue
+        if issue.kind == "missing-state-file":  # an optimizer or RNG file a resume needs; the model is whole
+            passed.append(f"{issue.file}: missing (training state; not part of the export)")
+            continue
         if not issue.tensors and issue.file and issue.file.endswith(_METADATA_SUFFIXES):
             # a config or tracker file: what it leaves unknown is refused where it is needed
             passed.append(f"{issue.file}: {issue.detail}")
@@ -810,6 +813,12 @@ def _unmapped_naming(family: str, tensors: dict, index: CheckpointIndex | None =
         return (f"a PEFT adapter ({example}, ...) is not a model to convert: `ckptscope lora merge ADAPTER BASE OUT` "
                 f"merges it into its base model, which converts")
     lora = next((name for name in tensors if ".lora_A." in name or ".lora_B." in name), None)
+    if lora is not None and all(".lora_" in name for name in tensors):
+        # verl's checkpoint.save_lora_only: the shards hold the adapter and no base weights (a probe with verl 0.9.1)
+        return (f"an adapter-only LoRA save ({len(tensors)} lora_A/lora_B tensors, first {lora}; verl's "
+                f"checkpoint.save_lora_only): it holds no base weights, so there is no model to convert. verl's model "
+                f"merger writes it as lora_adapter/ (r and lora_alpha from lora_train_meta.json); then `ckptscope lora "
+                f"merge lora_adapter/ BASE OUT` merges it into the HF model training started from")
     if lora is not None:
         # a model wrapped by PEFT during training (verl's LoRA saves: base_model.model.<name>, .base_layer, lora_A/B)
         return (f"a model wrapped by PEFT for LoRA training ({lora}, ...): its base weights and adapter are "

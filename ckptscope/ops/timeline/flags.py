@@ -64,13 +64,23 @@ def nonfinite_flags(series: list[Series], labels: list[int]) -> list[Flag]:
     return out
 
 
+def is_lora_tensor(name: str) -> bool:
+    """A LoRA adapter's own tensor (PEFT's ``lora_A`` / ``lora_B`` / ``lora_embedding_*`` / DoRA magnitude)."""
+    return ".lora_" in name
+
+
 def frozen_flags(series: list[Series], labels: list[int], threshold: float, stale_steps: set[int]) -> list[Flag]:
-    """Runs of steps where a tensor stays put (``change <= threshold``) while another one moves."""
+    """Runs of steps where a tensor stays put (``change <= threshold``) while another one moves. In a
+    LoRA run (PEFT-wrapped names with ``lora_A`` / ``lora_B``) only the adapter's tensors are judged: the
+    base weights stay put by design (every one of them was flagged, exit 1; a probe with verl's LoRA)."""
     steps = len(labels) - 1
     moving = [any(s.change[k] > threshold for s in series) and k not in stale_steps for k in range(steps)]
     out = []
     what = "unchanged" if threshold == 0 else f"relative change <= {threshold:g}"
+    lora_run = any(is_lora_tensor(s.name) for s in series)
     for s in series:
+        if lora_run and not is_lora_tensor(s.name):
+            continue
         k = 0
         while k < steps:
             if not (moving[k] and s.change[k] <= threshold):
@@ -82,7 +92,7 @@ def frozen_flags(series: list[Series], labels: list[int], threshold: float, stal
             count = end - k + 1
             out.append(Flag("frozen", labels[k + 1], s.name, s.module,
                             f"{what} from iteration {labels[k]} to {labels[end + 1]} ({count} "
-                            f"step{'s' if count != 1 else ''}) while other tensors moved",
+                            f"{'saves' if count != 1 else 'save'} apart) while other tensors moved",
                             since=labels[k], until=labels[end + 1]))
             k = end + 1
     return out

@@ -50,6 +50,12 @@ def verl_fsdp_state(directory: str | Path, order: list[tuple[str, tuple[int, ...
         if len(groups) != 1:
             return None, f"{len(groups)} param groups, where verl builds one of every parameter"
         positions = groups[0]["params"]
+        layout = fsdp_layout(Path(directory))
+        if layout is not None and layout.fsdp_version == 1 and len(positions) < len(order):
+            # FSDP1 with use_orig_params=False (verl's default): the optimizer steps the flat parameters
+            return None, (f"its param group has {len(positions)} positions for the model's {len(order)} tensors: FSDP1 "
+                          f"flat parameters (use_orig_params=False), one per wrapped module, whose state is not "
+                          f"per tensor")
         if positions != list(range(len(order))):
             return None, (f"its param group has {len(positions)} positions and the model {len(order)} tensors "
                           "(a buffer in the state dict, or another model's optimizer?)")

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from ckptscope.core.errors import CkptError
+from ckptscope.core.index import TIED_BY_CONFIG, CheckpointIndex
 from ckptscope.core.names import select
 from ckptscope.core.roles import naming_family
+from ckptscope.core.tensor import TensorMeta
 from ckptscope.core.units import plural
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
@@ -469,6 +471,21 @@ def _optimizer_tensors(by_param: dict[str, list[str | None]],
     return out
 
 
+def _parameters_order(index: CheckpointIndex) -> list[tuple[str, TensorMeta]]:
+    """The state dict's tensors as ``model.parameters()`` yields them: a pair the config ties is one
+    parameter, yielded where it comes first (a tied Qwen2 under verl had 26 positions for 27 tensors and
+    lost its Adam statistics; a probe with verl 0.9.1)."""
+    out, tied_seen = [], set()
+    for name, meta in index.tensors.items():
+        partner = meta.attr(TIED_BY_CONFIG)
+        if partner is not None:
+            if partner in tied_seen:
+                continue
+            tied_seen.add(name)
+        out.append((name, meta))
+    return out
+
+
 def _plan_side_optimizer(chosen: list[IterationInfo], entries: list[ModelEntries], tensors: list[TimelineTensor],
                          readers: list[CheckpointReader]) -> _SideOptimizer | None:
     """Adam state numbered by parameter position in files of its own, per iteration: HF Trainer's
@@ -492,7 +509,7 @@ def _plan_side_optimizer(chosen: list[IterationInfo], entries: list[ModelEntries
         for i, (info, entry, reader) in enumerate(zip(chosen, entries, readers)):
             if verl[i]:
                 model_name = {stored: name for name, stored in entry.stored.items()}
-                order = [(model_name.get(n, n), tuple(m.shape)) for n, m in reader.index().tensors.items()]
+                order = [(model_name.get(n, n), tuple(m.shape)) for n, m in _parameters_order(reader.index())]
                 state, why = verl_fsdp_state(info.path, order)
             else:
                 state, why = hf_trainer_state(info.path, {n: tuple(m.shape) for n, m in entry.tensors.items()})

@@ -1,0 +1,153 @@
+"""verl saves as verl 0.9.1's FSDPCheckpointManager writes them, judged by what verl itself does with them
+(a probe ran verl's own manager, its resume and its model merger on 2 gloo ranks):
+
+* a resume opens every rank's ``optim`` and ``extra_state`` file: one missing is a save verl cannot
+  resume (``check`` said ok);
+* ``fsdp_config.json`` naming another world size than the files: verl's merger and resume fail;
+* a PPO step holds ``actor/`` and ``critic/``: both are the save (the critic was never checked);
+* LoRA runs (PEFT-wrapped names, ``lora_train_meta.json``; ``save_lora_only`` keeps the adapter alone):
+  base weights stay put by design (the timeline flagged each one frozen, exit 1);
+* a tied model's optimizer has one position for the tied pair (``model.parameters()``), and FSDP1's
+  default flat parameters have one per wrapped module: each got a wrong explanation.
+
+Fixtures: sample_ckpts/make_verl_samples.py (FSDP2 / FSDP1 on gloo ranks, PEFT for LoRA).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from test_verl import actor_of, verl_generators
+
+from ckptscope.formats import open_checkpoint
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    return verl_generators().write_verl_run(tmp_path_factory.mktemp("verl_run"))
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tmp_path_factory) -> tuple[Path, Path]:
+    return verl_generators().write_verl_lora(tmp_path_factory.mktemp("verl_lora"))
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_a_missing_optimizer_or_extra_state_rank_file_fails_check_not_convert(run, tmp_path, cli):
+    for kind in ("optim", "extra_state"):
+        root = _copy(run, tmp_path / kind)
+        (actor_of(root) / f"{kind}_world_size_2_rank_1.pt").unlink()
+        result = cli("check", str(root), "--json")
+        assert result.code == 1, result.out
+        problems = json.loads(result.out)["problems"]
+        assert [(p["kind"], p["file"]) for p in problems] == [
+            ("missing-state-file", f"global_step_2/actor/{kind}_world_size_2_rank_1.pt")]
+        out = tmp_path / f"{kind}-hf"
+        converted = cli("convert", str(root), str(out), "--to", "hf")
+        assert converted.code == 0, converted.err  # the model is whole: the export goes on, and says what is missing
+        assert f"{kind}_world_size_2_rank_1.pt: missing" in converted.err
+
+
+def test_fsdp_config_naming_another_world_size_fails_check(run, tmp_path, cli):
+    root = _copy(run, tmp_path / "ws")
+    config = actor_of(root) / "fsdp_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "world_size": 4}))
+    result = cli("check", str(root), "--json")
+    assert result.code == 1, result.out
+    [problem] = json.loads(result.out)["problems"]
+    assert problem["kind"] == "config-mismatch" and problem["file"].endswith("fsdp_config.json")
+    assert "says world size 4 but the model files are for world size 2" in problem["detail"]
+
+
+def test_the_critic_beside_the_actor_is_part_of_the_step(run, tmp_path, cli):
+    root = _copy(run, tmp_path / "ppo")
+    step = root / "global_step_2"
+    shutil.copytree(step / "actor", step / "critic")
+    whole = cli("check", str(root), "--json")
+    assert whole.code == 0, whole.out
+    assert json.loads(whole.out)["target"] == "global_step_2"
+    (step / "critic" / "model_world_size_2_rank_1.pt").unlink()
+    result = cli("check", str(root), "--json")
+    assert result.code == 1
+    files = {p["file"] for p in json.loads(result.out)["problems"]}
+    assert "global_step_2/critic/model_world_size_2_rank_1.pt" in files
+    listed = cli("inspect", str(root))
+    assert "incomplete" in listed.out + listed.err  # the step is not whole, so no default iteration opens
+
+
+def test_lora_timeline_does_not_flag_the_frozen_base(lora_runs, cli):
+    lora, _ = lora_runs
+    result = cli("timeline", str(lora), "--json")
+    assert result.code == 0, result.err
+    doc = json.loads(result.out)
+    assert doc["flags"] == []
+    assert any(note.startswith("LoRA run: the 21 base weights stay put by design") for note in doc["notes"])
+    moved = {t["name"]: t["rel_change"][0] for t in doc["tensors"]}
+    assert all(change == 0 for name, change in moved.items() if ".lora_" not in name)
+    assert any(change > 0 for name, change in moved.items() if ".lora_B." in name)
+
+
+def test_lora_only_save_is_said_to_be_an_adapter(lora_runs, tmp_path, cli):
+    _, only = lora_runs
+    shown = cli("inspect", str(only), "--json")
+    assert shown.code == 0, shown.err
+    doc = json.loads(shown.out)
+    assert any("adapter-only LoRA save" in w for w in doc["metadata"].get("warnings", []) + [shown.err])
+    assert "lora_train_meta" in [o["name"] for o in doc["objects"]]
+    with open_checkpoint(actor_of(only)) as reader:
+        meta = next(o for o in reader.index().objects if o.name == "lora_train_meta")
+    assert meta.value == {"r": 4, "lora_alpha": 16, "task_type": "CAUSAL_LM"}
+    result = cli("convert", str(only), str(tmp_path / "out"), "--to", "hf")
+    assert result.code == 2 and "an adapter-only LoRA save (8 lora_A/lora_B tensors" in result.err
+    assert "its base weights and adapter are stored together" not in result.err
+
+
+def test_lora_merge_refuses_lora_alpha_zero(tmp_path, cli):
+    """verl's merger writes lora_alpha 0 without lora_train_meta.json: the merge was the base, exit 0."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    base = verl_generators()._tiny_model()
+    base_dir, adapter_dir = tmp_path / "base", tmp_path / "adapter"
+    base.save_pretrained(base_dir)
+    peft = get_peft_model(base, LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, param in peft.named_parameters():
+            if "lora_B" in name:
+                param.fill_(0.5)
+    peft.save_pretrained(adapter_dir)
+    config = adapter_dir / "adapter_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "lora_alpha": 0}))
+    result = cli("lora", "merge", str(adapter_dir), str(base_dir), str(tmp_path / "merged"))
+    assert result.code == 2 and "lora_alpha is 0" in result.err and "Traceback" not in result.err
+    assert not (tmp_path / "merged").exists()
+
+
+def test_tied_model_optimizer_positions_skip_the_tied_head(tmp_path, cli):
+    """model.parameters() yields the tied pair once: 26 positions for 27 state-dict tensors was read as
+    'a buffer, or another model's optimizer'; the embedding's Adam statistics are now there."""
+    tied = verl_generators().write_verl_tied(tmp_path / "gen")
+    shutil.copytree(tied / "global_step_2", tied / "global_step_1")
+    result = cli("timeline", str(tied), "--json")
+    assert result.code in (0, 1), result.err
+    doc = json.loads(result.out)
+    assert doc["optimizer"]["note"] is None, doc["optimizer"]["note"]
+    named = {t["name"] for t in doc["optimizer"]["tensors"]}
+    assert "model.embed_tokens.weight" in named and "lm_head.weight" not in named
+
+
+def test_fsdp1_flat_parameters_are_named_as_such(tmp_path, cli):
+    _, fsdp1 = verl_generators().write_verl_hsdp_and_fsdp1(tmp_path / "gen")
+    shutil.copytree(fsdp1 / "global_step_2", fsdp1 / "global_step_1")
+    result = cli("timeline", str(fsdp1), "--json")
+    doc = json.loads(result.out)
+    said = (doc["optimizer"]["note"] or "") + " ".join(doc["notes"])
+    assert "FSDP1 flat parameters (use_orig_params=False)" in said
+    assert "another model's optimizer" not in said
