@@ -391,17 +391,26 @@ LORA_META = "lora_train_meta.json"
 """verl's LoRA runs write ``{"r", "lora_alpha", "task_type"}`` beside the shards: the adapter's scaling."""
 
 
+def add_json_object(index: CheckpointIndex, directory: Path, file: str, name: str, *, first: bool = False) -> None:
+    """``directory/file``, when there, listed as a config file and shown as the JSON object ``name`` (first
+    among the objects with ``first``); a file that does not parse is a warning."""
+    path = directory / file
+    if not path.is_file():
+        return
+    index.files.append(FileInfo(file, path.stat().st_size, "config"))
+    value, problem = json_file(path)
+    if problem:
+        index.warnings.append(problem)
+    elif first:
+        index.objects.insert(0, ObjectEntry(name, "json", value))
+    else:
+        index.objects.append(ObjectEntry(name, "json", value))
+
+
 def _add_lora_meta(index: CheckpointIndex, path: Path) -> None:
     """A LoRA run's ``lora_train_meta.json`` as an object, and a warning when the shards hold the adapter
     alone (``checkpoint.save_lora_only``): it was shown as a small model of its own (a probe with verl 0.9.1)."""
-    meta_path = path / LORA_META
-    if meta_path.is_file():
-        index.files.append(FileInfo(LORA_META, meta_path.stat().st_size, "config"))
-        meta, problem = json_file(meta_path)
-        if problem:
-            index.warnings.append(problem)
-        else:
-            index.objects.append(ObjectEntry("lora_train_meta", "json", meta))
+    add_json_object(index, path, LORA_META, "lora_train_meta")
     names = [n for n in index.tensors if not n.startswith(("optimizer.", "optim."))]
     if names and all(".lora_" in n for n in names):
         index.warnings.append(f"adapter-only LoRA save (verl checkpoint.save_lora_only): the {len(names)} tensors are "
@@ -502,14 +511,7 @@ class VerlMegatronReader(ComposedReader):
         step = _step_of(self.path)
         if step is not None:
             index.metadata.setdefault("iteration", step)
-        config_path = self.path / TRANSFORMER_CONFIG
-        if config_path.is_file():
-            index.files.append(FileInfo(TRANSFORMER_CONFIG, config_path.stat().st_size, "config"))
-            config, problem = json_file(config_path)
-            if problem:
-                index.warnings.append(problem)
-            else:
-                index.objects.insert(0, ObjectEntry("transformer_config", "json", config))
+        add_json_object(index, self.path, TRANSFORMER_CONFIG, "transformer_config", first=True)
         if (self.path / HF_SUBDIR).is_dir():
             add_hf_subdir(index, self.path / HF_SUBDIR, HF_SUBDIR)
         _add_lora_meta(index, self.path)
