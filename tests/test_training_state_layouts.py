@@ -237,6 +237,25 @@ def test_megatron_check(megatron, cli, name):
     assert result.code == 0, result.out + result.err
 
 
+@pytest.mark.parametrize("name", ["megatron_nondist_optim"])
+def test_megatron_timeline_counts_stacked_adam_state_as_followed(megatron, cli, tmp_path, name):
+    """Megatron's non-distributed optimizer keeps ``exp_avg_sq`` stacked over layers, read per layer through
+    views: the stacked entries are not state "of no tensor of the model" (a note said so while the table
+    had their statistics; a probe with verl's Megatron saves)."""
+    import shutil
+
+    root = tmp_path / "root"
+    shutil.copytree(megatron[name], root)
+    [iteration] = [p for p in root.iterdir() if p.name.startswith("iter_")]
+    shutil.copytree(iteration, root / f"iter_{int(iteration.name[5:]) + 1:07d}")
+    (root / "latest_checkpointed_iteration.txt").write_text(str(int(iteration.name[5:]) + 1))
+    result = cli("timeline", str(root), "--json")
+    assert result.code in (0, 1), result.err
+    doc = json.loads(result.out)
+    assert doc["optimizer"]["modules"], doc["optimizer"]["note"]
+    assert not any("name no tensor of the model" in note for note in doc["notes"]), doc["notes"]
+
+
 # --- Megatron release root -----------------------------------------------------------------------------
 
 

@@ -327,13 +327,16 @@ def _plan_optimizer(entries: list[ModelEntries], tensors: list[TimelineTensor], 
     for i, entry in enumerate(entries):
         stored_to_model = {s: m for m, s in entry.stored.items()}
         model_names = set(entry.tensors)
+        viewed = {backing for backing, _layer in readers[i].index().views.values()}
+        """Stacked Megatron entries whose per-layer views are candidates too: not orphans (a probe with
+        verl's Megatron saves was told their statistics were left out while the table had them)."""
         for name, meta in _optimizer_candidates(entry, readers[i]).items():
             if "exp_avg_sq" not in name.split(".") or not meta.dtype_info.is_float:
                 continue
             any_moments = True
             param = _optimizer_param(name, "exp_avg_sq", model_names, stored_to_model)
             if param is None or param not in model_names:
-                if i == 0:
+                if i == 0 and name not in viewed:
                     orphans.append(name)
                 continue
             if param not in wanted or tuple(meta.shape) != wanted[param].shape:
