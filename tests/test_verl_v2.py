@@ -224,8 +224,8 @@ def test_opens_in_the_tui_with_its_iteration_picker(runs):
 def test_diff_takes_an_hf_config_when_neither_side_says_the_model(runs, tmp_path):
     """A verl dist-only actor (no Megatron args, no HF config) against its own weights in a safetensors file
     under local-spec Megatron names (``input_layernorm``, as a per-rank save spells them): pairing them goes
-    through HF names, and neither side says the query groups. diff asked for --hf-config, an option it did
-    not have (a probe)."""
+    through HF names; the query groups come from the actor's transformer_config.json, or from --hf-config
+    (diff once asked for that option without having it; a probe)."""
     from safetensors.numpy import save_file
 
     local = {".self_attention.linear_qkv.layer_norm_weight": ".input_layernorm.weight",
@@ -241,8 +241,11 @@ def test_diff_takes_an_hf_config_when_neither_side_says_the_model(runs, tmp_path
     assert any(".input_layernorm." in name for name in flat)
     save_file(flat, str(tmp_path / "local_names.safetensors"))
     args = ("diff", str(source), str(tmp_path / "local_names.safetensors"), "--json")
-    refused = run_cli(*args)
-    assert refused.code == 2 and "--hf-config" in refused.err, refused.out
+    # the actor's transformer_config.json says the query groups: paired without --hf-config (asked for before
+    # that file was read; a probe with verl's MegatronCheckpointManager)
+    paired = run_cli(*args)
+    assert paired.code == 0, paired.out + paired.err
+    assert json.loads(paired.out)["mapping"] == "mcore->hf" and json.loads(paired.out)["identical"]
     result = run_cli(*args, "--hf-config", str(runs["hf"]))
     assert result.code == 0, result.out + result.err
     report = json.loads(result.out)
@@ -274,3 +277,44 @@ def test_a_migrated_mbridge_save_keeps_its_hf_model(runs, tmp_path):
     assert run_cli("convert", str(old), "--to", "hf", str(out)).code == 0
     got, want = hf_state(out), hf_state(runs["hf"])
     assert set(got) == set(want) and all(got[n].tobytes() == want[n].tobytes() for n in want)
+
+
+def test_transformer_config_is_the_model_an_hf_config_must_agree_with(runs, tmp_path):
+    """verl's transformer_config.json (its TransformerConfig) says the heads, groups and epsilon: an
+    --hf-config that splits the same QKV another way, or another epsilon, exported with exit 0 (a probe
+    with verl 0.9.1's MegatronCheckpointManager: logits off by 4.9) and is now refused."""
+    config = json.loads((runs["hf"] / "config.json").read_text())
+    for change in ({"rms_norm_eps": 1e-2},
+                   {"num_attention_heads": 2 * config["num_attention_heads"],
+                    "num_key_value_heads": 2 * config["num_key_value_heads"],
+                    "head_dim": config["hidden_size"] // config["num_attention_heads"] // 2}):
+        wrong = tmp_path / f"wrong-{next(iter(change))}"
+        shutil.copytree(runs["hf"], wrong)
+        (wrong / "config.json").write_text(json.dumps({**config, **change}))
+        out = tmp_path / f"out-{next(iter(change))}"
+        refused = run_cli("convert", str(runs["verl_v2_dist"]), str(out), "--to", "hf", "--hf-config", str(wrong))
+        assert refused.code == 2 and "describes another model than this checkpoint's Megatron args" in refused.err
+        assert not out.exists()
+    without = run_cli("convert", str(runs["verl_v2_dist"]), str(tmp_path / "none"), "--to", "hf")
+    assert without.code == 2 and "transformer_config.json" in without.err and "--hf-config" in without.err
+
+
+def test_parts_the_manifest_lists_must_be_there(runs, tmp_path):
+    """verl's load_checkpoint opens the optimizer and extra trees the manifest lists: gone or emptied, the
+    save cannot resume (check said ok); the model itself still exports, and says what is missing."""
+    run = tmp_path / "run"
+    shutil.copytree(runs["verl_v2_dist"], run)
+    path = actor(run)
+    for file in (path / "optimizer" / "dist_ckpt").iterdir():
+        file.unlink()
+    shutil.rmtree(path / "extra")
+    (path / "transformer_config.json").unlink()
+    checked = run_cli("check", str(path), "--json")
+    assert checked.code == 1
+    problems = {(p["kind"], p["file"]) for p in json.loads(checked.out)["problems"]}
+    assert problems == {("missing-state-file", "optimizer/dist_ckpt"), ("missing-state-file", "extra/dist_ckpt"),
+                        ("missing-file", "transformer_config.json")}
+    out = tmp_path / "hf"
+    done = run_cli("convert", str(path), str(out), "--to", "hf", "--hf-config", str(runs["hf"]))
+    assert done.code == 0, done.err
+    assert "optimizer/dist_ckpt: missing" in done.err and "extra/dist_ckpt: missing" in done.err

@@ -66,6 +66,16 @@ def megatron_args(run_config: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
+def from_transformer_config(fields: dict[str, Any]) -> ModelConfig:
+    """``ModelConfig`` of a ``TransformerConfig`` dumped as JSON (verl's ``transformer_config.json``). Its
+    ``activation_func`` is a function and is left out of the dump: a gated fc1 then says nothing of
+    SwiGLU (unknown, not "another activation")."""
+    args = megatron_args({MODEL_SECTION: fields})
+    if "activation_func" not in fields:
+        args.pop("swiglu", None)
+    return from_megatron_args(args)
+
+
 def from_run_config(run_config: dict[str, Any]) -> ModelConfig:
     """``ModelConfig`` of a Bridge save, as ``from_megatron_args`` reads a Megatron-LM one."""
     return from_megatron_args(megatron_args(run_config))

@@ -17,7 +17,7 @@ from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.roles import naming_family
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.mappings import deepseek
-from ckptscope.mappings.bridge_config import from_run_config, is_run_config
+from ckptscope.mappings.bridge_config import from_run_config, from_transformer_config, is_run_config
 from ckptscope.mappings.config import ARCH_BY_MODEL_TYPE, MTP_ARCHS, ModelConfig, from_hf_config, from_megatron_args
 from ckptscope.mappings.links import Link, Recipe, box_shape, recipes_from_links, uncovered
 from ckptscope.mappings.schemas import SCHEMAS, Rule, is_ignored
@@ -80,6 +80,10 @@ def megatron_config_from_index(index: CheckpointIndex) -> ModelConfig | None:
             found = from_megatron_args(value)
         elif obj.name == "run_config" and is_run_config(value):
             found = from_run_config(value)  # Megatron-Bridge: the model section of run_config.yaml
+        elif obj.name == "transformer_config" and "num_layers" in value and "hidden_size" in value:
+            # verl's Megatron saves: its TransformerConfig as JSON (transformer_config.json), the fields a
+            # Bridge model section has; a wrong --hf-config was exported with exit 0 (a probe with verl 0.9.1)
+            found = from_transformer_config(value)
         if found is not None and found.hidden_size is not None:
             return found
     return found

@@ -49,6 +49,9 @@ class V2Layout:
     training: list[str] = field(default_factory=list)
     """Relative dirs of the training-state torch_dist trees (optimizer, extra) that hold files."""
     warnings: list[str] = field(default_factory=list)
+    missing: list[tuple[str, str]] = field(default_factory=list)
+    """``(content key, relative path)`` of what the manifest lists besides the model but is not there (or an
+    empty dir): verl's ``load_checkpoint`` opens it, so a resume fails (check said ok; a probe)."""
     migrated: bool = False
     """Made by verl's ``scripts/migrate_megatron_checkpoint_layout.py`` from a v1 dir: ``model/``,
     ``optimizer/`` and ``extra/dist_ckpt`` mirror one mixed torch_dist tree, and no manifest is written."""
@@ -169,6 +172,10 @@ def v2_layout(path: Path) -> V2Layout | None:
             layout.model = (rel, kind)
     if layout.model is None and (manifest is None or "model" in contents or isinstance(entry, dict)):
         layout.model = _guess_model(path)
+    for key, value in contents.items():
+        rel = _safe_rel(value.get("path")) if isinstance(value, dict) and key != "model" else None
+        if rel is not None and not ((path / rel).is_file() or _has_files(path / rel)):
+            layout.missing.append((key, rel))
     dirs = [*TRAINING_DIRS]
     for key, value in contents.items():
         if key != "model" and isinstance(value, dict) and value.get("format") == "megatron_dist_checkpoint":

@@ -46,6 +46,15 @@ class VerlMegatronV2Reader(ComposedReader):
             index.add_issue("missing-marker", layout.problem, file=MANIFEST,
                             warning=f"incomplete save: {MANIFEST}: {layout.problem}")
         index.warnings.extend(layout.warnings)
+        keys_at: dict[str, list[str]] = {}
+        for key, rel in layout.missing:
+            keys_at.setdefault(rel, []).append(key)
+        for rel, keys in keys_at.items():
+            gone = f"listed in {MANIFEST} ({', '.join(keys)}) but {'empty' if (self.path / rel).is_dir() else 'missing'}"
+            if rel.endswith(".json"):  # a config file: said, and exports go on and say so
+                index.add_issue("missing-file", gone, file=rel)
+            else:  # training state verl's load_checkpoint opens: the model itself is whole
+                index.add_issue("missing-state-file", f"{gone}: a resume from this save fails", file=rel)
         model_meta = self._add_model(index, layout)
         for rel in layout.training:
             self._add_dist(index, rel, model=False)

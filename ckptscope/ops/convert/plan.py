@@ -210,6 +210,9 @@ def _no_config_reason(src: Path) -> str:
         return f"{config} is a directory, not an HF config file"
     if config.is_file():
         return f"{config} is not an HF model config (no JSON object with model_type and hidden_size)"
+    if (src / "transformer_config.json").is_file():  # verl's Megatron save: a TransformerConfig without vocab or RoPE
+        return ("the source has no HF config.json, and its transformer_config.json (checked against --hf-config) lacks "
+                "what one needs (vocabulary size, RoPE base, HF architecture)")
     return "the source has no HF config.json and no Megatron args to derive one from"
 
 

@@ -641,7 +641,12 @@ def build_timeline_plan(root: str | Path, *, iterations: str | tuple[int | None,
             reader = None
             try:
                 reader = open_checkpoint(info.path, trust_pickle=trust_pickle)
-                reader.index()
+                index = reader.index()
+                if index.issues and not model_entries(index).tensors:
+                    # its model tree cut short: said so, not taken for a save "named differently" (a probe)
+                    issue = index.issues[0]
+                    raise CkptError(f"no model tensor can be read: {issue.file + ': ' if issue.file else ''}"
+                                    f"{issue.detail}")
             except CkptError as exc:  # a save cut short past the tracker stopped the whole timeline (a probe)
                 if reader is not None:
                     reader.close()
