@@ -151,3 +151,31 @@ def test_fsdp1_flat_parameters_are_named_as_such(tmp_path, cli):
     said = (doc["optimizer"]["note"] or "") + " ".join(doc["notes"])
     assert "FSDP1 flat parameters (use_orig_params=False)" in said
     assert "another model's optimizer" not in said
+
+
+def test_lora_only_save_diffs_against_the_adapter_verls_merger_writes(lora_runs, tmp_path, cli):
+    """verl's merger writes lora_adapter/adapter_model.safetensors with PEFT's adapter name dropped
+    (``lora_A.default.weight`` -> ``lora_A.weight``): the two paired nothing (0 compared, exit 1)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    _, only = lora_runs
+    with open_checkpoint(actor_of(only)) as reader:
+        saved = {n.replace(".default.", "."): np.ascontiguousarray(reader.read(n))
+                 for n in reader.index().tensors if ".lora_" in n}
+    assert len(saved) == 8
+    adapter = tmp_path / "lora_adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 16,
+                                                             "target_modules": ["q_proj", "v_proj"],
+                                                             "task_type": "CAUSAL_LM"}))
+    save_file(saved, str(adapter / "adapter_model.safetensors"))
+    same = cli("diff", str(actor_of(only)), str(adapter), "--json")
+    assert same.code == 0, same.out
+    doc = json.loads(same.out)
+    assert doc["summary"]["equal"] == 8 and doc["identical"]
+    first = sorted(saved)[0]
+    saved[first] = saved[first] + 1
+    save_file(saved, str(adapter / "adapter_model.safetensors"))
+    changed = json.loads(cli("diff", str(actor_of(only)), str(adapter), "--json").out)
+    assert changed["summary"]["different"] == 1 and changed["summary"]["equal"] == 7

@@ -9,7 +9,8 @@ presented as HF tensors through the mapping layer, so a fused ``linear_qkv`` is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ckptscope.core.errors import CkptError
@@ -148,6 +149,32 @@ def _side_config(index: CheckpointIndex, tensors: dict, given: ModelConfig | Non
 TIED_PAIRS = (("lm_head.weight", "model.embed_tokens.weight"), ("output_layer.weight", "embedding.word_embeddings.weight"))
 """(output, input embedding) names of a tied model in each naming: a side that stores only the
 embedding holds the output layer too."""
+
+
+_ADAPTER_NAMED = re.compile(r"\.(lora_A|lora_B|lora_embedding_A|lora_embedding_B)\.([A-Za-z0-9_-]+)\.(weight|bias)$")
+"""A LoRA tensor of a PEFT-wrapped model in training (``...q_proj.lora_A.default.weight``); a saved adapter
+(``save_pretrained``, verl's merger) drops the adapter name: ``...q_proj.lora_A.weight``."""
+
+
+def _without_adapter_name(recipes: dict[str, Recipe], other: dict[str, Recipe]) -> tuple[dict[str, Recipe], str] | None:
+    """``recipes`` with the adapter name dropped from its LoRA tensors' names, and that name, when the other
+    side holds those tensors under the dropped names and not the named ones (a probe: verl's LoRA-only save
+    against the lora_adapter/ its merger wrote compared 0 pairs, exit 1)."""
+    renamed, adapters = {}, set()
+    for name in recipes:
+        match = _ADAPTER_NAMED.search(name)
+        if match and name not in other:
+            plain = name[:match.start()] + f".{match.group(1)}.{match.group(3)}"
+            if plain in other and plain not in recipes:
+                renamed[name] = plain
+                adapters.add(match.group(2))
+    if not renamed or len(adapters) != 1:
+        return None
+    out = {}
+    for name, recipe in recipes.items():
+        new = renamed.get(name, name)
+        out[new] = replace(recipe, name=new) if new != name else recipe
+    return out, adapters.pop()
 
 
 LOST_FILE_ISSUES = ("missing-file", "unreadable-file")
@@ -295,6 +322,17 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
         elif fam_a != fam_b and "other" not in (fam_a, fam_b):
             notes.append(f"A has {fam_a} names and B {fam_b} names, and ckptscope has no mapping between "
                          f"them: tensors are paired by name only")
+        for label, other in (("A", "B"), ("B", "A")):
+            mine, theirs = (recipes_a, recipes_b) if label == "A" else (recipes_b, recipes_a)
+            unnamed = _without_adapter_name(mine, theirs)
+            if unnamed is not None:
+                recipes, adapter = unnamed
+                if label == "A":
+                    recipes_a = recipes
+                else:
+                    recipes_b = recipes
+                notes.append(f"{label}: PEFT adapter name {adapter!r} left out of the LoRA tensor names, as {other} "
+                             f"(a saved adapter) spells them")
         for label, mine, theirs, index, tensors in (("A", recipes_a, recipes_b, index_a, ta),
                                                     ("B", recipes_b, recipes_a, index_b, tb)):
             tied = _add_tied(mine, theirs, side_config(index, tensors))
