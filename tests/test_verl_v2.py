@@ -318,3 +318,14 @@ def test_parts_the_manifest_lists_must_be_there(runs, tmp_path):
     done = run_cli("convert", str(path), str(out), "--to", "hf", "--hf-config", str(runs["hf"]))
     assert done.code == 0, done.err
     assert "optimizer/dist_ckpt: missing" in done.err and "extra/dist_ckpt: missing" in done.err
+
+
+def test_verify_comes_back_at_the_tp_size_transformer_config_records(runs):
+    """verify's return leg writes the source's layout: a verl save records it in transformer_config.json
+    (no Megatron args), and a probe's TP2 save came back at TP 1."""
+    from ckptscope.ops.verify import source_facts
+
+    family, tp, pp, _ = source_facts(actor(runs["verl_v2_dist"]))
+    config = json.loads((actor(runs["verl_v2_dist"]) / "transformer_config.json").read_text())
+    assert (family, tp, pp) == ("mcore", config["tensor_model_parallel_size"], config["pipeline_model_parallel_size"])
+    assert tp == 2

@@ -99,7 +99,10 @@ def source_facts(src: str | Path) -> tuple[str, int | None, int | None, int | No
     with open_checkpoint(resolve_root(src)) as reader:
         index = reader.index()
         family = naming_family(model_entries(index).tensors)
-    args = next((o.value for o in index.objects if o.name == "args" and isinstance(o.value, dict)), {})
+    # Megatron-LM's args, else verl's transformer_config.json (its TransformerConfig: the TP and PP sizes
+    # too; a probe's TP2 verl save came back at TP 1)
+    args = next((o.value for name in ("args", "transformer_config") for o in index.objects
+                 if o.name == name and isinstance(o.value, dict)), {})
     keys = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "make_vocab_size_divisible_by")
     tp, pp, divisible = (size if isinstance(size, int) and size > 0 else None for size in map(args.get, keys))
     return ("mcore" if family == "mcore" else "hf"), tp, pp, divisible

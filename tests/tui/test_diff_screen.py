@@ -372,3 +372,20 @@ async def test_renamed_tensor_is_one_row(tmp_path, monkeypatch):
         assert screen.results["old.weight"].renamed_to == "new.weight"
         assert "renamed" in cell(screen, "old.weight", "status")
         assert screen.progress.counts.get("only_a", 0) == 0 and screen.progress.counts.get("only_b", 0) == 0
+
+
+@sync
+async def test_header_names_the_iteration_a_save_root_opened(pair_dir, tmp_path):
+    """B given as a save root opens its default iteration; the header kept the root, and a person comparing
+    iterations could not tell which one B was."""
+    import shutil
+
+    root = tmp_path / "run"
+    for step in (1, 2):
+        shutil.copytree(tmp_path / "tuned", root / f"checkpoint-{step}")
+        (root / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    app = diff_app("base", str(root))
+    async with app.run_test(size=(120, 36)) as pilot:
+        screen = await finished(pilot)
+        assert screen.progress.b == str(root / "checkpoint-2")
+        assert screen.progress.a == "base"

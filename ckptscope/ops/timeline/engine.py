@@ -601,7 +601,7 @@ def run_timeline(plan: TimelinePlan, progress: Progress | None = None, options: 
     if any(is_lora_tensor(t.name) for t in tensors):
         base = sum(1 for t in tensors if not is_lora_tensor(t.name))
         notes.append(f"LoRA run: the {plural(base, 'base weight')} stay put by design and are not flagged as frozen; "
-                     f"the lora_A/lora_B tensors are")
+                     f"only the lora_A/lora_B tensors can be")
     if cancelled():
         notes.append("cancelled: the numbers are incomplete")
     return TimelineResult(plan.root, plan.kind, labels, [i.path for i in plan.iterations], list(plan.lr), tensors,

@@ -11,6 +11,7 @@ checks the flag between blocks.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
@@ -202,6 +203,9 @@ class DiffScreen(Screen[None]):
         self.engine = message.engine
         self.order = {pair.name: i for i, pair in enumerate(plan.pairs)}
         p = self.progress
+        # a save root given as a side opens its default iteration: the header names what was compared (it
+        # kept the root, and the user could not tell which iteration B was; a person testing)
+        p.a, p.b = _opened(plan.a, p.a), _opened(plan.b, p.b)
         p.mapping, p.device, p.notes = plan.mapping, message.engine.device, list(plan.notes)
         p.padding = [_padding_text(item) for item in plan.padding]
         p.total, p.state = len(plan.pairs), "comparing"
@@ -514,3 +518,15 @@ def _close(plan: DiffPlan) -> None:
             side.reader.close()
         except Exception:  # noqa: BLE001 - closing is best effort; the readers are done either way
             pass
+
+
+def _opened(side, given: str) -> str:
+    """The path ``side``'s reader opened when it is not ``given`` (a root's iteration), else ``given``."""
+    opened = getattr(side.reader, "path", None)
+    if opened is None:
+        return given
+    try:
+        same = Path(opened).resolve() == Path(given).resolve()
+    except OSError:
+        return given
+    return given if same else str(opened)

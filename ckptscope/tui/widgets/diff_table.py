@@ -1,8 +1,9 @@
 """The diff screen's table of pairs: one row per tensor (keyed by its canonical name), sortable.
 
 The name column takes whatever width the metric columns leave and shows whole names; only a name
-that does not fit loses its middle (``model.layers.1…attn.q_proj.weight``): abbreviated components
-made similar names impossible to tell apart. On a narrow table the name column takes the width its
+that does not fit keeps its end and its first indexed component (``…layers.5.mlp.gate_proj.weight``,
+``core.units.index_ellipsis``): abbreviated components made similar names impossible to tell apart, and
+a middle cut dropped the layer number at 100-119 columns (a person testing). On a narrow table the name column takes the width its
 longest name needs (up to what status and max_abs leave) and the other metrics scroll sideways:
 sixteen characters of ``model.…oj.weight`` told no row from another. The detail pane always shows
 the whole name.
@@ -116,7 +117,7 @@ class DiffTable(KeysFollowFocus, DataTable[object]):
         longest = self.longest
         for result in results:
             longest = max(longest, len(result.name))
-            self.add_row(NameCell(result.name), *row_cells(result)[1:], key=result.name)
+            self.add_row(NameCell(result.name, head="index"), *row_cells(result)[1:], key=result.name)
         if longest != self.longest:
             self.longest = longest
             self.fit_name_column()
