@@ -128,7 +128,7 @@ def fmt_cell(value: object, width: int) -> str:
             text = fmt_metric(value, digits)
             if text != "1" and len(text) <= width:
                 return text
-        return f"1-{1.0 - value:.0e}"
+        return f"1−{1.0 - value:.0e}"  # a minus sign (U+2212): "1-2e-12" read like a range (a person testing)
     for digits in (3, 2, 1):
         text = fmt_metric(value, digits)
         if len(text) <= width:

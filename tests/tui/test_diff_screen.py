@@ -389,3 +389,10 @@ async def test_header_names_the_iteration_a_save_root_opened(pair_dir, tmp_path)
         screen = await finished(pilot)
         assert screen.progress.b == str(root / "checkpoint-2")
         assert screen.progress.a == "base"
+
+
+def test_a_cosine_just_below_one_reads_as_one_minus_not_a_range():
+    from ckptscope.tui.diff_rows import fmt_cell
+
+    assert fmt_cell(1.0 - 2e-12, 7) == "1−2e-12"
+    assert "-" not in fmt_cell(1.0 - 2e-12, 7)[:2]

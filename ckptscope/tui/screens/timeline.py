@@ -203,7 +203,7 @@ class TimelineScreen(Screen[None]):
             style = "bold red" if flag.kind in ("nan", "inf", "stale") else "yellow"
             flags.add_row(Text(flag.kind, style=style), str(flag.iteration), NameCell(flag.subject, head="index"), flag.reason)
         if not result.flags:
-            flags.add_row(Text("none", style="green"), "", "nothing flagged", "")
+            flags.add_row(Text("none", style="green"), "", "", "nothing flagged")  # the wide column: it was cut
         self._show_level()
         heat.focus()
 
