@@ -175,6 +175,8 @@ async def test_backspace_goes_back_to_the_iterations_and_the_footer_leads_with_q
         await pilot.press("backspace")
         await settle(pilot)
         assert isinstance(app.screen, IterationPickerScreen)
+        shown = [key.description for key in app.screen.query(FooterKey)]
+        assert "open" in shown  # enter was the table's hidden key: the footer said nothing about opening
         await pilot.press("escape")  # and back again to the checkpoint left open
         await settle(pilot)
         assert isinstance(app.screen, BrowseScreen)

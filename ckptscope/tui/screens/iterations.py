@@ -20,9 +20,14 @@ from ckptscope.tui.widgets.vim_keys import table_keys
 
 
 class PickerTable(DataTable[object]):
-    """The iterations, with the vim keys every other list has (j/k, g/G, ctrl+d/ctrl+u)."""
+    """The iterations, with the vim keys every other list has (j/k, g/G, ctrl+d/ctrl+u). Enter is the
+    table's own (hidden) key, so it is named again here to show in the footer: the picker's footer said
+    nothing about opening (a person testing)."""
 
-    BINDINGS: ClassVar[list[BindingType]] = table_keys("iterations")
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "select_cursor", "open", id="iterations.open_row", tooltip="Open the highlighted iteration"),
+        *table_keys("iterations"),
+    ]
 
 
 class IterationPickerScreen(Screen[str | None]):
