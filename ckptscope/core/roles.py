@@ -123,6 +123,12 @@ def training_kind(name: str, group: str | None = None) -> str | None:
     return _TRAINING_ROOTS.get(first)
 
 
+def is_lora_tensor(name: str) -> bool:
+    """A LoRA adapter's own tensor in PEFT's naming (``lora_A`` / ``lora_B`` / ``lora_embedding_*`` / DoRA's
+    ``lora_magnitude_vector``), in a training state dict or a saved adapter."""
+    return ".lora_" in name
+
+
 def strip_infix_wrappers(name: str) -> str:
     """``model.layers.0._fsdp_wrapped_module.mlp.weight`` -> ``model.layers.0.mlp.weight``."""
     if "_mod" not in name:  # every infix wrapper contains it; the common case returns at once

@@ -31,6 +31,13 @@ def megatron_root(base: Path, samples: dict[str, Path]) -> Path:
     return root
 
 
+def root_app(tmp_path: Path, samples: dict[str, Path], monkeypatch):
+    """The app on ``megatron_root``'s save root, run from the dir holding it (so the title shows ``save``)."""
+    megatron_root(tmp_path, samples)
+    monkeypatch.chdir(tmp_path)
+    return make_app("save", keymap={})
+
+
 def test_discover_megatron_root(tmp_path, samples):
     root = megatron_root(tmp_path, samples)
     found = discover_iterations(root)
@@ -90,9 +97,7 @@ async def test_picker_opens_the_chosen_iteration(tmp_path, samples, monkeypatch)
 async def test_the_picker_starts_on_what_opening_the_root_picks(tmp_path, samples, monkeypatch):
     """The tracker names 20, below an incomplete 30: the cursor starts on 20, so Enter opens what the
     CLI opens (it started on the top row; a DeepSpeed tag named by 'latest' is listed last)."""
-    megatron_root(tmp_path, samples)
-    monkeypatch.chdir(tmp_path)
-    app = make_app("save", keymap={})
+    app = root_app(tmp_path, samples, monkeypatch)
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
         assert isinstance(app.screen, IterationPickerScreen)
@@ -122,9 +127,7 @@ async def test_an_iteration_opened_directly_still_knows_its_root(tmp_path, sampl
 async def test_escape_goes_back_and_only_q_quits(tmp_path, samples, monkeypatch):
     """Esc on the first picker neither quits nor leaves an empty screen (it says what to do); on a
     picker opened with ``i`` from a checkpoint it goes back to that checkpoint; q quits."""
-    megatron_root(tmp_path, samples)
-    monkeypatch.chdir(tmp_path)
-    app = make_app("save", keymap={})
+    app = root_app(tmp_path, samples, monkeypatch)
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
         assert isinstance(app.screen, IterationPickerScreen)
@@ -160,9 +163,7 @@ async def test_backspace_goes_back_to_the_iterations_and_the_footer_leads_with_q
     person testing), and at 80 columns the footer still shows q and ? (they came last and were cut)."""
     from textual.widgets._footer import FooterKey
 
-    megatron_root(tmp_path, samples)
-    monkeypatch.chdir(tmp_path)
-    app = make_app("save", keymap={})
+    app = root_app(tmp_path, samples, monkeypatch)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
         await pilot.press("enter")  # the tracker's iteration 20

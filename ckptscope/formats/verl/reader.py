@@ -29,6 +29,7 @@ from typing import Any
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry, mark_config_tie
+from ckptscope.core.roles import is_lora_tensor, training_kind
 from ckptscope.core.tensor import Chunk, TensorMeta
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.hf.reader import HFDirReader, missing_numbered_shards
@@ -411,8 +412,8 @@ def _add_lora_meta(index: CheckpointIndex, path: Path) -> None:
     """A LoRA run's ``lora_train_meta.json`` as an object, and a warning when the shards hold the adapter
     alone (``checkpoint.save_lora_only``): it was shown as a small model of its own (a probe with verl 0.9.1)."""
     add_json_object(index, path, LORA_META, "lora_train_meta")
-    names = [n for n in index.tensors if not n.startswith(("optimizer.", "optim."))]
-    if names and all(".lora_" in n for n in names):
+    names = [n for n in index.tensors if training_kind(n) is None]
+    if names and all(map(is_lora_tensor, names)):
         index.warnings.append(f"adapter-only LoRA save (verl checkpoint.save_lora_only): the {len(names)} tensors are "
                               f"lora_A/lora_B, not the model; the base weights are the model training started from")
 

@@ -17,6 +17,7 @@ from typing import Any
 from ckptscope.core.dtypes import dtype_by_name
 from ckptscope.core.errors import CkptError, UnknownFormat
 from ckptscope.core.index import CheckpointIndex
+from ckptscope.core.roles import is_lora_tensor
 from ckptscope.core.tensor import TensorMeta
 from ckptscope.core.units import plural
 from ckptscope.formats.base import CheckpointReader
@@ -816,7 +817,7 @@ def _unmapped_naming(family: str, tensors: dict, index: CheckpointIndex | None =
         return (f"a PEFT adapter ({example}, ...) is not a model to convert: `ckptscope lora merge ADAPTER BASE OUT` "
                 f"merges it into its base model, which converts")
     lora = next((name for name in tensors if ".lora_A." in name or ".lora_B." in name), None)
-    if lora is not None and all(".lora_" in name for name in tensors):
+    if lora is not None and all(map(is_lora_tensor, tensors)):
         # verl's checkpoint.save_lora_only: the shards hold the adapter and no base weights (a probe with verl 0.9.1)
         return (f"an adapter-only LoRA save ({len(tensors)} lora_A/lora_B tensors, first {lora}; verl's "
                 f"checkpoint.save_lora_only): it holds no base weights, so there is no model to convert. verl's model "

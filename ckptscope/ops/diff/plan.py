@@ -181,6 +181,21 @@ LOST_FILE_ISSUES = ("missing-file", "unreadable-file")
 """Damage that leaves tensors the save names unreadable."""
 
 
+def _unreadable_model(index: CheckpointIndex) -> str | None:
+    """Why a side's model cannot be compared, or None. Damage that leaves nothing to read (DCP without
+    .metadata), or model tensors the save holds in a file that is gone, is not "only in the other side"
+    or (an HF shard holding lm_head) a tied head: the diff reported it as differences, exit 1 (a probe
+    with torchtitan's saves); it is refused as a missing .distcp is."""
+    if not index.tensors and index.issues:
+        issue = index.issues[0]
+        return f"no tensor can be read: {issue.file + ': ' if issue.file else ''}{issue.detail}"
+    lost = next((i for i in index.issues if i.kind in LOST_FILE_ISSUES
+                 and any(training_kind(name) is None for name in i.tensors)), None)
+    if lost is not None:
+        return f"{lost.file}: {lost.detail}; `ckptscope check` lists the damage"
+    return None
+
+
 def _add_tied(recipes: dict[str, Recipe], other: dict[str, Recipe], cfg: ModelConfig) -> str | None:
     """Present a tied side's embedding as its output layer when the other side stores both.
 
@@ -227,21 +242,11 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
         reader_b.show_stored_quantization()
     index_a, index_b = reader_a.index(), reader_b.index()
     for path, index in ((path_a, index_a), (path_b, index_b)):
-        if not index.tensors and index.issues:
-            # damage that leaves nothing to read (DCP without .metadata) is not "every tensor only in the
-            # other side", exit 1: refused as a missing shard is (a probe with torchtitan's saves)
-            issue = index.issues[0]
+        damage = _unreadable_model(index)
+        if damage is not None:
             reader_a.close()
             reader_b.close()
-            raise CkptError(f"no tensor can be read: {issue.file + ': ' if issue.file else ''}{issue.detail}", path)
-        lost = next((i for i in index.issues if i.kind in LOST_FILE_ISSUES
-                     and any(training_kind(name) is None for name in i.tensors)), None)
-        if lost is not None:
-            # model tensors the save holds but cannot be read are neither "only in A" nor (an HF shard
-            # holding lm_head) a tied head: the diff would report damage as differences (a probe)
-            reader_a.close()
-            reader_b.close()
-            raise CkptError(f"{lost.file}: {lost.detail}; `ckptscope check` lists the damage", path)
+            raise CkptError(damage, path)
     notes: list[str] = []
     for label, index in (("A", index_a), ("B", index_b)):
         # what the reader said of a side (files it does not assemble, weights compared as stored codes,

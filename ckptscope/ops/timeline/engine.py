@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptscope.core.roles import is_lora_tensor
 from ckptscope.core.units import plural
 from ckptscope.formats.filecopy import read_exact_fd
 from ckptscope.ops.blockmath import (
@@ -42,7 +43,6 @@ from ckptscope.ops.timeline.flags import (
     Flag,
     exploding_flags,
     frozen_flags,
-    is_lora_tensor,
     nonfinite_flags,
     sort_flags,
     stale_flag,

@@ -20,6 +20,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from ckptscope.core.roles import is_lora_tensor
 from ckptscope.core.units import plural
 from ckptscope.ops.timeline.series import Series
 
@@ -62,11 +63,6 @@ def nonfinite_flags(series: list[Series], labels: list[int]) -> list[Flag]:
             out.append(Flag(kind, labels[first], s.name, s.module,
                             f"{plural(counts[first], word + ' value')} first seen at iteration {labels[first]}{where}"))
     return out
-
-
-def is_lora_tensor(name: str) -> bool:
-    """A LoRA adapter's own tensor (PEFT's ``lora_A`` / ``lora_B`` / ``lora_embedding_*`` / DoRA magnitude)."""
-    return ".lora_" in name
 
 
 def frozen_flags(series: list[Series], labels: list[int], threshold: float, stale_steps: set[int]) -> list[Flag]:

@@ -36,7 +36,7 @@ from ckptscope.tui.widgets.pair_detail import PairDetailView
 if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.ops.diff.detail import DiffDetail
     from ckptscope.ops.diff.engine import DiffEngine, DiffOptions, DiffReport, PairResult
-    from ckptscope.ops.diff.plan import DiffPlan
+    from ckptscope.ops.diff.plan import DiffPlan, DiffSide
 
 FLUSH_EVERY = 0.1
 """Seconds between batches of results posted by the engine worker."""
@@ -520,7 +520,7 @@ def _close(plan: DiffPlan) -> None:
             pass
 
 
-def _opened(side, given: str) -> str:
+def _opened(side: DiffSide, given: str) -> str:
     """The path ``side``'s reader opened when it is not ``given`` (a root's iteration), else ``given``."""
     opened = getattr(side.reader, "path", None)
     if opened is None:
