@@ -187,15 +187,18 @@ LORA = {"r": 4, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
 """The LoRA of ``verl_lora``: PEFT's ``LoraConfig`` as verl builds it from ``lora_rank`` / ``lora_alpha``."""
 
 
-def _save_fsdp2_lora(rank: int, world_size: int, root: Path, *, lora_only: bool) -> None:
+def _save_fsdp2_lora(rank: int, world_size: int, root: Path, *, lora_only: bool, oracle: bool = False) -> None:
     """verl's LoRA actor (``model.lora_rank > 0``): the model wrapped by PEFT, then FSDP2, and the optimizer
     over every parameter (frozen base weights get no gradient, so AdamW leaves them as they are). Saved at
     steps 1 and 2 as ``FSDPCheckpointManager.save_checkpoint`` does: PEFT's names in the rank files
     (``base_model.model.<name>`` with ``.base_layer`` / ``.lora_A.default``), only the ``lora_`` keys under
-    ``checkpoint.save_lora_only``, and ``lora_train_meta.json`` (r, lora_alpha, task_type) on rank 0."""
+    ``checkpoint.save_lora_only``, and ``lora_train_meta.json`` (r, lora_alpha, task_type) on rank 0. With
+    ``oracle``, the last step's whole state dict (PEFT's names) is gathered to ``oracle_path(root)``."""
+    import torch
     from peft import LoraConfig, get_peft_model
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
 
     model = get_peft_model(_tiny_model(), LoraConfig(task_type="CAUSAL_LM", **LORA))
     mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("fsdp",))
@@ -215,6 +218,10 @@ def _save_fsdp2_lora(rank: int, world_size: int, root: Path, *, lora_only: bool)
             (actor / "lora_train_meta.json").write_text(json.dumps(
                 {"r": LORA["r"], "lora_alpha": LORA["lora_alpha"], "task_type": "CAUSAL_LM"}, indent=4))
             (root / "latest_checkpointed_iteration.txt").write_text(str(step))
+    if oracle:
+        full = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()}  # collective
+        if rank == 0:
+            torch.save(full, oracle_path(root))
 
 
 def _run_rank(rank: int, world_size: int, out: str, init_file: str, *, jobs: tuple[str, ...], oracle: bool) -> None:
@@ -223,7 +230,8 @@ def _run_rank(rank: int, world_size: int, out: str, init_file: str, *, jobs: tup
 
     for job in jobs:
         if job in ("verl_lora", "verl_lora_only"):
-            _save_fsdp2_lora(rank, world_size, Path(out) / job, lora_only=job == "verl_lora_only")
+            _save_fsdp2_lora(rank, world_size, Path(out) / job, lora_only=job == "verl_lora_only",
+                             oracle=oracle and job == "verl_lora")
         elif job == "fsdp1":
             _save_fsdp1(rank, world_size, Path(out) / "verl_fsdp1", oracle=oracle)
         else:
@@ -248,11 +256,12 @@ def write_verl_tied(out: Path, *, oracle: bool = False) -> Path:
     return out / "verl_tied"
 
 
-def write_verl_lora(out: Path) -> tuple[Path, Path]:
+def write_verl_lora(out: Path, *, oracle: bool = False) -> tuple[Path, Path]:
     """Two LoRA runs on 2 ranks, saved at steps 1 and 2: ``verl_lora/`` (base weights and adapter in the
-    rank files) and ``verl_lora_only/`` (``checkpoint.save_lora_only``: the adapter alone)."""
+    rank files; with ``oracle`` its last state gathered whole beside it) and ``verl_lora_only/``
+    (``checkpoint.save_lora_only``: the adapter alone)."""
     out.mkdir(parents=True, exist_ok=True)
-    _spawn(functools.partial(_run_rank, jobs=("verl_lora", "verl_lora_only"), oracle=False), out, world_size=2)
+    _spawn(functools.partial(_run_rank, jobs=("verl_lora", "verl_lora_only"), oracle=oracle), out, world_size=2)
     return out / "verl_lora", out / "verl_lora_only"
 
 

@@ -6,7 +6,8 @@
 * ``fsdp_config.json`` naming another world size than the files: verl's merger and resume fail;
 * a PPO step holds ``actor/`` and ``critic/``: both are the save (the critic was never checked);
 * LoRA runs (PEFT-wrapped names, ``lora_train_meta.json``; ``save_lora_only`` keeps the adapter alone):
-  base weights stay put by design (the timeline flagged each one frozen, exit 1);
+  base weights stay put by design (the timeline flagged each one frozen, exit 1); verl's merger exports
+  base weights + ``lora_adapter/`` (convert refused the save);
 * a tied model's optimizer has one position for the tied pair (``model.parameters()``), and FSDP1's
   default flat parameters have one per wrapped module: each got a wrong explanation.
 
@@ -20,7 +21,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_verl import actor_of, verl_generators
+from test_verl import actor_of, load_oracle, verl_generators
 
 from ckptscope.formats import open_checkpoint
 
@@ -32,7 +33,7 @@ def run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def lora_runs(tmp_path_factory) -> tuple[Path, Path]:
-    return verl_generators().write_verl_lora(tmp_path_factory.mktemp("verl_lora"))
+    return verl_generators().write_verl_lora(tmp_path_factory.mktemp("verl_lora"), oracle=True)
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -180,3 +181,71 @@ def test_lora_only_save_diffs_against_the_adapter_verls_merger_writes(lora_runs,
     save_file(saved, str(adapter / "adapter_model.safetensors"))
     changed = json.loads(cli("diff", str(actor_of(only)), str(adapter), "--json").out)
     assert changed["summary"]["different"] == 1 and changed["summary"]["equal"] == 7
+
+
+def test_a_lora_training_save_converts_to_base_weights_and_adapter(lora_runs, tmp_path, cli):
+    """convert --to hf of a PEFT-wrapped save writes what verl's merger does: the base model under transformers'
+    names and lora_adapter/ in PEFT's saved layout. Judged by transformers and PEFT loading them against the run's
+    own gathered state dict (values and logits), and by `lora merge` of the two giving the merged model's logits."""
+    import numpy as np
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    lora, _ = lora_runs
+    oracle = load_oracle(lora)
+    out = tmp_path / "hf"
+    result = cli("convert", str(lora), str(out), "--to", "hf")
+    assert result.code == 0, result.err
+    assert "the adapter (8 tensors, r=4, lora_alpha=16, target modules q_proj, v_proj) goes to lora_adapter/" in result.err
+    model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    base = {k.replace("base_model.model.", "").replace(".base_layer.", "."): v for k, v in oracle.items()
+            if ".lora_" not in k}
+    got = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    assert set(got) == set(base)
+    for name, want in base.items():
+        assert got[name].tobytes() == want.tobytes(), name
+    peft = PeftModel.from_pretrained(model, out / "lora_adapter")
+    loaded = {k: v.detach().numpy() for k, v in peft.state_dict().items()}
+    lora_names = [k for k in oracle if ".lora_" in k]
+    assert len(lora_names) == 8 and any(np.abs(oracle[k]).sum() > 0 for k in lora_names if ".lora_B." in k)
+    for name in lora_names:
+        assert loaded[name].tobytes() == oracle[name].tobytes(), name
+    trained = get_peft_model(verl_generators()._tiny_model(), LoraConfig(task_type="CAUSAL_LM",
+                                                                          **verl_generators().LORA))
+    trained.load_state_dict({k: torch.from_numpy(v) for k, v in oracle.items()})
+    ids = torch.tensor([[1, 5, 7, 9, 3, 11]])
+    with torch.no_grad():
+        want_logits = trained(input_ids=ids).logits
+        assert torch.equal(peft(input_ids=ids).logits, want_logits)
+    merged = tmp_path / "merged"
+    assert cli("lora", "merge", str(out / "lora_adapter"), str(out), str(merged)).code == 0
+    with torch.no_grad():
+        torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(merged)(input_ids=ids).logits, want_logits,
+                                   rtol=1e-5, atol=1e-5)
+    # `merge` (the verl exporter's verb) writes the same
+    again = tmp_path / "merge_cmd"
+    assert cli("merge", str(actor_of(lora)), str(again)).code == 0
+    assert (again / "lora_adapter" / "adapter_model.safetensors").read_bytes() == \
+        (out / "lora_adapter" / "adapter_model.safetensors").read_bytes()
+
+
+def test_a_lora_training_save_without_its_alpha_or_to_megatron_is_refused(lora_runs, tmp_path, cli):
+    """Without lora_train_meta.json the adapter's lora_alpha is unknown (verl's merger writes 0: an adapter that
+    loads and does nothing); Megatron-Core has no adapter to load. One line each, nothing written."""
+    lora, _ = lora_runs
+    to_mcore = cli("convert", str(lora), str(tmp_path / "mcore"), "--to", "mcore")
+    assert to_mcore.code == 2 and "converts to HF only" in to_mcore.err and "Traceback" not in to_mcore.err
+    assert not (tmp_path / "mcore").exists()
+    actor = _copy(actor_of(lora), tmp_path / "actor")
+    (actor / "lora_train_meta.json").unlink()
+    result = cli("convert", str(actor), str(tmp_path / "out"), "--to", "hf")
+    assert result.code == 2 and "has no lora_train_meta.json: the adapter's lora_alpha is unknown" in result.err
+    assert len(result.err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+    (actor / "lora_train_meta.json").write_text(json.dumps({"r": 4, "lora_alpha": 0}))
+    zero = cli("convert", str(actor), str(tmp_path / "out"), "--to", "hf")
+    assert zero.code == 2 and "has lora_alpha 0 in lora_train_meta.json" in zero.err
+    (actor / "lora_train_meta.json").write_text(json.dumps({"r": 8, "lora_alpha": 16}))
+    rank = cli("convert", str(actor), str(tmp_path / "out"), "--to", "hf")
+    assert rank.code == 2 and "says r=8 but the saved lora_A tensors have rank 4" in rank.err

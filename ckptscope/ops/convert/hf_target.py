@@ -185,3 +185,22 @@ def finish_hf(plan: ConvertPlan, out: Path) -> None:
     for source, name in plan.copies:
         if not (out / name).exists():
             shutil.copy2(source, out / name)
+    if plan.adapter is not None:
+        write_adapter(plan, out / plan.adapter.dir)
+
+
+def write_adapter(plan: ConvertPlan, out: Path) -> None:
+    """A PEFT-wrapped save's adapter as PEFT's ``save_pretrained`` writes one: ``adapter_config.json`` and
+    ``adapter_model.safetensors``, the tensors as stored (an adapter is small: one tensor in memory at a time)."""
+    adapter = plan.adapter
+    assert adapter is not None
+    out.mkdir()
+    metas = [(name, plan.reader.meta(stored)) for name, stored in adapter.tensors]
+    with open(out / "adapter_model.safetensors", "wb") as handle:
+        handle.write(new_file_header([(name, meta.dtype, meta.shape, meta.nbytes) for name, meta in metas]))
+        for (_, stored), (_, meta) in zip(adapter.tensors, metas):
+            array = plan.reader.read(stored)
+            if array.nbytes != meta.nbytes:
+                raise CkptError(f"internal error: read {array.nbytes:,} bytes of {stored}, expected {meta.nbytes:,}")
+            handle.write(memoryview(array.reshape(-1).view("uint8")) if array.size else b"")
+    (out / "adapter_config.json").write_text(json.dumps(adapter.config, indent=2, sort_keys=True) + "\n")

@@ -57,6 +57,7 @@ from ckptscope.mappings.resolve import to_mcore as map_to_mcore
 from ckptscope.mappings.schemas import is_ignored
 from ckptscope.ops.check import metadata_problems
 from ckptscope.ops.convert import fp8_keep
+from ckptscope.ops.convert.peft_wrapped import AdapterExport, unwrap_peft
 from ckptscope.ops.model import ModelEntries, model_entries
 from ckptscope.ops.roots import resolve_root
 
@@ -151,6 +152,8 @@ class ConvertPlan:
     caveats: list[str] = field(default_factory=list)
     """What the written checkpoint does not carry for a model built from it alone (also in ``notes``):
     the CLI says these after a real conversion too, where notes are shown only by --dry-run / --json."""
+    adapter: AdapterExport | None = None
+    """A PEFT-wrapped LoRA save's adapter, written beside the base model (``peft_wrapped``)."""
 
     @property
     def total_bytes(self) -> int:
@@ -171,6 +174,9 @@ class ConvertPlan:
             "copies": [name for _, name in self.copies],
             "dropped": self.dropped,
             "notes": self.notes,
+            **({"adapter": {"dir": self.adapter.dir, "config": self.adapter.config,
+                            "tensors": [{"name": n, "source": s} for n, s in self.adapter.tensors]}}
+               if self.adapter else {}),
         }
 
 
@@ -543,6 +549,18 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
         entries = model_entries(index, logical=True)
         tensors = entries.tensors
     fp8, fp8_metas = _fp8_scales_apart(tensors, block, dtype, src_path)
+    wrapped = unwrap_peft(entries, index, src_path)
+    adapter_notes: list[str] = []
+    if wrapped is not None:
+        if to != "hf":  # Megatron-Core's GPTModel has no adapter to load it into, and a merge is not verl's export
+            raise CkptError("a model wrapped by PEFT for LoRA training converts to HF only (base weights + "
+                            "lora_adapter/, as verl's model merger writes it); merge that with `ckptscope lora merge` "
+                            "and convert the merged model to Megatron-Core", src_path)
+        entries, adapter = wrapped
+        tensors = entries.tensors
+        adapter_notes.append(f"PEFT-wrapped LoRA training state: the base weights are the model (not merged, as "
+                             f"verl's model merger writes them); the adapter ({adapter.describe()}) goes to "
+                             f"{adapter.dir}/, and `ckptscope lora merge {Path(dst) / adapter.dir} {dst} OUT` merges it")
     family = naming_family(tensors)
     if family not in ("hf", "mcore"):
         # before the unknown entries' refusal: its "pass --skip-unknown" hid that nothing would convert
@@ -639,11 +657,11 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
             notes += kept_notes
         recipes = entries.to_stored(recipes)
         out = [OutputTensor(n, r.shape, r.dtype if dtype == "keep" else dtype, r) for n, r in recipes.items()]
-        caveats = warned + (HF_EXPORT_NOTES[view.arch](from_hf_config(hf_cfg_dict))
-                                  if family == "mcore" and view.arch in HF_EXPORT_NOTES else [])
+        caveats = warned + adapter_notes + (HF_EXPORT_NOTES[view.arch](from_hf_config(hf_cfg_dict))
+                                            if family == "mcore" and view.arch in HF_EXPORT_NOTES else [])
         plan = ConvertPlan(str(src), str(dst), "hf", reader, out, cfg, view.arch, hf_config=hf_cfg_dict,
                            iteration=iteration, notes=notes + caveats + view_notes(view), caveats=caveats,
-                           dropped=dropped + view.ignored)
+                           dropped=dropped + view.ignored, adapter=wrapped[1] if wrapped else None)
         plan.shards = _shard(out, parse_size(max_shard_size))
         plan.copies = _copies(src_path, index, Path(hf_config) if hf_config else None)
         if family == "mcore" and GENERATION_CONFIG not in {name for _, name in plan.copies}:
