@@ -316,3 +316,14 @@ def test_a_tied_config_never_drops_a_stored_lm_head_that_differs(tmp_path, cli):
     result = cli("convert", str(copy), str(tmp_path / "out2"), "--to", "hf")
     assert result.code == 0, result.err
     assert "lm_head.weight" not in load_file(str(tmp_path / "out2" / "model.safetensors"))
+
+
+def test_the_vocabulary_note_says_padding_only_when_rows_are_added(tmp_path, cli):
+    """'vocabulary 256 padded to 256' read as if rows were added (a person testing the TUI form)."""
+    def vocab_notes(src: Path, tp: int) -> list[str]:
+        result = cli("convert", str(src), str(tmp_path / "x"), "--to", "mcore", "--tp", str(tp), "--dry-run", "--json")
+        assert result.code == 0, result.err
+        return [n for n in json.loads(result.out)["notes"] if n.startswith("vocabulary")]
+
+    assert vocab_notes(HF, 1) == ["vocabulary 250 padded to 256 rows"]
+    assert vocab_notes(SAMPLES / "hf_llama_single", 2) == ["vocabulary 256: a multiple of 128 x TP 2, no padding rows"]

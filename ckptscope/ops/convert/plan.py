@@ -756,7 +756,9 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
         args["bf16"], args["fp16"] = dtype == "bfloat16", dtype == "float16"
     return ConvertPlan(str(src), str(dst), "mcore", reader, out, cfg_out, view.arch, megatron_args=args,
                        ckpt_format=ckpt_format, tp=tp, pp=pp, ep=ep, spec=spec, iteration=iteration,
-                       notes=notes + view_notes(view) + [f"vocabulary {cfg.vocab_size} padded to {padded} rows"],
+                       notes=notes + view_notes(view) + [
+                           f"vocabulary {cfg.vocab_size} padded to {padded} rows" if padded != cfg.vocab_size else
+                           f"vocabulary {cfg.vocab_size}: a multiple of {divisible} x TP {tp}, no padding rows"],
                        caveats=caveats,
                        dropped=split_dropped + view.ignored)
 
