@@ -48,3 +48,23 @@ def test_rename_destination_is_beside_the_save_too(tmp_path, source, expected):
     else:
         src.mkdir(parents=True)
     assert rename_destination(src) == tmp_path / expected
+
+
+def test_path_completion_stops_where_the_matches_part(tmp_path):
+    """As a shell's tab: one match completes whole (a folder with its /), several complete to what they
+    share; the first match alone was suggested, so iter_00 became iter_0000100/ beside iter_0000200."""
+    import asyncio
+
+    from ckptscope.tui.widgets.path_suggester import PathSuggester
+
+    for name in ("iter_0000100", "iter_0000200", "latest_checkpointed_iteration.txt"):
+        (tmp_path / name).mkdir() if name.startswith("iter") else (tmp_path / name).write_text("200")
+
+    def suggest(value: str) -> str | None:
+        return asyncio.run(PathSuggester().get_suggestion(value))
+
+    assert suggest(f"{tmp_path}/iter_00") == f"{tmp_path}/iter_0000"
+    assert suggest(f"{tmp_path}/iter_0000") is None  # nothing more to complete: no guess
+    assert suggest(f"{tmp_path}/iter_00002") == f"{tmp_path}/iter_0000200/"
+    assert suggest(f"{tmp_path}/la") == f"{tmp_path}/latest_checkpointed_iteration.txt"
+    assert suggest(f"{tmp_path}/nothing") is None
