@@ -191,6 +191,35 @@ async def test_value_pager_slice_box_and_exact_cell(in_repo):
 
 
 @sync
+async def test_esc_in_the_slice_box_puts_the_slice_back_and_keeps_the_filter(in_repo):
+    """Esc left invalid text in the box and fell through to the browser, clearing the filter too (a person
+    testing): now it restores the slice shown, clears the error and returns to the table, filter kept; the
+    footer says enter and esc while typing."""
+    app = make_app(Path("sample_ckpts/hf_llama_gqa"), keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = browse(app)
+        await pilot.press("slash", *"q_proj", "enter")
+        await settle(pilot)
+        await pilot.press("v")
+        await settle(pilot)
+        await pilot.press("colon")
+        box = app.focused
+        assert box.id == "values-slice" and box.value == "[:, :]"
+        shown = [b.binding.description for b in app.active_bindings.values() if b.binding.show]
+        assert "apply slice" in shown and "cancel" in shown
+        box.value = ""
+        await pilot.press(*"abc", "enter")
+        await settle(pilot)
+        assert "neither an index nor a slice" in text_of(screen.query_one("#values-cell", Static))
+        await pilot.press("escape")
+        await settle(pilot)
+        assert box.value == "[:, :]" and app.focused.id == "values-table"
+        assert "neither" not in text_of(screen.query_one("#values-cell", Static))
+        assert screen._pattern == "q_proj"  # the filter is still on
+
+
+@sync
 async def test_value_pager_steps_layers_of_a_stacked_tensor(in_repo):
     """On a Megatron stacked tensor [L, out, in], ] shows the next layer's values."""
     from torch.distributed.checkpoint import FileSystemReader

@@ -107,6 +107,23 @@ class ValuesTable(DataTable):
         self.post_message(ValuesPager.Move(edit=True))
 
 
+class SliceInput(Input):
+    """The slice box. Enter applies the slice typed, esc puts back the slice shown and returns to the table:
+    esc used to leave the invalid text in the box and fall through to the browser, which cleared the
+    filter as well (a person testing). Both keys are in the footer while typing."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "submit", "apply slice", id="values.apply_slice", tooltip="Read the slice typed"),
+        Binding("escape", "cancel_edit", "cancel", id="values.cancel_slice",
+                tooltip="Put back the slice shown and return to the table"),
+    ]
+
+    def action_cancel_edit(self) -> None:
+        pager = self.parent
+        if isinstance(pager, ValuesPager):
+            pager.cancel_edit()
+
+
 class ValuesPager(Vertical):
     """Slice box, page table and exact cell line for one tensor."""
 
@@ -140,7 +157,7 @@ class ValuesPager(Vertical):
         """Put the cursor on the page's last row when it arrives (G)."""
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="slice: [3, :, 100:140]", id="values-slice")
+        yield SliceInput(placeholder="slice: [3, :, 100:140]", id="values-slice")
         yield Static(id="values-title")
         yield ValuesTable(id="values-table", cursor_type="cell", zebra_stripes=True)
         yield Static(id="values-cell")
@@ -208,6 +225,16 @@ class ValuesPager(Vertical):
                 row, self._land_last = values.shape[0] - 1, False
             table.move_cursor(row=row, column=max(1, column))
             self._show_cell(table.cursor_coordinate.row, table.cursor_coordinate.column - 1)
+
+    def cancel_edit(self) -> None:
+        """Esc in the slice box: the slice shown comes back, the error line goes, the table has the keys."""
+        box = self.query_one("#values-slice", Input)
+        if self.selection is not None:
+            box.value = self.selection.text()
+        self.query_one("#values-cell", Static).update("")
+        table = self.query_one(ValuesTable)
+        table.focus()
+        self._show_cell(table.cursor_coordinate.row, table.cursor_coordinate.column - 1)
 
     # --- inside -------------------------------------------------------------------------------
 
