@@ -269,6 +269,13 @@ async def test_diff_with_from_the_browser(pair_dir):
         await settle(pilot)
         assert isinstance(app.screen, DiffWithDialog)
         assert "no such file" in text_of(app.screen.query_one("#diff-with-status"))
+        # a path that is no checkpoint stays in the box with the reason (the dialog closed and the diff failed)
+        (Path("notes.txt")).write_text("not a checkpoint")
+        app.screen.query_one(Input).value = ""
+        await pilot.press(*"notes.txt", "enter")
+        await settle(pilot)
+        assert isinstance(app.screen, DiffWithDialog) and app.screen.query_one(Input).value == "notes.txt"
+        assert "not a checkpoint" in text_of(app.screen.query_one("#diff-with-status"))
         app.screen.query_one(Input).value = ""
         await pilot.press(*"tun", "right", "enter")  # → completes the path
         screen = await finished(pilot)
