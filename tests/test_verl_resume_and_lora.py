@@ -224,6 +224,13 @@ def test_a_lora_training_save_converts_to_base_weights_and_adapter(lora_runs, tm
     with torch.no_grad():
         torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(merged)(input_ids=ids).logits, want_logits,
                                    rtol=1e-5, atol=1e-5)
+    # diff pairs the save's base weights with the export's by the model's names (all 21 were "renamed", 0 compared)
+    paired = cli("diff", str(lora), str(out), "--json")
+    assert paired.code == 1, paired.err
+    doc = json.loads(paired.out)
+    assert doc["summary"]["equal"] == 21 and doc["summary"]["only_a"] == 8 and doc["summary"]["renamed"] == 0
+    assert any("a model wrapped by PEFT for LoRA training" in note for note in doc["notes"])
+    assert all(".lora_" in t["name"] for t in doc["tensors"] if t["status"] == "only_a")
     # `merge` (the verl exporter's verb) writes the same
     again = tmp_path / "merge_cmd"
     assert cli("merge", str(actor_of(lora)), str(again)).code == 0

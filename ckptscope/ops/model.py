@@ -14,7 +14,15 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ckptscope.core.index import CheckpointIndex, bytes_by_dtype, count_elements, storage_aliases
-from ckptscope.core.roles import MODEL, TRAINING_KINDS, UNKNOWN, Split, split_entries, strip_infix_wrappers
+from ckptscope.core.roles import (
+    MODEL,
+    TRAINING_KINDS,
+    UNKNOWN,
+    Split,
+    is_lora_tensor,
+    split_entries,
+    strip_infix_wrappers,
+)
 from ckptscope.core.tensor import TensorMeta
 
 if TYPE_CHECKING:  # the mappings package registers every architecture on import: inspect never needs it
@@ -152,6 +160,41 @@ def model_entries(index: CheckpointIndex, *, logical: bool = False) -> ModelEntr
             training.setdefault(kind, {})[name] = index.tensors[name]
     unknown = {name: index.tensors[name] for name in split.unknown}
     return ModelEntries(split, tensors, stored, training, unknown)
+
+
+PEFT_PREFIX = "base_model.model."
+"""Where PEFT's ``get_peft_model`` puts the model it wraps (a LoRA run's state dict: verl's LoRA saves)."""
+
+
+def is_peft_wrapped(names: list[str]) -> bool:
+    """Every name under PEFT's ``base_model.model.``, some of them LoRA tensors and some not (an adapter
+    alone, verl's ``save_lora_only`` or a saved adapter, has no base model)."""
+    lora = sum(map(is_lora_tensor, names))
+    return 0 < lora < len(names) and all(n.startswith(PEFT_PREFIX) for n in names)
+
+
+def peft_unwrapped(entries: ModelEntries) -> tuple[ModelEntries, dict[str, str]] | None:
+    """A PEFT-wrapped model as its base model under the model's own names (``base_model.model.`` and
+    ``.base_layer`` dropped: what the base checkpoint, or verl's merger, calls each weight) and, apart, its
+    LoRA tensors (model name -> stored name); None when ``entries`` is not PEFT-wrapped. A name that would
+    land on another's keeps its wrapped name (the caller sees it as the odd one out)."""
+    names = list(entries.tensors)
+    if not is_peft_wrapped(names):
+        return None
+    tensors: dict[str, TensorMeta] = {}
+    stored: dict[str, str] = {}
+    adapter: dict[str, str] = {}
+    for name in names:
+        if is_lora_tensor(name):
+            adapter[name] = entries.stored[name]
+            continue
+        plain = name[len(PEFT_PREFIX):].replace(".base_layer.", ".")
+        if plain in tensors or plain in entries.tensors:
+            plain = name
+        tensors[plain] = entries.tensors[name] if plain == name else replace(entries.tensors[name], name=plain)
+        stored[plain] = entries.stored[name]
+    split = replace(entries.split, prefix=PEFT_PREFIX + entries.split.prefix, stored=dict(stored))
+    return ModelEntries(split, tensors, stored, training=entries.training, unknown=entries.unknown), adapter
 
 
 def role_totals(index: CheckpointIndex, entries: ModelEntries | None = None) -> dict[str, dict[str, int]]:

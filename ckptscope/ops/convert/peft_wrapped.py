@@ -18,16 +18,14 @@ adapter) refuse by name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex
-from ckptscope.core.roles import is_lora_tensor
-from ckptscope.ops.model import ModelEntries
+from ckptscope.ops.model import PEFT_PREFIX, ModelEntries, peft_unwrapped
 
-PEFT_PREFIX = "base_model.model."
 ADAPTER_DIR = "lora_adapter"
 """Where verl's model merger puts the adapter inside its output dir; the same here."""
 _ADAPTER_NAME = ".default."
@@ -50,45 +48,31 @@ class AdapterExport:
                 f"target modules {', '.join(self.config['target_modules'])}")
 
 
-def is_peft_wrapped(names: list[str]) -> bool:
-    """Every model name under PEFT's ``base_model.model.``, some of them LoRA tensors and some not (an adapter
-    alone, verl's ``save_lora_only``, has no base model to export)."""
-    lora = sum(map(is_lora_tensor, names))
-    return 0 < lora < len(names) and all(n.startswith(PEFT_PREFIX) for n in names)
-
-
 def unwrap_peft(entries: ModelEntries, index: CheckpointIndex, src: Path) -> tuple[ModelEntries, AdapterExport] | None:
     """``entries`` of a PEFT-wrapped LoRA save as (the base model under its own names, the adapter), or
     None when the model is not PEFT-wrapped. Raises ``CkptError`` for what cannot be exported faithfully."""
-    names = list(entries.tensors)
-    if not is_peft_wrapped(names):
+    unwrapped = peft_unwrapped(entries)
+    if unwrapped is None:
         return None
-    base: dict[str, str] = {}  # base name -> model name in ``entries``
-    adapter: list[tuple[str, str]] = []
-    ranks: set[int] = set()
-    for name in names:
-        if is_lora_tensor(name):
-            if not name.endswith(_LORA_PARTS):
-                raise CkptError(f"{name}: only PEFT's plain LoRA (lora_A / lora_B of the adapter 'default') is "
-                                f"exported from a PEFT-wrapped save; DoRA, embedding LoRA and other adapters are not",
-                                src)
-            adapter.append((name.replace(_ADAPTER_NAME, ".", 1), entries.stored[name]))
-            if ".lora_A." in name:
-                ranks.add(entries.tensors[name].shape[0])
-            continue
+    base, lora = unwrapped
+    for name in base.tensors:
         if ".modules_to_save." in name or ".original_module." in name:
             raise CkptError(f"{name}: PEFT's modules_to_save copies are not exported from a PEFT-wrapped save (which "
                             f"copy is the model's depends on the adapter's state)", src)
-        plain = name[len(PEFT_PREFIX):].replace(".base_layer.", ".")
-        if plain in base:
-            raise CkptError(f"{base[plain]} and {name} are both the base model's {plain}", src)
-        base[plain] = name
-    config = _adapter_config(adapter, ranks, index, src)
-    tensors = {plain: replace(entries.tensors[name], name=plain) for plain, name in base.items()}
-    stored = {plain: entries.stored[name] for plain, name in base.items()}
-    split = replace(entries.split, prefix=PEFT_PREFIX, stored=dict(stored))
-    unwrapped = ModelEntries(split, tensors, stored, training=entries.training, unknown=entries.unknown)
-    return unwrapped, AdapterExport(config, adapter)
+        if name.startswith(PEFT_PREFIX):
+            raise CkptError(f"{name} and the base model's {name[len(PEFT_PREFIX):].replace('.base_layer.', '.')} "
+                            f"would be one tensor once PEFT's names are taken off", src)
+    adapter: list[tuple[str, str]] = []
+    ranks: set[int] = set()
+    for name, stored in lora.items():
+        if not name.endswith(_LORA_PARTS):
+            raise CkptError(f"{name}: only PEFT's plain LoRA (lora_A / lora_B of the adapter 'default') is "
+                            f"exported from a PEFT-wrapped save; DoRA, embedding LoRA and other adapters are not",
+                            src)
+        adapter.append((name.replace(_ADAPTER_NAME, ".", 1), stored))
+        if ".lora_A." in name:
+            ranks.add(entries.tensors[name].shape[0])
+    return base, AdapterExport(_adapter_config(adapter, ranks, index, src), adapter)
 
 
 def _adapter_config(adapter: list[tuple[str, str]], ranks: set[int], index: CheckpointIndex,

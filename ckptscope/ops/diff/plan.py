@@ -36,7 +36,7 @@ from ckptscope.mappings.resolve import (
 )
 from ckptscope.mappings.schemas import is_ignored
 from ckptscope.ops.diff.sidefiles import SideFile, pair_training_files
-from ckptscope.ops.model import model_entries
+from ckptscope.ops.model import PEFT_PREFIX, ModelEntries, is_peft_wrapped, model_entries, peft_unwrapped
 from ckptscope.ops.roots import resolve_root, save_state_model
 
 @dataclass
@@ -177,6 +177,29 @@ def _without_adapter_name(recipes: dict[str, Recipe], other: dict[str, Recipe]) 
     return out, adapters.pop()
 
 
+def _peft_unwrapped_sides(a: ModelEntries, b: ModelEntries, notes: list[str]) -> tuple[ModelEntries, ModelEntries]:
+    """A side that is a PEFT-wrapped LoRA model (verl's LoRA saves) against one that is not: its base weights
+    under the model's own names, so they pair with the base checkpoint or an export (they were all "renamed",
+    0 compared, exit 1), its LoRA tensors as they are (only on that side, or paired with a saved adapter)."""
+    sides = {"A": a, "B": b}
+    for label, other in (("A", "B"), ("B", "A")):
+        mine, theirs = sides[label], sides[other]
+        unwrapped = peft_unwrapped(mine)
+        if unwrapped is None or is_peft_wrapped(list(theirs.tensors)):
+            continue
+        base, lora = unwrapped
+        if not any(name in theirs.tensors for name in base.tensors):
+            continue
+        tensors = {**base.tensors, **{name: mine.tensors[name] for name in lora}}
+        stored = {**base.stored, **lora}
+        sides[label] = ModelEntries(replace(mine.split, stored=dict(stored)), tensors, stored, mine.training,
+                                    mine.unknown)
+        notes.append(f"{label}: a model wrapped by PEFT for LoRA training: its base weights are compared under the "
+                     f"model's own names ({PEFT_PREFIX} and .base_layer left out), its {len(lora)} LoRA tensors "
+                     f"as they are")
+    return sides["A"], sides["B"]
+
+
 LOST_FILE_ISSUES = ("missing-file", "unreadable-file")
 """Damage that leaves tensors the save names unreadable."""
 
@@ -268,6 +291,7 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
         same_stored = set(entries_a.tensors) == set(entries_b.tensors)
         if not same_stored or _patterns_want_layers(entries_a, index_a, include, exclude):
             entries_a, entries_b = model_entries(index_a, logical=True), model_entries(index_b, logical=True)
+        entries_a, entries_b = _peft_unwrapped_sides(entries_a, entries_b, notes)
         ta, tb = entries_a.tensors, entries_b.tensors
         fam_a, fam_b = naming_family(ta), naming_family(tb)
         recipes_a, recipes_b = identity_recipes(ta), identity_recipes(tb)
