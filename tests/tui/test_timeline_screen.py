@@ -72,6 +72,7 @@ async def test_timeline_screen_from_the_picker(hf_run):
         await settle(pilot)
         detail = text_of(screen.query_one("#tl-detail", Static))
         assert "model.layers.0.self_attn" in detail and f"{steps[step]} → {steps[step + 1]}" in detail
+        assert "of the largest)" in text_of(screen.query_one("#tl-spark-title", Static))
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, DiffScreen))
         assert app.screen.include == ("model.layers.0.self_attn",)
@@ -88,3 +89,14 @@ def test_a_module_holding_nan_still_shows_its_finite_change():
     assert "2e-2!" in marked.plain and "red" in str(marked.style)
     assert change_cell(0.021).plain.strip() == "2e-2"
     assert "NaN" in change_cell(float("nan"), nan=5).plain
+
+
+def test_the_sparkline_caption_gives_its_scale():
+    """The bars always span lowest to highest norm: a norm that moved by 1e-5 drew the same full swing as one
+    that doubled (a person testing). The caption says how far apart the ends are, in digits that tell them apart."""
+    from ckptscope.tui.screens.timeline import spark_caption
+
+    assert spark_caption([1.0, 1.00001, 1.000005]).plain.endswith("1 … 1.00001 (bars span 1e-05 of the largest)")
+    assert spark_caption([1.0, 2.0]).plain.endswith("1 … 2 (bars span 0.5 of the largest)")
+    assert spark_caption([3.0, 3.0]).plain.endswith("flat at 3")
+    assert spark_caption([float("nan"), 1.0]).plain == "norm over the iterations"

@@ -64,6 +64,21 @@ def change_cell(change: float, nan: int = 0) -> Text:
     return Text(f" {text:<5}", style=f"black on {RAMP[level]}" if level >= 4 else f"white on {RAMP[level]}")
 
 
+
+def spark_caption(norms: list[float]) -> Text:
+    """The sparkline's caption with its scale: the bars always span lowest to highest, so a norm that moved
+    by 0.001 % drew the same full swing as one that doubled (a person testing); the caption says how far."""
+    finite = [v for v in norms if math.isfinite(v)]
+    if len(finite) < 2:
+        return Text("norm over the iterations", style="dim")
+    lo, hi = min(finite), max(finite)
+    if hi == lo:
+        return Text(f"norm over the iterations: flat at {hi:.4g}", style="dim")
+    spread = (hi - lo) / max(abs(hi), abs(lo))
+    digits = max(4, min(17, 2 - math.floor(math.log10(spread))))  # enough that the two ends read apart
+    return Text(f"norm over the iterations: {lo:.{digits}g} … {hi:.{digits}g} (bars span {spread:.2g} of the "
+                f"largest)", style="dim")
+
 class TimelineProgressed(Message):
     def __init__(self, done: int, total: int) -> None:
         self.done, self.total = done, total
@@ -236,6 +251,7 @@ class TimelineScreen(Screen[None]):
             return
         series = self.rows[event.coordinate.row]
         self.query_one(Sparkline).data = [v if math.isfinite(v) else 0.0 for v in series.norm]
+        self.query_one("#tl-spark-title", Static).update(spark_caption(series.norm))
         step = event.coordinate.column - 1
         its = self.result.iterations
         text = Text.assemble((series.name, "bold"), f"\nnorm {series.norm[0]:.4g} → {series.norm[-1]:.4g}")
