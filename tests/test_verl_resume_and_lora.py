@@ -224,6 +224,19 @@ def test_a_lora_training_save_converts_to_base_weights_and_adapter(lora_runs, tm
     with torch.no_grad():
         torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(merged)(input_ids=ids).logits, want_logits,
                                    rtol=1e-5, atol=1e-5)
+    # --merge-lora: the same merge in one step, nothing left beside it
+    one_step = tmp_path / "one_step"
+    done = cli("convert", str(lora), str(one_step), "--to", "hf", "--merge-lora")
+    assert done.code == 0 and "is merged into the base weights" in done.err, done.err
+    assert not (one_step / "lora_adapter").exists() and sorted(p.name for p in tmp_path.iterdir() if
+                                                                  "unmerged" in p.name) == []
+    from safetensors.numpy import load_file
+    merged_tensors, one_step_tensors = load_file(str(merged / "model.safetensors")), load_file(
+        str(one_step / "model.safetensors"))
+    assert merged_tensors.keys() == one_step_tensors.keys()
+    assert all(merged_tensors[k].tobytes() == one_step_tensors[k].tobytes() for k in merged_tensors)
+    plain = cli("convert", str(out), str(tmp_path / "nothing"), "--to", "hf", "--merge-lora")
+    assert plain.code == 2 and "not a model wrapped by PEFT" in plain.err and not (tmp_path / "nothing").exists()
     # diff pairs the save's base weights with the export's by the model's names (all 21 were "renamed", 0 compared)
     paired = cli("diff", str(lora), str(out), "--json")
     assert paired.code == 1, paired.err

@@ -84,16 +84,19 @@ def run_convert(src: str, dst: str, *, to: str, tp: int = 1, pp: int = 1, ep: in
                 dtype: str = "keep", hf_config: str | None = None, arch: str | None = None,
                 max_shard_size: str = "5GB", dry_run: bool = False, overwrite: bool = False, as_json: bool = False,
                 trust_pickle: bool = False, quiet: bool = False, skip_unknown: bool = False,
-                hf_experts: str = "per-expert", num_files: int = 2) -> None:
+                hf_experts: str = "per-expert", num_files: int = 2, merge_lora: bool = False) -> None:
     from ckptscope.ops.convert.execute import execute_convert
     from ckptscope.ops.convert.plan import plan_convert
 
     plan = plan_convert(src, dst, to=to, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format, dtype=dtype,
                         hf_config=hf_config,
                         arch=arch, max_shard_size=max_shard_size, trust_pickle=trust_pickle,
-                        skip_unknown=skip_unknown, hf_experts=hf_experts)
+                        skip_unknown=skip_unknown, hf_experts=hf_experts, merge_lora=merge_lora)
     plan.num_files = num_files
     ranks = None if dry_run else group()
+    if ranks is not None and merge_lora:
+        raise CkptError("--merge-lora runs in one process (the merge reads the whole adapter); run it without "
+                        "torchrun or --workers")
     if ranks is not None and ranks.rank != 0:
         quiet = True
     if dry_run:
@@ -146,6 +149,9 @@ _common = [
                       "the plan) instead of refusing."),
     iteration_option(),
     workers_option,
+    click.option("--merge-lora", is_flag=True,
+                 help="A LoRA training save (PEFT-wrapped, as verl saves it): merge the adapter into the weights "
+                      "written, instead of writing it apart as lora_adapter/ (verl's merger)."),
 ]
 
 
@@ -173,7 +179,7 @@ def common_options(fn):
                    "this, never on the number of ranks.")
 @common_options
 def convert(src, dst, to, tp, pp, ep, spec, ckpt_format, hf_experts, num_files, dtype, hf_config, arch, max_shard_size,
-            dry_run, overwrite, as_json, trust_pickle, skip_unknown, iteration, workers) -> None:
+            dry_run, overwrite, as_json, trust_pickle, skip_unknown, iteration, workers, merge_lora) -> None:
     """Convert SRC to HF safetensors or to a Megatron-Core save root (torch_dist or per-rank torch).
 
     SRC may be a save root: its latest complete iteration is converted, or --iteration N. Under
@@ -188,7 +194,8 @@ def convert(src, dst, to, tp, pp, ep, spec, ckpt_format, hf_experts, num_files, 
     run_convert(resolved, dst, to=to, tp=tp, pp=pp, ep=ep, spec=spec, ckpt_format=ckpt_format,
                 dtype=dtype, hf_config=hf_config, arch=arch,
                 max_shard_size=max_shard_size, dry_run=dry_run, overwrite=overwrite, as_json=as_json,
-                trust_pickle=trust_pickle, skip_unknown=skip_unknown, hf_experts=hf_experts, num_files=num_files)
+                trust_pickle=trust_pickle, skip_unknown=skip_unknown, hf_experts=hf_experts, num_files=num_files,
+                merge_lora=merge_lora)
 
 
 @click.command()
@@ -196,7 +203,7 @@ def convert(src, dst, to, tp, pp, ep, spec, ckpt_format, hf_experts, num_files, 
 @click.argument("dst", type=click.Path(path_type=str))
 @common_options
 def merge(src, dst, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, as_json, trust_pickle, skip_unknown,
-          iteration, workers) -> None:
+          iteration, workers, merge_lora) -> None:
     """Merge sharded training checkpoints (verl FSDP, Megatron TP/PP or torch_dist, DCP) into one HF model.
 
     SRC may be a save root: its latest complete iteration is merged, or --iteration N. Under
@@ -208,7 +215,7 @@ def merge(src, dst, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, 
         _check_against_given(src, dst, overwrite)
     run_convert(resolved, dst, to="hf", dtype=dtype, hf_config=hf_config, arch=arch,
                 max_shard_size=max_shard_size, dry_run=dry_run, overwrite=overwrite, as_json=as_json,
-                trust_pickle=trust_pickle, skip_unknown=skip_unknown)
+                trust_pickle=trust_pickle, skip_unknown=skip_unknown, merge_lora=merge_lora)
 
 
 @click.command()

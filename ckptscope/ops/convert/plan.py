@@ -154,6 +154,8 @@ class ConvertPlan:
     the CLI says these after a real conversion too, where notes are shown only by --dry-run / --json."""
     adapter: AdapterExport | None = None
     """A PEFT-wrapped LoRA save's adapter, written beside the base model (``peft_wrapped``)."""
+    merge_lora: bool = False
+    """Merge ``adapter`` into the weights written instead of writing it apart."""
 
     @property
     def total_bytes(self) -> int:
@@ -174,7 +176,8 @@ class ConvertPlan:
             "copies": [name for _, name in self.copies],
             "dropped": self.dropped,
             "notes": self.notes,
-            **({"adapter": {"dir": self.adapter.dir, "config": self.adapter.config,
+            **({"adapter": {"dir": None if self.merge_lora else self.adapter.dir, "merged": self.merge_lora,
+                            "config": self.adapter.config,
                             "tensors": [{"name": n, "source": s} for n, s in self.adapter.tensors]}}
                if self.adapter else {}),
         }
@@ -489,8 +492,12 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                  hf_config: str | Path | None = None,
                  arch: str | None = None, max_shard_size: str | int = DEFAULT_SHARD,
                  trust_pickle: bool = False, skip_unknown: bool = False,
-                 hf_experts: str = "per-expert", vocab_divisible_by: int | None = None) -> ConvertPlan:
+                 hf_experts: str = "per-expert", vocab_divisible_by: int | None = None,
+                 merge_lora: bool = False) -> ConvertPlan:
     """Open SRC (metadata only), map its model to the target space and lay out the destination.
+
+    ``merge_lora``: a PEFT-wrapped LoRA save's adapter is merged into the weights written (``execute``
+    writes base + adapter to a temporary dir and merges them as ``lora merge`` does) instead of written apart.
 
     ``vocab_divisible_by``: Megatron's ``make_vocab_size_divisible_by`` for ``--to mcore`` when SRC does not
     say it (``verify`` passes its Megatron source's, so the vocabulary comes back padded as it was).
@@ -551,6 +558,10 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
     fp8, fp8_metas = _fp8_scales_apart(tensors, block, dtype, src_path)
     wrapped = unwrap_peft(entries, index, src_path)
     adapter_notes: list[str] = []
+    if merge_lora and wrapped is None:
+        raise CkptError("--merge-lora: this checkpoint is not a model wrapped by PEFT for LoRA training (no "
+                        "base_model.model.* weights with lora_A/lora_B beside them); for a saved adapter use "
+                        "`ckptscope lora merge ADAPTER BASE OUT`", src_path)
     if wrapped is not None:
         if to != "hf":  # Megatron-Core's GPTModel has no adapter to load it into, and a merge is not verl's export
             raise CkptError("a model wrapped by PEFT for LoRA training converts to HF only (base weights + "
@@ -558,9 +569,14 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                             "and convert the merged model to Megatron-Core", src_path)
         entries, adapter = wrapped
         tensors = entries.tensors
-        adapter_notes.append(f"PEFT-wrapped LoRA training state: the base weights are the model (not merged, as "
-                             f"verl's model merger writes them); the adapter ({adapter.describe()}) goes to "
-                             f"{adapter.dir}/, and `ckptscope lora merge {Path(dst) / adapter.dir} {dst} OUT` merges it")
+        if merge_lora:
+            adapter_notes.append(f"PEFT-wrapped LoRA training state: the adapter ({adapter.describe()}) is merged into "
+                                 f"the base weights (W + lora_alpha/r * B @ A, as PEFT's merge_and_unload does)")
+        else:
+            adapter_notes.append(f"PEFT-wrapped LoRA training state: the base weights are the model (not merged, as "
+                                 f"verl's model merger writes them); the adapter ({adapter.describe()}) goes to "
+                                 f"{adapter.dir}/, and `ckptscope lora merge {Path(dst) / adapter.dir} {dst} OUT` "
+                                 f"merges it (or convert with --merge-lora)")
     family = naming_family(tensors)
     if family not in ("hf", "mcore"):
         # before the unknown entries' refusal: its "pass --skip-unknown" hid that nothing would convert
@@ -661,7 +677,8 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                                             if family == "mcore" and view.arch in HF_EXPORT_NOTES else [])
         plan = ConvertPlan(str(src), str(dst), "hf", reader, out, cfg, view.arch, hf_config=hf_cfg_dict,
                            iteration=iteration, notes=notes + caveats + view_notes(view), caveats=caveats,
-                           dropped=dropped + view.ignored, adapter=wrapped[1] if wrapped else None)
+                           dropped=dropped + view.ignored, adapter=wrapped[1] if wrapped else None,
+                           merge_lora=merge_lora)
         plan.shards = _shard(out, parse_size(max_shard_size))
         plan.copies = _copies(src_path, index, Path(hf_config) if hf_config else None)
         if family == "mcore" and GENERATION_CONFIG not in {name for _, name in plan.copies}:
