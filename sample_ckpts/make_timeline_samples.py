@@ -71,6 +71,7 @@ buffers holding only its own parameters).
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import sys
@@ -353,7 +354,8 @@ class _MegatronRun:
     ``make_training_state_samples`` (``_stub_cuda``, ``_cpu_as_cuda``) in the spawned rank only."""
 
     def __init__(self, rank: int, world_size: int, init_file: str, *, tp: int, distributed: bool,
-                 frozen_prefix: str | None = None, bucket_size: int | None = None, pp: int = 1) -> None:
+                 frozen_prefix: str | None = None, bucket_size: int | None = None, pp: int = 1,
+                 tied: bool = False, qk_layernorm: bool = False, ones_norms: bool = False) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import make_training_state_samples as ts
         from make_dist_samples import _init_gloo, _stub_cuda
@@ -373,7 +375,11 @@ class _MegatronRun:
         args.weight_decay = args.start_weight_decay = args.end_weight_decay = 0.01
         args.use_distributed_optimizer = distributed
         args.pipeline_model_parallel_size, args.world_size = pp, tp * pp
+        if tied:  # one embedding; under PP the last stage keeps its output layer equal to it
+            args.untie_embeddings_and_output_weights = False
+        args.qk_layernorm = qk_layernorm or args.qk_layernorm
         self.args = args
+        self.tied, self.ones_norms = tied, ones_norms
         if pp > 1:
             from megatron.core import parallel_state
 
@@ -448,8 +454,22 @@ class _MegatronRun:
         return out
 
     def _stage_params(self, model) -> dict:
-        """The tiny Llama's weights as this TP rank's and pipeline stage's parameters."""
-        whole = self.pair.hf_to_mcore(self.hf_start, self.args, tp_rank=self.rank % self.tp)
+        """The tiny Llama's weights as this TP rank's and pipeline stage's parameters. With qk_layernorm
+        the q/k norms start at 1.0 (megatron-core's and transformers' init); ``ones_norms``: every norm does,
+        as at the start of a real run; tied under PP: the last stage's output layer is the embedding."""
+        torch = self.torch
+        hf = dict(self.hf_start)
+        if self.args.qk_layernorm:
+            head_dim = self.args.hidden_size // self.args.num_attention_heads
+            for key in [k for k in hf if k.endswith("self_attn.q_proj.weight")]:
+                hf[key.replace("q_proj.weight", "q_norm.weight")] = torch.ones(head_dim)
+                hf[key.replace("q_proj.weight", "k_norm.weight")] = torch.ones(head_dim)
+        whole = self.pair.hf_to_mcore(hf, self.args, tp_rank=self.rank % self.tp)
+        if self.tied and "output_layer.weight" not in whole:
+            whole["output_layer.weight"] = whole["embedding.word_embeddings.weight"].clone()
+        if self.ones_norms:
+            whole = {k: torch.ones_like(v) if k.endswith(("layernorm.weight", "layer_norm_weight")) else v
+                     for k, v in whole.items()}
         return {name: whole[full] for name, full in self.global_names(model).items()}
 
     def step(self, seed: int, lr_factor: float = 1.0) -> None:
@@ -486,7 +506,9 @@ class _MegatronRun:
         self.optimizer.zero_grad()
         names = self.global_names(self.model)
         for name, param in self.model.named_parameters():
-            gen = torch.Generator().manual_seed(seed << 32 | zlib.crc32(names[name].encode()))
+            # tied: the output layer's gradient is the embedding's (megatron-core all-reduces the two stages')
+            drawn = "embedding.word_embeddings.weight" if self.tied and names[name] == "output_layer.weight" else names[name]
+            gen = torch.Generator().manual_seed(seed << 32 | zlib.crc32(drawn.encode()))
             param.main_grad.copy_(torch.randn(param.shape, generator=gen) * 1e-2)
         self.ddp.finish_grad_sync()
         ok, _grad_norm, _ = self.optimizer.step()
@@ -648,6 +670,16 @@ def write_timeline_distopt(out: Path) -> dict[str, Path]:
 
 DISTOPT_MP = {"tp2": (2, 1), "pp2": (1, 2)}
 """Model-parallel runs of ``write_timeline_distopt_mp``: label -> (TP, PP), one gloo rank each (DP = 1)."""
+DISTOPT_VARIANTS = {
+    "pp2_tied": (1, 2, {"tied": True}),
+    "qkn_warm": (1, 1, {"qk_layernorm": True, "ones_norms": True}),
+}
+"""Runs of ``write_timeline_distopt_mp`` beyond ``DISTOPT_MP``: label -> (TP, PP, ``_MegatronRun`` options).
+``pp2_tied``: tied embeddings over two stages (the last keeps an output layer equal to the embedding).
+``qkn_warm``: q/k norms (16 wide) beside the 64-wide layer norms, every norm 1.0 at the start, and step 1
+at a warmup rate (``WARMUP_FACTOR`` of the rate) too small to move them: at iteration 1 a norm's masters
+fit every norm's place. Test fixtures, not shipped samples."""
+WARMUP_FACTOR = 1e-6
 DISTOPT_MP_FLAVOURS = ("dp_reshardable", "legacy")
 
 
@@ -663,9 +695,9 @@ def distopt_mp_oracle(label: str, rank: int) -> str:
 
 def _distopt_mp_rank(rank: int, world_size: int, out: str, init_file: str, label: str) -> None:
     """One rank of a model-parallel distributed-optimizer run (see ``write_timeline_distopt_mp``)."""
-    tp, pp = DISTOPT_MP[label]
+    tp, pp, options = _distopt_run(label)
     run = _MegatronRun(rank, world_size, init_file, tp=tp, pp=pp, distributed=True,
-                       bucket_size=DISTOPT_BUCKET if pp == 1 else None)
+                       bucket_size=DISTOPT_BUCKET if pp == 1 else None, **options)
     torch = run.torch
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -684,7 +716,8 @@ def _distopt_mp_rank(rank: int, world_size: int, out: str, init_file: str, label
             return owner._get_main_param_and_optimizer_states(param)
 
         for step in range(1, DISTOPT_STEPS + 1):
-            run.step(100 * step)  # DP = 1: every rank sees the same batch
+            warm = label == "qkn_warm" and step == 1
+            run.step(100 * step, WARMUP_FACTOR if warm else 1.0)  # DP = 1: every rank sees the same batch
             # megatron-core's own per-parameter state of this rank (DP = 1: each shard is the whole local
             # parameter), in the local parameter's shape, by the parameter's name in the whole model
             oracle.append({names[name]: {key: own_state(p)[key].detach().clone().reshape(p.shape)
@@ -710,12 +743,10 @@ def _distopt_mp_rank(rank: int, world_size: int, out: str, init_file: str, label
     dist.destroy_process_group()
 
 
-def _distopt_tp2_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
-    _distopt_mp_rank(rank, world_size, out, init_file, "tp2")
-
-
-def _distopt_pp2_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
-    _distopt_mp_rank(rank, world_size, out, init_file, "pp2")
+def _distopt_run(label: str) -> tuple[int, int, dict]:
+    if label in DISTOPT_MP:
+        return (*DISTOPT_MP[label], {})
+    return DISTOPT_VARIANTS[label]
 
 
 def write_timeline_distopt_mp(out: Path, label: str) -> dict[str, Path]:
@@ -750,8 +781,8 @@ def write_timeline_distopt_mp(out: Path, label: str) -> dict[str, Path]:
 
     for flavour in DISTOPT_MP_FLAVOURS:
         _fresh(Path(out) / distopt_mp_root(label, flavour))
-    tp, pp = DISTOPT_MP[label]
-    _spawn(_distopt_tp2_rank if label == "tp2" else _distopt_pp2_rank, Path(out), world_size=tp * pp)
+    tp, pp, _options = _distopt_run(label)
+    _spawn(functools.partial(_distopt_mp_rank, label=label), Path(out), world_size=tp * pp)
     return {flavour: Path(out) / distopt_mp_root(label, flavour) for flavour in DISTOPT_MP_FLAVOURS}
 
 

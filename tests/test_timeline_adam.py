@@ -431,10 +431,12 @@ def test_megatron_tp2_flat_state_sampled_rows(distopt_mp, gen):
             assert moments[name].exp_avg_sq_mean[k] == pytest.approx(float(rows.mean()), rel=REL), (name, k)
 
 
-def test_megatron_tp2_tampered_master_gives_no_statistics(distopt_mp, tmp_path):
+def test_megatron_tp2_tampered_master_gives_no_statistics(distopt_mp, gen, tmp_path):
     """One element of TP rank 1's fp32 masters changed in iteration 2's ``distrib_optim.pt`` (written
-    back by ``torch.save``): that rank's buffer no longer equals the weights there, so iteration 2 gets
-    no statistics and the reason, never a wrong assignment; iteration 1 keeps its numbers."""
+    back by ``torch.save``): that rank's buffer no longer equals the weights there, so it names nothing, with
+    the reason, never a wrong assignment. The tensors split over both ranks get no statistics at iteration 2
+    (their part 1 is in that buffer); the replicated norms, whole in rank 0's buffer, keep theirs (a buffer
+    that could not be named used to take every other buffer's statistics with it); iteration 1 is whole."""
     root = tmp_path / "run"
     shutil.copytree(distopt_mp["tp2"]["legacy"], root)
     path = root / "iter_0000002" / "mp_rank_01" / "distrib_optim.pt"
@@ -442,10 +444,17 @@ def test_megatron_tp2_tampered_master_gives_no_statistics(distopt_mp, tmp_path):
     (flat,) = state[0].values()
     flat["param"][1000] += 1.0
     torch.save(state, path)
+    expected = _mp_oracle(distopt_mp["tp2"], gen, "tp2")
     _plan, result = _result(root)
     assert result.optimizer_note is None and result.moments
-    assert all(m.exp_avg_sq_mean[1] is None and m.exp_avg_sq_mean[0] is not None for m in result.moments)
-    why = next(n for n in result.notes if n.startswith("no Adam statistics for iteration 2:"))
+    split = {_legacy_name(n) for n in expected[1] if any(n.endswith(s) for s in _TP_SPLIT)}
+    for m in result.moments:
+        assert m.exp_avg_sq_mean[0] == pytest.approx(float(expected[0][m.name].mean()), rel=REL)
+        if m.name in split:
+            assert m.exp_avg_sq_mean[1] is None, m.name
+        else:
+            assert m.exp_avg_sq_mean[1] == pytest.approx(float(expected[1][m.name].mean()), rel=REL)
+    why = next(n for n in result.notes if n.startswith("no Adam statistics for iteration 2: for the tensors of one"))
     assert "no model tensor's weights equal the fp32 masters at element" in why and "mp_rank_01" in why, why
 
 
@@ -469,3 +478,66 @@ def test_megatron_tp2_rank_file_of_another_rank_leaves_split_tensors_out(distopt
     assert f"iteration 2: for {len(split)} tensors whose model-parallel shards do not make them up: " in why
     assert "decoder.layers.0.mlp.linear_fc2.weight: found as second-axis parts of 2, not each part once " \
            "(part 0 2 times)" in why, why
+
+
+@pytest.fixture(scope="module")
+def distopt_variants(tmp_path_factory, gen) -> dict[str, dict[str, Path]]:
+    pytest.importorskip("megatron.core")
+    out = tmp_path_factory.mktemp("timeline_distopt_variants")
+    return {label: gen.write_timeline_distopt_mp(out, label) for label in gen.DISTOPT_VARIANTS}
+
+
+def _variant_oracle(roots: dict[str, Path], gen, label: str) -> list[dict]:
+    """Per step: every parameter's ``exp_avg_sq`` (float64, local-spec names) from megatron-core's own
+    per-rank state (TP = 1: each rank holds its parameters whole)."""
+    tp, pp, _options = gen.DISTOPT_VARIANTS[label]
+    base = roots["dp_reshardable"].parent
+    ranks = [torch.load(base / gen.distopt_mp_oracle(label, r), weights_only=True) for r in range(tp * pp)]
+    return [{name: state["exp_avg_sq"].double() for r in ranks for name, state in r[k].items()}
+            for k in range(gen.DISTOPT_STEPS)]
+
+
+def _moments_by_name(root: Path) -> tuple[dict, list[str]]:
+    _plan, result = _result(root)
+    assert result.optimizer_note is None, result.optimizer_note
+    return {_legacy_name(m.name): m for m in result.moments}, result.notes
+
+
+@pytest.mark.parametrize("flavour", ["dp_reshardable", "legacy"])
+def test_megatron_norms_all_one_at_warmup_leave_only_themselves_out(distopt_variants, gen, flavour):
+    """Every norm 1.0 at iteration 1 (a warmup step too small to move them), 16-wide q/k norms beside 64-wide
+    layer norms: a norm's masters fit every norm's place, of either length. Only the norms go without
+    statistics there, named in the notes; every other tensor of that iteration keeps exactly megatron-core's
+    numbers (the whole iteration had none: "... both equal the fp32 masters ... with different lengths")."""
+    expected = _variant_oracle(distopt_variants["qkn_warm"], gen, "qkn_warm")
+    moments, notes = _moments_by_name(distopt_variants["qkn_warm"][flavour])
+    assert sorted(moments) == sorted(expected[0])
+    norms = {n for n in moments if "layernorm" in n}
+    assert any("q_layernorm" in n for n in norms) and any("input_layernorm" in n for n in norms)
+    for name, m in moments.items():
+        for k, state in enumerate(expected):
+            if k == 0 and name in norms:
+                assert m.exp_avg_sq_mean[k] is None, name
+            else:
+                assert m.exp_avg_sq_mean[k] == pytest.approx(float(state[name].mean()), rel=REL), (name, k)
+    (apart,) = [n for n in notes if "not told apart" in n]
+    listed = apart.split(": ", 1)[1].split(", ")
+    assert listed and all("layernorm" in n or "layer_norm" in n for n in listed), apart
+    assert not any(n.startswith("no Adam statistics for iteration") for n in notes), notes
+
+
+@pytest.mark.parametrize("flavour", ["dp_reshardable", "legacy"])
+def test_megatron_pp2_tied_embeddings_get_their_statistics(distopt_variants, gen, flavour):
+    """Tied embeddings over two pipeline stages: the last stage's output layer equals the first's embedding.
+    Per-rank files (--ckpt-format torch) hold both, and each stage's buffer was matched against every rank's
+    tensors, so the two fitted each other's place and neither got statistics; a stage's buffer whose last
+    parameter is a norm (32 wide, padded to 64) failed at its end padding in torch_dist. Every tensor now has
+    megatron-core's numbers at every iteration."""
+    expected = _variant_oracle(distopt_variants["pp2_tied"], gen, "pp2_tied")
+    moments, notes = _moments_by_name(distopt_variants["pp2_tied"][flavour])
+    assert "embedding.word_embeddings.weight" in moments
+    assert ("output_layer.weight" in moments) == (flavour == "legacy")  # torch_dist saves the tied pair once
+    for name, m in moments.items():
+        for k, state in enumerate(expected):
+            assert m.exp_avg_sq_mean[k] == pytest.approx(float(state[name].mean()), rel=REL), (name, k)
+    assert not any("not told apart" in n or n.startswith("no Adam statistics") for n in notes), notes

@@ -20,10 +20,15 @@ not in the save. It *is* recoverable from the save itself: the buffers hold the 
 the model dtype. So the buffer is walked from its start: at each parameter start (the next multiple
 of 64 after the previous parameter, or, in a coalesced ``distrib_optim.pt``, right after it where a
 new bucket begins) the model tensor whose weights equal the master there, every element (cast to
-the model dtype, compared bit for bit), is the parameter, and the walk goes on after it. A position
-no model tensor fits stops the naming of that save with the reason; model tensors with identical
-weights that fit the same position are not told apart and get no statistics (named in the notes).
-That check reads the weights and the masters once more per save.
+the model dtype, compared bit for bit), is the parameter, and the walk goes on after it (fewer than 64
+elements left after the last parameter are its padding). A position no model tensor fits stops the
+naming of that buffer with the reason (the save's other buffers keep theirs); model tensors with
+identical weights that fit the same position are not told apart and get no statistics (named in the
+notes). Fits of different lengths at one position (norms all 1.0 at the start of training, 64 and
+16 wide) are tried longest first, the next when the rest of the buffer then fits nothing, and their
+tensors are not told apart either. With ``--ckpt-format torch`` a pipeline stage's buffers are matched
+against that stage's tensors only (a tied output layer on the last stage equals the first stage's
+embedding). That check reads the weights and the masters once more per save.
 
 Saved by more than one model-parallel rank (TP and/or PP > 1), the save holds one set of buffers per
 model-parallel rank: torch_dist names it ``dp_group_idx_<g>`` (megatron-core 0.16.1's
@@ -37,7 +42,7 @@ global tensor is ``[gate_all; up_all]``, the rank's ``[gate_r; up_r]``. Which on
 from names: every such local shard of every model tensor is a candidate at each parameter start,
 compared bit for bit like a whole tensor, and no assumption on which rank holds which part is made.
 Where a whole tensor and its own first part both fit, the whole one is taken (the part is its
-prefix); a shorter fit of another tensor stops the naming of the save. Afterwards each tensor must
+prefix); a shorter fit of another tensor is a choice of lengths, as above. Afterwards each tensor must
 be either whole in one or more ranks or all its T parts, of one kind, once each; anything else
 leaves that tensor without statistics (named in the notes). Its ``exp_avg_sq`` is then read as the
 global tensor, shards put back in place (``StitchedMoments``), so means and ``--sample`` rows are of
@@ -63,6 +68,8 @@ PARAM_DTYPES = ("float32", "bfloat16", "float16")
 """Model dtypes whose weights are their fp32 masters rounded (to nearest even), compared bit for bit."""
 _DIST = re.compile(r"^(?P<base>(?:.*\.)?optimizer\.distributed\.dp_group_idx_(?P<group>\d+)\.gbuf_idx_\d+\."
                    r"dtype_\((?:torch\.)?(?P<dtype>\w+), (?:torch\.)?\w+\)\.bucket_idx_\d+)\.exp_avg_sq$")
+_RANK_DIR = re.compile(r"^mp_rank_\d+_(?P<pp>\d+)(?:_\d+)?/")
+"""A ``--ckpt-format torch`` rank dir with its pipeline stage (``mp_rank_TT_PPP[_EEE]/``)."""
 _LEGACY = re.compile(r"^(?P<base>distrib_optim\.(?P<group>[^.]+)\.\d+\.(?P<dtype>\w+)/\w+)\.exp_avg_sq$")
 
 
@@ -93,6 +100,8 @@ class FlatNames:
     """Saved by several model-parallel ranks: where the parameters' global ``exp_avg_sq`` is read."""
     unassembled: dict[str, str] = field(default_factory=dict)
     """Model tensor name -> why its shards do not make up the tensor (no statistics for it)."""
+    skipped: list[str] = field(default_factory=list)
+    """Why each buffer that could not be named was left out (its tensors get no statistics)."""
 
     def unassembled_note(self) -> str | None:
         """One line for the tensors whose shards do not make them up, or None."""
@@ -235,6 +244,7 @@ class _Walker:
         """Tensors that fit a position together with another candidate of the same length."""
         self.found: dict[str, list[tuple[Shard, str, str, int]]] = {}
         """Model tensor -> every (shard, buffer group, buffer ``exp_avg_sq``, first element) it fits."""
+        self._held: dict[int, set[str] | None] = {}
 
     def _first_bits(self, dtype: str) -> None:
         """Each candidate's first element, read by itself: the cheap test before a whole compare."""
@@ -257,12 +267,36 @@ class _Walker:
             self._bits_cache = {name: _bits(self.reader.read(stored))}  # one tensor at a time
         return self._bits_cache[name]
 
+    def _held_by(self, buffer: FlatBuffer) -> set[str] | None:
+        """The model tensors of the pipeline stage that saved ``buffer``, where the save says
+        (``--ckpt-format torch``: the tensors of the ``mp_rank_TT_PPP`` dirs of its stage); None: any tensor may
+        be there. Without it the last stage's tied output layer, equal to the first stage's embedding,
+        fitted the embedding's place too, and neither got statistics (a probe with megatron-core's own
+        saves). By stage, not by rank dir: a replicated tensor is read from one TP rank's file only."""
+        numbers = re.findall(r"\d+", buffer.group)
+        if not buffer.coalesced or len(numbers) < 2:
+            return None
+        stage = int(numbers[1])
+        if stage not in self._held:
+            held = set()
+            for name, (_stored, meta) in self.model.items():
+                for chunk in meta.chunks:
+                    found = _RANK_DIR.match(str(chunk.file))
+                    if found and int(found.group("pp")) == stage:
+                        held.add(name)
+                        break
+            self._held[stage] = held or None
+        return self._held[stage]
+
     def fits(self, buffer: FlatBuffer, at: int) -> list[_Fit]:
         """Candidate shards whose weights equal the masters from element ``at`` on."""
         target = _dtype(buffer.dtype)
         head = self.reader.read(buffer.master, (slice(at, at + 1),)).astype(target)
+        held = self._held_by(buffer)
         out = []
         for fit in self.first.get((buffer.dtype, int(_bits(head)[0])), []):
+            if held is not None and fit.name not in held:
+                continue
             n = fit.numel
             if at + n > buffer.length:
                 continue
@@ -272,18 +306,27 @@ class _Walker:
                 out.append(fit)
         return out
 
-    def _choose(self, buffer: FlatBuffer, at: int, fits: list[_Fit]) -> list[_Fit]:
-        """The longest fits; a shorter one may only be a part of a tensor that fits whole there."""
-        longest = max(f.numel for f in fits)
-        chosen = [f for f in fits if f.numel == longest]
-        others = sorted({f.name for f in fits if f.numel < longest} - {f.name for f in chosen})
-        if others:
-            raise CkptError(f"{chosen[0].name} and {others[0]} (a TP shard) both equal the fp32 masters at element "
-                            f"{at} of {buffer.master}, with different lengths: not told apart")
-        return chosen
+    MAX_CHOICES = 64
+    """Positions where fits of different lengths are tried in turn, per buffer: past it the buffer is given up."""
 
     def walk(self, buffer: FlatBuffer) -> None:
+        """Name the parameters of ``buffer`` in place (``found``, ``ambiguous``), or raise ``CkptError`` and
+        record nothing of it.
+
+        At a position several fits may agree: tensors of equal weights and length (not told apart: each is
+        marked ambiguous), a whole tensor and its own first TP part (the whole one is taken), or tensors of
+        different lengths whose weights agree as far as the shorter goes (norms all 1.0 at the start of
+        training, a 64-wide layer norm beside a 16-wide q/k norm). The last kind is decided by the rest of
+        the buffer: the longest is tried first, and when the walk then reaches a position nothing fits it
+        comes back and tries the next length; the tensors of such a position are marked ambiguous whatever
+        walk completes. Before, such a position stopped the naming of the whole save, every other buffer's
+        statistics included (a probe with megatron-core's own saves at warmup)."""
         self._first_bits(buffer.dtype)
+        placed: list[tuple[_Fit, int]] = []
+        ambiguous: set[str] = set()
+        choices: list[tuple[int, int, int, list[list[_Fit]], set[str]]] = []
+        """Backtracking points: (pos, bucket, len(placed), the other lengths' fits, ambiguous then)."""
+        tried = 0
         pos = bucket = 0
         while pos < buffer.length:
             aligned = bucket + -(-(pos - bucket) // ALIGN) * ALIGN
@@ -293,19 +336,51 @@ class _Walker:
                 if at < buffer.length and (fits := self.fits(buffer, at)):
                     hit = at, fits
                     break
+            if hit is None and aligned >= buffer.length:
+                break  # the last parameter's start padding: no parameter can start before the end
             if hit is None:
+                if choices and tried < self.MAX_CHOICES:
+                    tried += 1
+                    at, bucket, count, rest, ambiguous = choices.pop()
+                    del placed[count:]
+                    fits = rest.pop(0)
+                    if rest:
+                        choices.append((at, bucket, count, rest, set(ambiguous)))
+                    pos = self._place(fits, at, placed, ambiguous)
+                    continue
                 raise CkptError(f"no model tensor's weights equal the fp32 masters at element {pos} of "
                                 f"{buffer.master}")
             at, fits = hit
             if at != aligned:
                 bucket = at  # a coalesced bucket starts right where the previous one ended
-            fits = self._choose(buffer, at, fits)
-            for fit in fits:
-                self.found.setdefault(fit.name, []).append((fit.shard, buffer.group, buffer.moment, at))
-            if len(fits) > 1:
-                self.ambiguous.update(f.name for f in fits)
-            pos = at + fits[0].numel
+            by_length = self._by_length(fits)
+            if len(by_length) > 1:
+                ambiguous.update(f.name for group in by_length for f in group)
+                choices.append((at, bucket, len(placed), by_length[1:], set(ambiguous)))
+            pos = self._place(by_length[0], at, placed, ambiguous)
+        for fit, at in placed:
+            self.found.setdefault(fit.name, []).append((fit.shard, buffer.group, buffer.moment, at))
+        self.ambiguous |= ambiguous
 
+    @staticmethod
+    def _by_length(fits: list[_Fit]) -> list[list[_Fit]]:
+        """The fits at one position grouped by length, longest first; a shorter fit that is a part of a
+        tensor fitting whole there is dropped (a part is its whole's prefix)."""
+        lengths: dict[int, list[_Fit]] = {}
+        for fit in fits:
+            lengths.setdefault(fit.numel, []).append(fit)
+        groups = [lengths[n] for n in sorted(lengths, reverse=True)]
+        whole = {f.name for f in groups[0]}
+        groups = [groups[0]] + [g for g in ([f for f in group if f.name not in whole] for group in groups[1:]) if g]
+        return groups
+
+    @staticmethod
+    def _place(fits: list[_Fit], at: int, placed: list[tuple[_Fit, int]], ambiguous: set[str]) -> int:
+        """Record ``fits`` (one length) at ``at``; returns where the next parameter may start."""
+        placed.extend((fit, at) for fit in fits)
+        if len(fits) > 1:
+            ambiguous.update(f.name for f in fits)
+        return at + fits[0].numel
 
 def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     out = []
@@ -385,11 +460,15 @@ def name_flat_state(reader: CheckpointReader, model: dict[str, tuple[str, Any]],
     several = len({b.group for b in buffers}) > 1
     tp = (_tp_size(reader) or 1) if several else 1
     walker = _Walker(reader, {n: v for n, v in model.items() if v[1].dtype_info.is_float}, tp)
-    try:
-        for buffer in buffers:
+    failed: list[str] = []
+    for buffer in buffers:  # a buffer that cannot be named leaves the others' statistics standing
+        try:
             walker.walk(buffer)
-    except CkptError as exc:
-        return None, str(exc.args[0])
+        except CkptError as exc:
+            failed.append(str(exc.args[0]))
+    if len(failed) == len(buffers):
+        return None, failed[0]
+    names.skipped = failed
     names.ambiguous = sorted(walker.ambiguous)
     if several:
         names.reader = StitchedMoments(reader)

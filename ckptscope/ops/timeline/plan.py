@@ -442,6 +442,8 @@ def _plan_flat_optimizer(chosen: list[IterationInfo], entries: list[ModelEntries
         stitched[i] = names.reader
         if names.unassembled:
             reasons.setdefault(names.unassembled_note(), []).append(info.label)
+        for skipped in names.skipped:
+            reasons.setdefault(f"for the tensors of one of its flat buffers: {skipped}", []).append(info.label)
         for param, (buffer, start, _numel) in names.place.items():
             if param in wanted:
                 places.setdefault(param, [None] * len(chosen))[i] = (buffer, start)
