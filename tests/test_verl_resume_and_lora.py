@@ -190,6 +190,7 @@ def test_a_lora_training_save_converts_to_base_weights_and_adapter(lora_runs, tm
     import numpy as np
     import torch
     from peft import LoraConfig, PeftModel, get_peft_model
+    from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
     lora, _ = lora_runs
@@ -224,6 +225,11 @@ def test_a_lora_training_save_converts_to_base_weights_and_adapter(lora_runs, tm
     with torch.no_grad():
         torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(merged)(input_ids=ids).logits, want_logits,
                                    rtol=1e-5, atol=1e-5)
+    # --dtype casts the adapter too, as verl's merger does
+    cast = tmp_path / "bf16"
+    assert cli("convert", str(lora), str(cast), "--to", "hf", "--dtype", "bfloat16").code == 0
+    with safe_open(str(cast / "lora_adapter" / "adapter_model.safetensors"), "np") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
     # --merge-lora: the same merge in one step, nothing left beside it
     one_step = tmp_path / "one_step"
     done = cli("convert", str(lora), str(one_step), "--to", "hf", "--merge-lora")
@@ -269,3 +275,28 @@ def test_a_lora_training_save_without_its_alpha_or_to_megatron_is_refused(lora_r
     (actor / "lora_train_meta.json").write_text(json.dumps({"r": 8, "lora_alpha": 16}))
     rank = cli("convert", str(actor), str(tmp_path / "out"), "--to", "hf")
     assert rank.code == 2 and "says r=8 but the saved lora_A tensors have rank 4" in rank.err
+    # what a probe met: a string r ("says r=4 but ... rank 4"), a file that does not parse ("has no ...")
+    (actor / "lora_train_meta.json").write_text(json.dumps({"r": "4", "lora_alpha": 16}))
+    text_r = cli("convert", str(actor), str(tmp_path / "out"), "--to", "hf")
+    assert text_r.code == 2 and "has r '4', which is no number" in text_r.err
+    (actor / "lora_train_meta.json").write_text("{")
+    broken = cli("convert", str(actor), str(tmp_path / "out"), "--to", "hf")
+    assert broken.code == 2 and "has a lora_train_meta.json that does not parse as JSON" in broken.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_lora_save_missing_half_a_pair_is_refused(lora_runs, tmp_path, cli):
+    """A module's lora_B gone from every rank file: the adapter was written without it (exit 0), and PEFT loads
+    such an adapter with a warning and no update for that module (a probe: logits off by 0.02)."""
+    import torch
+
+    lora, _ = lora_runs
+    actor = _copy(actor_of(lora), tmp_path / "actor")
+    gone = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.default.weight"
+    for rank_file in sorted(actor.glob("model_world_size_2_rank_*.pt")):
+        state = torch.load(rank_file, weights_only=False)
+        del state[gone]
+        torch.save(state, rank_file)
+    result = cli("convert", str(actor), str(tmp_path / "out"), "--to", "hf")
+    assert result.code == 2 and "q_proj: the LoRA pair is incomplete (lora_B missing)" in result.err, result.err
+    assert not (tmp_path / "out").exists()

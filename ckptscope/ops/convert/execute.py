@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ckptscope.core.errors import CkptError
 from ckptscope.ops.atomic import atomic_output, check_destination, check_space
 from ckptscope.ops.convert.hf_target import write_hf
 from ckptscope.ops.convert.mcore_target import write_mcore
@@ -42,7 +43,12 @@ def _convert_and_merge(plan: ConvertPlan, dst: Path, overwrite: bool, progress: 
     unmerged = Path(tempfile.mkdtemp(prefix=f".{dst.name}.unmerged-", dir=dst.parent))
     try:
         write_hf(plan, unmerged, progress)
-        execute_merge(plan_merge(unmerged / plan.adapter.dir, unmerged, dst, overwrite=overwrite))
+        try:
+            execute_merge(plan_merge(unmerged / plan.adapter.dir, unmerged, dst, overwrite=overwrite))
+        except CkptError as exc:  # said of the source: the temporary dir is gone when the user reads it
+            problem = exc.problem.replace(str(unmerged / plan.adapter.dir), "the adapter").replace(str(unmerged),
+                                                                                                 "the base model")
+            raise CkptError(f"--merge-lora: {problem}", Path(plan.src)) from None
     finally:
         shutil.rmtree(unmerged, ignore_errors=True)
     return dst

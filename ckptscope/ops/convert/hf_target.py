@@ -12,9 +12,11 @@ import os
 import shutil
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ckptscope.core.dtypes import dtype_by_name
 from ckptscope.core.errors import CkptError
 from ckptscope.formats.filefill import OutputFile
 from ckptscope.formats.safetensors.writer import new_file_header
@@ -196,10 +198,14 @@ def write_adapter(plan: ConvertPlan, out: Path) -> None:
     assert adapter is not None
     out.mkdir()
     metas = [(name, plan.reader.meta(stored)) for name, stored in adapter.tensors]
+    if adapter.dtype is not None:
+        metas = [(name, replace(meta, dtype=adapter.dtype)) for name, meta in metas]
     with open(out / "adapter_model.safetensors", "wb") as handle:
         handle.write(new_file_header([(name, meta.dtype, meta.shape, meta.nbytes) for name, meta in metas]))
         for (_, stored), (_, meta) in zip(adapter.tensors, metas):
             array = plan.reader.read(stored)
+            if adapter.dtype is not None:  # --dtype: the adapter too, as verl's merger casts both
+                array = array.astype(dtype_by_name(adapter.dtype).numpy())
             if array.nbytes != meta.nbytes:
                 raise CkptError(f"internal error: read {array.nbytes:,} bytes of {stored}, expected {meta.nbytes:,}")
             handle.write(memoryview(array.reshape(-1).view("uint8")) if array.size else b"")

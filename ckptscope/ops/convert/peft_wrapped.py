@@ -31,6 +31,11 @@ ADAPTER_DIR = "lora_adapter"
 _ADAPTER_NAME = ".default."
 """PEFT's adapter name in a live model's state dict (verl trains one adapter, ``default``)."""
 _LORA_PARTS = (".lora_A.default.weight", ".lora_B.default.weight")
+_META_FILE = "lora_train_meta.json"
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass
@@ -42,6 +47,8 @@ class AdapterExport:
     tensors: list[tuple[str, str]]
     """(name in ``adapter_model.safetensors``, stored name to read), in stored order."""
     dir: str = ADAPTER_DIR
+    dtype: str | None = None
+    """The dtype to write the adapter in (``--dtype``); None: as stored."""
 
     def describe(self) -> str:
         return (f"{len(self.tensors)} tensors, r={self.config['r']}, lora_alpha={self.config['lora_alpha']}, "
@@ -63,16 +70,37 @@ def unwrap_peft(entries: ModelEntries, index: CheckpointIndex, src: Path) -> tup
             raise CkptError(f"{name} and the base model's {name[len(PEFT_PREFIX):].replace('.base_layer.', '.')} "
                             f"would be one tensor once PEFT's names are taken off", src)
     adapter: list[tuple[str, str]] = []
-    ranks: set[int] = set()
     for name, stored in lora.items():
         if not name.endswith(_LORA_PARTS):
             raise CkptError(f"{name}: only PEFT's plain LoRA (lora_A / lora_B of the adapter 'default') is "
                             f"exported from a PEFT-wrapped save; DoRA, embedding LoRA and other adapters are not",
                             src)
         adapter.append((name.replace(_ADAPTER_NAME, ".", 1), stored))
-        if ".lora_A." in name:
-            ranks.add(entries.tensors[name].shape[0])
+    ranks = _check_pairs(entries, base, lora, src)
     return base, AdapterExport(_adapter_config(adapter, ranks, index, src), adapter)
+
+
+def _check_pairs(entries: ModelEntries, base: ModelEntries, lora: dict[str, str], src: Path) -> set[int]:
+    """Every adapted module has its lora_A ``[r, in]`` and lora_B ``[out, r]`` and a base weight ``[out, in]``;
+    returns the ranks. A module missing its lora_B was written as a 7-tensor adapter that PEFT loads with a
+    warning and a zero update there (a probe: logits off by 0.02, exit 0)."""
+    modules: dict[str, dict[str, tuple[int, ...]]] = {}
+    for name in lora:
+        module, _, part = name.rpartition(".lora_")
+        modules.setdefault(module, {})[part.partition(".")[0]] = tuple(entries.tensors[name].shape)
+    ranks = set()
+    for module, parts in sorted(modules.items()):
+        plain = module[len(PEFT_PREFIX):] + ".weight"
+        if set(parts) != {"A", "B"}:
+            missing = "lora_B" if "A" in parts else "lora_A"
+            raise CkptError(f"{module}: the LoRA pair is incomplete ({missing} missing); the adapter would load "
+                            f"with that module's update dropped", src)
+        a, b, weight = parts["A"], parts["B"], tuple(base.tensors[plain].shape) if plain in base.tensors else None
+        if len(a) != 2 or len(b) != 2 or a[0] != b[1] or (weight is not None and weight != (b[0], a[1])):
+            raise CkptError(f"{module}: lora_A {list(a)} and lora_B {list(b)} do not make a LoRA update of its base "
+                            f"weight {list(weight) if weight else '(none)'}", src)
+        ranks.add(a[0])
+    return ranks
 
 
 def _adapter_config(adapter: list[tuple[str, str]], ranks: set[int], index: CheckpointIndex,
@@ -85,8 +113,15 @@ def _adapter_config(adapter: list[tuple[str, str]], ranks: set[int], index: Chec
     rank = ranks.pop()
     meta = next((o.value for o in index.objects if o.name == "lora_train_meta"), None)
     alpha = meta.get("lora_alpha") if isinstance(meta, dict) else None
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or alpha <= 0:
-        found = "has no lora_train_meta.json" if meta is None else f"has lora_alpha {alpha!r} in lora_train_meta.json"
+    if not _is_number(alpha) or alpha <= 0:
+        if meta is None and any(f.path == _META_FILE for f in index.files):
+            found = f"has a {_META_FILE} that does not parse as JSON"
+        elif meta is None:
+            found = f"has no {_META_FILE}"
+        elif not isinstance(meta, dict):
+            found = f"has a {_META_FILE} that is no JSON object"
+        else:
+            found = f"has lora_alpha {alpha!r} in {_META_FILE}"
         raise CkptError(f"a model wrapped by PEFT for LoRA training ({adapter[0][1]}, ...) {found}: the adapter's "
                         f"lora_alpha is unknown, and an adapter written with a guessed one would load and compute "
                         f"another model (verl's merger writes 0, which merges to nothing); " + (
@@ -94,8 +129,11 @@ def _adapter_config(adapter: list[tuple[str, str]], ranks: set[int], index: Chec
                             "(as verl 0.9 writes it)" if index.format.startswith("verl") else
                             "save the adapter with PEFT's save_pretrained, which records it"), src)
     meta_rank = meta.get("r")
+    if meta_rank is not None and not _is_number(meta_rank):
+        raise CkptError(f"{_META_FILE} has r {meta_rank!r}, which is no number (the saved lora_A tensors have rank "
+                        f"{rank})", src)
     if meta_rank is not None and meta_rank != rank:
-        raise CkptError(f"lora_train_meta.json says r={meta_rank} but the saved lora_A tensors have rank {rank}", src)
+        raise CkptError(f"{_META_FILE} says r={meta_rank} but the saved lora_A tensors have rank {rank}", src)
     targets = sorted({saved.split(".")[-3] for saved, _ in adapter})  # q_proj of ...q_proj.lora_A.weight
     return {
         "peft_type": "LORA",

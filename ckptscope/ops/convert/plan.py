@@ -569,14 +569,19 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
                             "and convert the merged model to Megatron-Core", src_path)
         entries, adapter = wrapped
         tensors = entries.tensors
+        adapter.dtype = None if dtype == "keep" else dtype
         if merge_lora:
             adapter_notes.append(f"PEFT-wrapped LoRA training state: the adapter ({adapter.describe()}) is merged into "
-                                 f"the base weights (W + lora_alpha/r * B @ A, as PEFT's merge_and_unload does)")
+                                 f"the base weights (W + lora_alpha/r * B @ A, as PEFT's merge_and_unload; rounded "
+                                 f"once to the weights' dtype)")
         else:
             adapter_notes.append(f"PEFT-wrapped LoRA training state: the base weights are the model (not merged, as "
                                  f"verl's model merger writes them); the adapter ({adapter.describe()}) goes to "
                                  f"{adapter.dir}/, and `ckptscope lora merge {Path(dst) / adapter.dir} {dst} OUT` "
                                  f"merges it (or convert with --merge-lora)")
+        adapter_notes.append("lora_train_meta.json records r, lora_alpha and task_type only: a run that used rsLoRA "
+                             "or per-module ranks or alphas (one started from a saved adapter) is not described by "
+                             "it, and its export would compute another model")
     family = naming_family(tensors)
     if family not in ("hf", "mcore"):
         # before the unknown entries' refusal: its "pass --skip-unknown" hid that nothing would convert
