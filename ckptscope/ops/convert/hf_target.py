@@ -193,7 +193,8 @@ def finish_hf(plan: ConvertPlan, out: Path) -> None:
 
 def write_adapter(plan: ConvertPlan, out: Path) -> None:
     """A PEFT-wrapped save's adapter as PEFT's ``save_pretrained`` writes one: ``adapter_config.json`` and
-    ``adapter_model.safetensors``, the tensors as stored (an adapter is small: one tensor in memory at a time)."""
+    ``adapter_model.safetensors``, the tensors as stored or cast to ``--dtype`` (an adapter is small: one tensor
+    in memory at a time)."""
     adapter = plan.adapter
     assert adapter is not None
     out.mkdir()

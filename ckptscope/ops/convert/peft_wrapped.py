@@ -96,7 +96,9 @@ def _check_pairs(entries: ModelEntries, base: ModelEntries, lora: dict[str, str]
             raise CkptError(f"{module}: the LoRA pair is incomplete ({missing} missing); the adapter would load "
                             f"with that module's update dropped", src)
         a, b, weight = parts["A"], parts["B"], tuple(base.tensors[plain].shape) if plain in base.tensors else None
-        if len(a) != 2 or len(b) != 2 or a[0] != b[1] or (weight is not None and weight != (b[0], a[1])):
+        # (a GPT-2 Conv1D stores its weight [in, out]; PEFT's lora_A / lora_B are [r, in] / [out, r] either way)
+        if len(a) != 2 or len(b) != 2 or a[0] != b[1] or (weight is not None and weight not in ((b[0], a[1]),
+                                                                                            (a[1], b[0]))):
             raise CkptError(f"{module}: lora_A {list(a)} and lora_B {list(b)} do not make a LoRA update of its base "
                             f"weight {list(weight) if weight else '(none)'}", src)
         ranks.add(a[0])
