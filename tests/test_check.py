@@ -171,6 +171,17 @@ def test_truncated_distcp(tmp_path, cli):
     assert inspected.code == 0 and f"{victim}: truncated" in inspected.err
 
 
+def test_a_model_dir_whose_only_shard_is_cut_says_nothing_could_be_read(samples, tmp_path, cli):
+    """The summary read "1 problem in 0 tensors, 0 chunks, 0 files" (a probe): as if nothing had been checked."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    whole = (samples["hf_llama_single"] / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(whole[:1000])
+    result = cli("check", str(folder))
+    assert result.code == 1 and "unreadable-file: model.safetensors: truncated" in result.out
+    assert result.out.strip().splitlines()[-1] == "1 problem: nothing in it could be read"
+
+
 def test_deleted_rank_file(tmp_path, cli):
     path = copy(FSDP2, tmp_path)
     victim = "__0_0.distcp"

@@ -131,7 +131,10 @@ class CheckReport:
                             ((self.tensors, "tensor"), (self.chunks, "chunk"), (self.files, "file")))
         if self.ok:
             return f"ok: {counted} checked"
-        return f"{len(self.problems)} problem{'s' if len(self.problems) != 1 else ''} in {counted}"
+        found = f"{len(self.problems)} problem{'s' if len(self.problems) != 1 else ''}"
+        if not (self.tensors or self.chunks or self.files):  # nothing could be read ("1 problem in 0 tensors, ...")
+            return f"{found}: nothing in it could be read"
+        return f"{found} in {counted}"
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "layout": self.layout, "format": self.format, "ok": self.ok,
