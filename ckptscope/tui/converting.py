@@ -55,10 +55,13 @@ class ConvertSettings:
     """``--max-shard-size`` of HF safetensors shards."""
     hf_experts: str = "per-expert"
     """``--hf-experts``: MoE experts per expert (save_pretrained) or fused 3-D (transformers v5)."""
+    merge_lora: bool = False
+    """``--merge-lora``: a LoRA training save's adapter merged into the weights, not written apart."""
 
     def label(self) -> str:
         if self.target == "hf":
-            return "HF safetensors" + ("" if self.dtype == "keep" else f", {self.dtype}")
+            return ("HF safetensors" + ("" if self.dtype == "keep" else f", {self.dtype}")
+                    + (", LoRA merged" if self.merge_lora else ""))
         dtype = "" if self.dtype == "keep" else f", {self.dtype}"
         ep = f" ep {self.ep}" if self.ep > 1 else ""
         spec = ", te spec" if self.spec == "te" else ""

@@ -379,3 +379,43 @@ async def test_verify_result_is_in_view_at_80_columns(tmp_path):
         assert form.verified is not None and form.verified.identical
         shown = app.screen.find_widget(form.query_one("#convert-verify", Static)).visible_region
         assert shown.height > 0 and 0 <= shown.y < 24, shown
+
+
+@pytest.fixture(scope="module")
+def verl_lora_save(tmp_path_factory) -> Path:
+    import importlib
+    import sys
+
+    if str(SAMPLES) not in sys.path:
+        sys.path.insert(0, str(SAMPLES))
+    lora, _only = importlib.import_module("make_verl_samples").write_verl_lora(tmp_path_factory.mktemp("verl_lora"))
+    return lora
+
+
+@sync
+async def test_merge_lora_box_appears_for_a_lora_save_and_reaches_the_output(verl_lora_save, tmp_path):
+    """A verl LoRA save plans base weights + lora_adapter/ (said in the plan); the "merge LoRA" box, shown only
+    for such a save, plans and writes the merged model instead (as --merge-lora)."""
+    app = make_app(verl_lora_save, keymap={})
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("enter")  # the iteration picker: open the latest
+        form = await open_convert_form(pilot)
+        box = form.query_one("#convert-merge-lora", Checkbox)
+        assert form.plan is not None and form.plan.adapter is not None and box.display
+        assert any("goes to lora_adapter/" in note for note in form.plan.notes)
+        box.value = True
+        await replan(pilot)
+        assert form.plan.merge_lora and any("is merged into the base weights" in note for note in form.plan.notes)
+        await type_into(pilot, "#convert-dst", str(tmp_path / "merged"))
+        await pilot.press("ctrl+s")
+        for _ in range(100):
+            await pilot.pause(0.1)
+            if (tmp_path / "merged" / "model.safetensors").exists() and form.stage == "done":
+                break
+    assert (tmp_path / "merged" / "model.safetensors").exists() and not (tmp_path / "merged" / "lora_adapter").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if "unmerged" in p.name) == []
+    plain = make_app(SAMPLES / "hf_llama_single", keymap={})
+    async with plain.run_test(size=SIZE) as pilot:
+        form = await open_convert_form(pilot)
+        assert not form.query_one("#convert-merge-lora", Checkbox).display

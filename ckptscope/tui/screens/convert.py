@@ -166,6 +166,9 @@ class ConvertScreen(ModalScreen[str | None]):
                     yield Checkbox("skip unknown", id="convert-skip-unknown",
                                    tooltip="Leave out entries that are neither model weights nor known training state "
                                            "(--skip-unknown); without it they stop the conversion")
+                    yield Checkbox("merge LoRA", id="convert-merge-lora",
+                                   tooltip="A LoRA training save: merge the adapter into the weights (--merge-lora) "
+                                           "instead of writing it apart as lora_adapter/, as verl's merger does")
             yield Static(Text("planning…", style="italic"), id="convert-status")
             yield ProgressBar(id="convert-progress", show_eta=True)
             yield DataTable(id="convert-plan", cursor_type="row")
@@ -197,6 +200,7 @@ class ConvertScreen(ModalScreen[str | None]):
         table.add_columns("destination tensor", "shape", "dtype", "transforms", "sources")
         self.query_one("#convert-open").display = False
         self.query_one("#convert-verify-box").display = False
+        self.query_one("#convert-merge-lora").display = False  # shown once a plan has an adapter to merge
         self._target_changed(self.initial_target)
         self.query_one("#convert-target", Select).focus()
         self._schedule_plan(delay=0)
@@ -225,7 +229,8 @@ class ConvertScreen(ModalScreen[str | None]):
                                ep=numbers[2], spec=str(self.query_one("#convert-spec", Select).value),
                                hf_config=str(Path(hf_config).expanduser()) if hf_config else None,
                                arch=None if arch == "auto" else arch, max_shard_size=shard,
-                               hf_experts=str(self.query_one("#convert-experts", Select).value))
+                               hf_experts=str(self.query_one("#convert-experts", Select).value),
+                               merge_lora=target == "hf" and self.query_one("#convert-merge-lora", Checkbox).value)
 
     def destination(self) -> str:
         return str(Path(self.query_one("#convert-dst", Input).value.strip()).expanduser())
@@ -259,6 +264,7 @@ class ConvertScreen(ModalScreen[str | None]):
     @on(Input.Changed, "#convert-shard")
     @on(Checkbox.Changed, "#convert-overwrite")
     @on(Checkbox.Changed, "#convert-skip-unknown")
+    @on(Checkbox.Changed, "#convert-merge-lora")
     def _field_changed(self) -> None:
         self._schedule_plan()
 
@@ -313,7 +319,8 @@ class ConvertScreen(ModalScreen[str | None]):
                                 spec=settings.spec, ckpt_format=settings.ckpt_format, dtype=settings.dtype,
                                 hf_config=settings.hf_config, trust_pickle=self.trust_pickle,
                                 skip_unknown=settings.skip_unknown, arch=settings.arch,
-                                max_shard_size=settings.max_shard_size, hf_experts=settings.hf_experts)
+                                max_shard_size=settings.max_shard_size, hf_experts=settings.hf_experts,
+                                merge_lora=settings.merge_lora)
         except CkptError as exc:
             self.post_message(ConvertFailed("plan", str(exc), token))
             return
@@ -340,6 +347,7 @@ class ConvertScreen(ModalScreen[str | None]):
         self.planning = False
         self.problem = message.problem
         plan = message.plan
+        self.query_one("#convert-merge-lora").display = plan.adapter is not None
         summary = plan_summary(plan)
         if message.problem:
             self._status(Group(Text.assemble(("✗ ", "bold red"), (message.problem, "red")), summary))
