@@ -143,16 +143,21 @@ def test_checkpoint_index_imports_no_torch(output_dir):
 def test_deepspeed_dir_is_listed(output_dir):
     """A DeepSpeed run leaves ``global_stepN/`` (engine.save_checkpoint) and its ``latest`` tracker in
     the Trainer checkpoint: listed with roles, never read."""
+    import torch
+
     ckpt = output_dir / "checkpoint-4"
     (ckpt / "global_step4").mkdir()
-    (ckpt / "global_step4" / "mp_rank_00_model_states.pt").write_bytes(b"\0" * 64)
-    (ckpt / "global_step4" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"\0" * 128)
+    model_states = ckpt / "global_step4" / "mp_rank_00_model_states.pt"
+    optim_states = ckpt / "global_step4" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    torch.save({"module": {}}, model_states)  # (zeros in their place are damage: check says so)
+    torch.save({"optimizer_state_dict": {}}, optim_states)
     (ckpt / "latest").write_text("global_step4")
     with open_checkpoint(ckpt) as reader:
         index = reader.index()
     roles = {f.path: (f.role, f.size) for f in index.files}
-    assert roles["global_step4/mp_rank_00_model_states.pt"] == ("deepspeed", 64)
-    assert roles["global_step4/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"] == ("optimizer", 128)
+    assert roles["global_step4/mp_rank_00_model_states.pt"] == ("deepspeed", model_states.stat().st_size)
+    assert roles["global_step4/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"] == ("optimizer",
+                                                                                    optim_states.stat().st_size)
     assert roles["latest"] == ("deepspeed", len("global_step4"))
     assert check_checkpoint(output_dir).ok
 

@@ -645,6 +645,25 @@ def test_a_trainer_checkpoint_with_a_cut_optimizer_file_is_damage(trainer_run, t
         assert result.code == 1 and "unreadable-file" in result.out and "optimizer.pt" in result.out, result.out
 
 
+def test_empty_or_foreign_training_state_files_are_damage(trainer_run, tmp_path):
+    """An emptied ``optimizer.pt`` / ``rng_state.pth`` or a text file in its place: check said ok (only torch's zip
+    format was opened), while torch.load, and a resume, fail on each (a probe)."""
+    import torch
+
+    run = tmp_path / "run"
+    shutil.copytree(trainer_run, run)
+    step = run / "checkpoint-4"
+    (step / "optimizer.pt").write_bytes(b"")
+    (step / "rng_state.pth").write_text("garbage\n")
+    for name in ("optimizer.pt", "rng_state.pth"):
+        with pytest.raises(Exception):
+            torch.load(str(step / name), weights_only=True)
+    result = run_cli("check", str(step))
+    assert result.code == 1, result.out
+    assert "unreadable-file: optimizer.pt: optimizer state file is empty" in result.out
+    assert "unreadable-file: rng_state.pth: rng state file is neither torch's zip format nor a pickle" in result.out
+
+
 def test_timeline_reads_the_adam_state_beside_each_fsdp_save(trainer_fsdp2, tmp_path):
     """Under FSDP the Trainer's (and accelerate's) Adam state is the DCP dir ``optimizer_0/`` beside the model,
     keyed by parameter name. timeline said "no Adam exp_avg_sq saved" (a probe). Its per-module mean now equals

@@ -464,8 +464,16 @@ def side_file_problems(index: CheckpointIndex, root: Path) -> list[Problem]:
         path = root / info.path
         try:
             with open(path, "rb") as handle:
-                if handle.read(4) != ZIP_MAGIC:
-                    continue  # a plain pickle (legacy torch.save, random_states_N.pkl): nothing cheap to check
+                head = handle.read(4)
+            if not head:  # a probe emptied optimizer.pt and scheduler.pt: check said ok, torch.load raises EOFError
+                problems.append(Problem("unreadable-file", info.path, (), f"{info.role} state file is empty: "
+                                        f"torch.load, and a resume from it, would fail"))
+                continue
+            if head != ZIP_MAGIC:
+                if head[:1] != b"\x80":  # every pickle torch or accelerate writes opens with the PROTO opcode
+                    problems.append(Problem("unreadable-file", info.path, (), f"{info.role} state file is neither "
+                                            f"torch's zip format nor a pickle: torch.load, and a resume, would fail"))
+                continue  # a plain pickle (legacy torch.save, random_states_N.pkl): nothing cheap to check
             with zipfile.ZipFile(path) as archive:
                 archive.infolist()
         except OSError as exc:
