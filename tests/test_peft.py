@@ -446,3 +446,29 @@ def test_a_peft_wrapped_training_state_dict_is_refused_for_what_it_is(tmp_path):
     result = run_cli("convert", str(tmp_path / "ia3.pt"), "--to", "hf", str(tmp_path / "out"))
     assert result.code == 2 and "a model wrapped by PEFT (" in result.err and "lora merge" not in result.err
 
+
+
+def test_an_adapter_peft_cannot_load_is_a_check_problem(peft_samples, tmp_path):
+    """A pair missing its lora_B, or adapter_config.json's r against the stored rank: inspect warned and lora
+    merge refused, but check said ok and lora stats listed the other pairs without a word (a probe with the
+    transformers Trainer's PEFT checkpoints)."""
+    from safetensors.numpy import load_file, save_file
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(peft_samples["peft_lora"], adapter)
+    weights = load_file(str(adapter / "adapter_model.safetensors"))
+    gone = sorted(n for n in weights if ".lora_B." in n)[0]
+    save_file({n: v for n, v in weights.items() if n != gone}, str(adapter / "adapter_model.safetensors"))
+    module = gone.split(".lora_B.")[0].removeprefix("base_model.model.")
+    result = run_cli("check", str(adapter))
+    assert result.code == 1, result.out
+    assert f"inconsistent-adapter: adapter_model.safetensors: {module}: lora_B is missing" in result.out
+    stats = run_cli("lora", "stats", str(adapter))
+    assert stats.code == 0 and f"warning: {module}: lora_B is missing, the pair is incomplete" in stats.err
+
+    save_file(weights, str(adapter / "adapter_model.safetensors"))
+    assert run_cli("check", str(adapter)).code == 0
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "r": config["r"] * 2}))
+    result = run_cli("check", str(adapter))
+    assert result.code == 1 and f"says r={config['r'] * 2}, lora_A is stored with rank {config['r']}" in result.out

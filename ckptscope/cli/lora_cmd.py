@@ -47,6 +47,8 @@ def stats(adapter: str, as_json: bool, rtol: float | None) -> None:
 
     adapter = _adapter_of(adapter)
     summary, pairs = lora_stats(adapter, rtol=rtol)
+    for warning in summary.get("warnings", []):  # an incomplete pair is not among the pairs listed: say why
+        click.echo(f"warning: {warning}", err=True)
     if as_json:
         click.echo(json.dumps({"path": adapter, **summary, "pairs": [p.to_json() for p in pairs]}))
         return

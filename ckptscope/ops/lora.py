@@ -139,7 +139,7 @@ def lora_stats(path: str | Path, *, rtol: float | None = None,
                                  singular_values=tuple(float(x) for x in s), method=method))
             reader.release_pages()
     summary = {k: lora[k] for k in ("r", "lora_alpha", "use_rslora", "fan_in_fan_out", "rank_pattern",
-                                    "alpha_pattern", "target_modules")}
+                                    "alpha_pattern", "target_modules", "warnings")}
     summary["tolerance"] = (f"rtol {rtol} x s_max" if rtol is not None
                             else "s_max x max(out, in) x eps(float64) (numpy matrix_rank)")
     return summary, out

@@ -110,6 +110,8 @@ def describe_lora(config: Mapping[str, Any], tensors: Mapping[str, TensorMeta]) 
     use_rslora = bool(config.get("use_rslora", False))
     use_dora = bool(config.get("use_dora", False))
     warnings: list[str] = []
+    damage: list[str] = []
+    """The warnings that make the adapter one PEFT cannot load as saved (``check`` problems)."""
     unsupported: list[tuple[str, str | None]] = []
 
     modules: dict[str, dict[str, str]] = {}
@@ -140,6 +142,7 @@ def describe_lora(config: Mapping[str, Any], tensors: Mapping[str, TensorMeta]) 
         if a is None or b is None:
             missing = "lora_A" if a is None else "lora_B"
             warnings.append(f"{module}: {missing} is missing, the pair is incomplete")
+            damage.append(warnings[-1])
             unsupported.append((f"incomplete pair ({missing} missing)", module))
             pairs.append(entry)
             continue
@@ -150,9 +153,11 @@ def describe_lora(config: Mapping[str, Any], tensors: Mapping[str, TensorMeta]) 
         stored_r = a.shape[0] if a.shape else 0  # lora_A (and lora_embedding_A) is [r, ...]
         if len(b.shape) >= 2 and b.shape[1] != stored_r:
             warnings.append(f"{module}: lora_A has rank {stored_r} but lora_B has {b.shape[1]}")
+            damage.append(warnings[-1])
             unsupported.append(("lora_A/lora_B rank mismatch", module))
         if configured_r != stored_r:
             warnings.append(f"{module}: adapter_config.json says r={configured_r}, lora_A is stored with rank {stored_r}")
+            damage.append(warnings[-1])
             # the scale (alpha / r) would be another than the one trained with; PEFT refuses to load it
             unsupported.append((f"r={configured_r!r} in adapter_config.json but lora_A has rank {stored_r}", module))
         try:
@@ -239,4 +244,5 @@ def describe_lora(config: Mapping[str, Any], tensors: Mapping[str, TensorMeta]) 
         "other_tensors": others,
         "unsupported_merge": _group(unsupported),
         "warnings": warnings,
+        "damage": damage,
     }

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptscope.core.errors import CkptError
-from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
+from ckptscope.core.index import CheckpointIndex, FileInfo, Issue, ObjectEntry
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.hf.side_files import add_side_files
 from ckptscope.formats.peft.lora import describe_lora
@@ -82,6 +82,8 @@ class PeftAdapterReader(CheckpointReader):
         for kind, summary in lora["modules"].items():
             index.objects.append(ObjectEntry(f"lora.{kind}", "lora", summary["line"]))
         index.warnings.extend(w for w in lora["warnings"] if w not in index.warnings)
+        # an incomplete pair or a rank the config contradicts: PEFT cannot load the adapter as saved (check said ok)
+        index.issues.extend(Issue("inconsistent-adapter", detail, weights) for detail in lora["damage"])
         return index
 
     def _index_bin(self, index: CheckpointIndex) -> None:
