@@ -510,3 +510,38 @@ def test_an_unreadable_iteration_is_left_out_not_fatal(roots, tmp_path):
     if len(steps) > 2:
         with pytest.raises(CkptError, match="a timeline needs two"):
             build_timeline_plan(only_two)
+
+
+def test_timeline_of_a_trainer_lora_run_flags_neither_a_still_lora_a_nor_hides_a_trained_head(tmp_path):
+    """A transformers Trainer run of a PEFT LoRA model (checkpoint-N/ each a saved adapter with modules_to_save
+    lm_head): every lora_A was flagged frozen at the first step, where lora_B is still zero and A gets no gradient
+    by design; the trained lm_head copy was called a base weight and never judged, and an adapter-only save got a
+    note about its "0 base weights" (a probe)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
+                                         max_position_embeddings=64, tie_word_embeddings=False))
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
+                                             task_type="CAUSAL_LM", modules_to_save=["lm_head"]))
+    ids = torch.randint(0, 64, (16, 16), generator=torch.Generator().manual_seed(1))
+    data = [{"input_ids": x, "labels": x, "attention_mask": torch.ones(16, dtype=torch.long)} for x in ids]
+    out = tmp_path / "run"
+    # one warmup step: the first update is at rate 0, so lora_B is still zero at checkpoint-1
+    args = TrainingArguments(output_dir=str(out), use_cpu=True, per_device_train_batch_size=4, max_steps=4,
+                             save_steps=1, learning_rate=1e-2, report_to=[], seed=0, logging_steps=1,
+                             lr_scheduler_type="linear", warmup_steps=1)
+    Trainer(model=model, args=args, train_dataset=data).train()
+    result = run_cli("timeline", str(out), "--json")
+    doc = json.loads(result.out)
+    moved = {t["name"]: t["rel_change"] for t in doc["tensors"]}
+    still_a = [n for n, change in moved.items() if ".lora_A." in n and change[0] == 0]
+    assert still_a, moved  # lora_A did stay put in the first step (lora_B was zero)
+    assert not any(f["kind"] == "frozen" for f in doc["flags"]), doc["flags"]
+    assert result.code == 0, result.out
+    assert not any("base weight" in note for note in doc["notes"]), doc["notes"]
+    head = next(n for n in moved if "lm_head" in n)
+    assert all(change > 0 for change in moved[head][1:])  # the trained copy is followed, not set aside

@@ -90,7 +90,7 @@ def test_lora_timeline_does_not_flag_the_frozen_base(lora_runs, cli):
     doc = json.loads(result.out)
     assert doc["flags"] == []
     assert ("LoRA run: the 21 base weights stay put by design and are not flagged as frozen; only the lora_A/lora_B "
-            "tensors can be") in doc["notes"]
+            "tensors (and PEFT's modules_to_save copies) can be") in doc["notes"]
     moved = {t["name"]: t["rel_change"][0] for t in doc["tensors"]}
     assert all(change == 0 for name, change in moved.items() if ".lora_" not in name)
     assert any(change > 0 for name, change in moved.items() if ".lora_B." in name)

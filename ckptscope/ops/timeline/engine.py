@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptscope.core.roles import is_lora_tensor
 from ckptscope.core.units import plural
 from ckptscope.formats.filecopy import read_exact_fd
 from ckptscope.ops.blockmath import (
@@ -43,6 +42,7 @@ from ckptscope.ops.timeline.flags import (
     Flag,
     exploding_flags,
     frozen_flags,
+    lora_base_weights,
     nonfinite_flags,
     sort_flags,
     stale_flag,
@@ -598,10 +598,11 @@ def run_timeline(plan: TimelinePlan, progress: Progress | None = None, options: 
     flags += exploding_flags(tensors, labels, options.explode_factor, stale_steps)
     flags += frozen_flags(tensors, labels, options.frozen_below, {i - 1 for i, s in stale.items() if s == i - 1})
     notes = list(plan.notes)
-    if any(is_lora_tensor(t.name) for t in tensors):
-        base = sum(1 for t in tensors if not is_lora_tensor(t.name))
-        notes.append(f"LoRA run: the {plural(base, 'base weight')} stay put by design and are not flagged as frozen; "
-                     f"only the lora_A/lora_B tensors can be")
+    base = len(lora_base_weights([t.name for t in tensors]))
+    if base:
+        notes.append(f"LoRA run: the {plural(base, 'base weight')} {'stay' if base > 1 else 'stays'} put by design "
+                     f"and {'are' if base > 1 else 'is'} not flagged as frozen; only the lora_A/lora_B tensors (and "
+                     f"PEFT's modules_to_save copies) can be")
     if cancelled():
         notes.append("cancelled: the numbers are incomplete")
     return TimelineResult(plan.root, plan.kind, labels, [i.path for i in plan.iterations], list(plan.lr), tensors,

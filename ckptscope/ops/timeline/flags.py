@@ -65,6 +65,17 @@ def nonfinite_flags(series: list[Series], labels: list[int]) -> list[Flag]:
     return out
 
 
+def lora_base_weights(names: list[str]) -> set[str]:
+    """In a LoRA run, the base model's weights, which stay put by design: every tensor but the adapter's
+    (``lora_A`` / ``lora_B``) and PEFT's trained copies (``modules_to_save``) in a whole PEFT-wrapped state dict
+    (verl's saves: ``.base_layer`` names). A saved adapter (the Trainer's checkpoints) holds no base weight: its
+    other tensors are the ``modules_to_save`` copies, trained (a probe: a trained ``lm_head`` was called a base
+    weight and never flagged). Empty outside LoRA runs."""
+    if not any(map(is_lora_tensor, names)) or not any(".base_layer." in n for n in names):
+        return set()
+    return {n for n in names if not is_lora_tensor(n) and ".modules_to_save." not in n}
+
+
 def frozen_flags(series: list[Series], labels: list[int], threshold: float, stale_steps: set[int]) -> list[Flag]:
     """Runs of steps where a tensor stays put (``change <= threshold``) while another one moves. In a
     LoRA run (PEFT-wrapped names with ``lora_A`` / ``lora_B``) only the adapter's tensors are judged: the
@@ -73,17 +84,25 @@ def frozen_flags(series: list[Series], labels: list[int], threshold: float, stal
     moving = [any(s.change[k] > threshold for s in series) and k not in stale_steps for k in range(steps)]
     out = []
     what = "unchanged" if threshold == 0 else f"relative change <= {threshold:g}"
-    lora_run = any(is_lora_tensor(s.name) for s in series)
+    frozen_by_design = lora_base_weights([s.name for s in series])
+    by_name = {s.name: s for s in series}
     for s in series:
-        if lora_run and not is_lora_tensor(s.name):
+        if s.name in frozen_by_design:
             continue
+        # LoRA's lora_B starts at zero, and while it is zero lora_A gets no gradient: A stays put by design (a
+        # probe: every lora_A flagged frozen at the first step of a Trainer run)
+        partner = by_name.get(s.name.replace(".lora_A.", ".lora_B.")) if ".lora_A." in s.name else None
+
+        def still(k: int) -> bool:
+            return moving[k] and s.change[k] <= threshold and not (partner is not None and partner.norm[k] == 0)
+
         k = 0
         while k < steps:
-            if not (moving[k] and s.change[k] <= threshold):
+            if not still(k):
                 k += 1
                 continue
             end = k
-            while end + 1 < steps and moving[end + 1] and s.change[end + 1] <= threshold:
+            while end + 1 < steps and still(end + 1):
                 end += 1
             count = end - k + 1
             out.append(Flag("frozen", labels[k + 1], s.name, s.module,
