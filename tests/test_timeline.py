@@ -534,7 +534,12 @@ def test_timeline_of_a_trainer_lora_run_flags_neither_a_still_lora_a_nor_hides_a
     args = TrainingArguments(output_dir=str(out), use_cpu=True, per_device_train_batch_size=4, max_steps=4,
                              save_steps=1, learning_rate=1e-2, report_to=[], seed=0, logging_steps=1,
                              lr_scheduler_type="linear", warmup_steps=1)
-    Trainer(model=model, args=args, train_dataset=data).train()
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    trainer.save_model(str(out))  # the final adapter in output_dir: the root's "final", opened by default
+    listed = json.loads(run_cli("inspect", str(out), "--json").out)
+    assert [(i["iteration"], i["opened"]) for i in listed["iterations"]][0] == ("final", True)
+    assert listed["path"] == str(out) and listed["format"] == "peft"
     result = run_cli("timeline", str(out), "--json")
     doc = json.loads(result.out)
     moved = {t["name"]: t["rel_change"] for t in doc["tensors"]}

@@ -219,9 +219,11 @@ def read_tracker(root: Path) -> Iteration | None:
 
 
 def _root_has_model(root: Path) -> bool:
-    """``output_dir`` itself holds a model (``trainer.save_model()`` at the end of training)."""
+    """``output_dir`` itself holds a model (``trainer.save_model()`` at the end of training): HF weights, or the
+    adapter of a PEFT model (its checkpoints are adapters too; a probe's final adapter was ignored by every
+    command but ``lora merge``, which opened it)."""
     try:
-        return detect_format(root).format_name == "hf"
+        return detect_format(root).format_name in ("hf", "peft")
     except CkptError:
         return False
 
