@@ -241,6 +241,8 @@ def test_a_lora_training_save_converts_to_base_weights_and_adapter(lora_runs, tm
         str(one_step / "model.safetensors"))
     assert merged_tensors.keys() == one_step_tensors.keys()
     assert all(merged_tensors[k].tobytes() == one_step_tensors[k].tobytes() for k in merged_tensors)
+    workers = cli("convert", str(lora), str(tmp_path / "nothing"), "--to", "hf", "--merge-lora", "--workers", "2")
+    assert workers.code == 2 and workers.err.count("\n") == 1 and "runs in one process" in workers.err
     plain = cli("convert", str(out), str(tmp_path / "nothing"), "--to", "hf", "--merge-lora")
     assert plain.code == 2 and "not a model wrapped by PEFT" in plain.err and not (tmp_path / "nothing").exists()
     # diff pairs the save's base weights with the export's by the model's names (all 21 were "renamed", 0 compared)

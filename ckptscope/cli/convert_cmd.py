@@ -69,6 +69,13 @@ def _source_text(source: dict) -> str:
     return source["source"] + "[" + ", ".join(f"{a}:{b}" for a, b in box) + "]"
 
 
+def _one_process_merge(merge_lora: bool, workers: int | None) -> None:
+    """--merge-lora with --workers: said once, before any worker starts (each rank said it)."""
+    if merge_lora and workers and workers > 1:
+        raise CkptError("--merge-lora runs in one process (the merge reads the whole adapter); run it without "
+                        "torchrun or --workers")
+
+
 def _check_against_given(src: str, dst: str, overwrite: bool) -> None:
     """The destination against the path the user named: a save root's iteration is what is read, but
     writing into the root (``merge ROOT ROOT/merged``) would still put the output in the source tree."""
@@ -186,6 +193,7 @@ def convert(src, dst, to, tp, pp, ep, spec, ckpt_format, hf_experts, num_files, 
     torchrun (or with --workers P) the output files are shared out between the ranks."""
     if to == "hf" and (tp != 1 or pp != 1 or ep != 1 or spec != "local"):
         raise CkptError("--tp/--pp/--ep/--spec only apply to --to mcore")
+    _one_process_merge(merge_lora, workers)
     if not dry_run:
         relaunch_if_asked(workers)
     resolved = resolve_path(src, iteration)
@@ -208,6 +216,7 @@ def merge(src, dst, dtype, hf_config, arch, max_shard_size, dry_run, overwrite, 
 
     SRC may be a save root: its latest complete iteration is merged, or --iteration N. Under
     torchrun (or with --workers P) the shards are shared out between the ranks."""
+    _one_process_merge(merge_lora, workers)
     if not dry_run:
         relaunch_if_asked(workers)
     resolved = resolve_path(src, iteration)
