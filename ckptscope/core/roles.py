@@ -123,6 +123,29 @@ def training_kind(name: str, group: str | None = None) -> str | None:
     return _TRAINING_ROOTS.get(first)
 
 
+PEFT_PREFIX = "base_model.model."
+"""``PeftModel`` -> ``LoraModel`` -> the base model: every key of a PEFT-wrapped model, and of a saved
+adapter, starts with it."""
+_ADAPTER_NAMED = re.compile(r"\.(lora_A|lora_B|lora_embedding_A|lora_embedding_B)\.([A-Za-z0-9_-]+)\.(weight|bias)$")
+"""A LoRA tensor of a PEFT-wrapped model in training (``...q_proj.lora_A.default.weight``); a saved adapter
+(``save_pretrained``, verl's merger) drops the adapter name: ``...q_proj.lora_A.weight``."""
+
+
+def peft_base_name(name: str) -> str:
+    """The base model's own name of a PEFT-wrapped weight: ``base_model.model.`` and ``.base_layer`` left out
+    (what the base checkpoint, a saved adapter's base or verl's merger calls it)."""
+    return name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
+
+
+def saved_adapter_name(name: str) -> tuple[str, str] | None:
+    """``(name as a saved adapter spells it, adapter name)`` of a live model's LoRA tensor
+    (``...lora_A.default.weight`` -> ``(...lora_A.weight, "default")``), or None for any other name."""
+    match = _ADAPTER_NAMED.search(name)
+    if match is None:
+        return None
+    return name[:match.start()] + f".{match.group(1)}.{match.group(3)}", match.group(2)
+
+
 def is_lora_tensor(name: str) -> bool:
     """A LoRA adapter's own tensor in PEFT's naming (``lora_A`` / ``lora_B`` / ``lora_embedding_*`` / DoRA's
     ``lora_magnitude_vector``), in a training state dict or a saved adapter."""

@@ -35,7 +35,7 @@ from ckptscope.core.units import plural
 from ckptscope.formats import open_checkpoint
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.filecopy import copy_range
-from ckptscope.formats.peft.lora import PEFT_PREFIX
+from ckptscope.core.roles import peft_base_name
 from ckptscope.formats.safetensors.writer import new_file_header
 from ckptscope.ops.atomic import atomic_output, check_destination
 
@@ -249,7 +249,7 @@ def plan_merge(adapter: str | Path, base: str | Path, out: str | Path, *, dtype:
         if pair.get("lora_bias"):
             by_bias[pair["module"] + ".bias"] = pair
     # bias="all"/"lora_only": the trained biases, ``M.base_layer.bias`` for an adapted module M.
-    replaced = {n.removeprefix(PEFT_PREFIX).replace(".base_layer.", "."): n for n in lora["saved_biases"]}
+    replaced = {peft_base_name(n): n for n in lora["saved_biases"]}
     for target in [*by_weight, *by_bias, *replaced]:
         if target not in index.tensors:
             if target == "lm_head.weight" and base_config.get("tie_word_embeddings"):

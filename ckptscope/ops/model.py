@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 from ckptscope.core.index import CheckpointIndex, bytes_by_dtype, count_elements, storage_aliases
 from ckptscope.core.roles import (
     MODEL,
+    PEFT_PREFIX,
     TRAINING_KINDS,
     UNKNOWN,
     Split,
     is_lora_tensor,
+    peft_base_name,
     split_entries,
     strip_infix_wrappers,
 )
@@ -162,10 +164,6 @@ def model_entries(index: CheckpointIndex, *, logical: bool = False) -> ModelEntr
     return ModelEntries(split, tensors, stored, training, unknown)
 
 
-PEFT_PREFIX = "base_model.model."
-"""Where PEFT's ``get_peft_model`` puts the model it wraps (a LoRA run's state dict: verl's LoRA saves)."""
-
-
 def is_peft_wrapped(names: list[str]) -> bool:
     """Every name under PEFT's ``base_model.model.``, some of them LoRA tensors and some not (an adapter
     alone, verl's ``save_lora_only`` or a saved adapter, has no base model)."""
@@ -188,7 +186,7 @@ def peft_unwrapped(entries: ModelEntries) -> tuple[ModelEntries, dict[str, str]]
         if is_lora_tensor(name):
             adapter[name] = entries.stored[name]
             continue
-        plain = name[len(PEFT_PREFIX):].replace(".base_layer.", ".")
+        plain = peft_base_name(name)
         if plain in tensors or plain in entries.tensors:
             plain = name
         tensors[plain] = entries.tensors[name] if plain == name else replace(entries.tensors[name], name=plain)

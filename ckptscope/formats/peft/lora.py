@@ -21,10 +21,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ckptscope.core.roles import PEFT_PREFIX
 from ckptscope.core.tensor import TensorMeta
-
-PEFT_PREFIX = "base_model.model."
-"""``PeftModel`` -> ``LoraModel`` -> the base model: every saved key starts with it."""
 _LORA_KEY = re.compile(
     r"^(?P<module>.+?)\.(?P<part>lora_A|lora_B|lora_embedding_A|lora_embedding_B|lora_magnitude_vector)"
     r"(?:\.(?P<param>weight|bias))?$"

@@ -24,13 +24,13 @@ from typing import Any
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex
-from ckptscope.ops.model import PEFT_PREFIX, ModelEntries, peft_unwrapped
+from ckptscope.core.roles import PEFT_PREFIX, peft_base_name, saved_adapter_name
+from ckptscope.ops.model import ModelEntries, peft_unwrapped
 
 ADAPTER_DIR = "lora_adapter"
 """Where verl's model merger puts the adapter inside its output dir; the same here."""
-_ADAPTER_NAME = ".default."
-"""PEFT's adapter name in a live model's state dict (verl trains one adapter, ``default``)."""
 _LORA_PARTS = (".lora_A.default.weight", ".lora_B.default.weight")
+"""The plain LoRA of PEFT's adapter ``default`` (verl trains that one adapter)."""
 _META_FILE = "lora_train_meta.json"
 
 
@@ -67,7 +67,7 @@ def unwrap_peft(entries: ModelEntries, index: CheckpointIndex, src: Path) -> tup
             raise CkptError(f"{name}: PEFT's modules_to_save copies are not exported from a PEFT-wrapped save (which "
                             f"copy is the model's depends on the adapter's state)", src)
         if name.startswith(PEFT_PREFIX):
-            raise CkptError(f"{name} and the base model's {name[len(PEFT_PREFIX):].replace('.base_layer.', '.')} "
+            raise CkptError(f"{name} and the base model's {peft_base_name(name)} "
                             f"would be one tensor once PEFT's names are taken off", src)
     adapter: list[tuple[str, str]] = []
     for name, stored in lora.items():
@@ -75,7 +75,7 @@ def unwrap_peft(entries: ModelEntries, index: CheckpointIndex, src: Path) -> tup
             raise CkptError(f"{name}: only PEFT's plain LoRA (lora_A / lora_B of the adapter 'default') is "
                             f"exported from a PEFT-wrapped save; DoRA, embedding LoRA and other adapters are not",
                             src)
-        adapter.append((name.replace(_ADAPTER_NAME, ".", 1), stored))
+        adapter.append((saved_adapter_name(name)[0], stored))  # type: ignore[index]  # a _LORA_PARTS name
     ranks = _check_pairs(entries, base, lora, src)
     return base, AdapterExport(_adapter_config(adapter, ranks, index, src), adapter)
 
@@ -90,7 +90,7 @@ def _check_pairs(entries: ModelEntries, base: ModelEntries, lora: dict[str, str]
         modules.setdefault(module, {})[part.partition(".")[0]] = tuple(entries.tensors[name].shape)
     ranks = set()
     for module, parts in sorted(modules.items()):
-        plain = module[len(PEFT_PREFIX):] + ".weight"
+        plain = peft_base_name(module) + ".weight"
         if set(parts) != {"A", "B"}:
             missing = "lora_B" if "A" in parts else "lora_A"
             raise CkptError(f"{module}: the LoRA pair is incomplete ({missing} missing); the adapter would load "

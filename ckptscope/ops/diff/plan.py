@@ -9,14 +9,13 @@ presented as HF tensors through the mapping layer, so a fused ``linear_qkv`` is 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex
 from ckptscope.core.names import select
-from ckptscope.core.roles import training_kind
+from ckptscope.core.roles import PEFT_PREFIX, saved_adapter_name, training_kind
 from ckptscope.core.units import plural
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.registry import open_checkpoint
@@ -36,7 +35,7 @@ from ckptscope.mappings.resolve import (
 )
 from ckptscope.mappings.schemas import is_ignored
 from ckptscope.ops.diff.sidefiles import SideFile, pair_training_files
-from ckptscope.ops.model import PEFT_PREFIX, ModelEntries, is_peft_wrapped, model_entries, peft_unwrapped
+from ckptscope.ops.model import ModelEntries, is_peft_wrapped, model_entries, peft_unwrapped
 from ckptscope.ops.roots import resolve_root, save_state_model
 
 @dataclass
@@ -151,23 +150,16 @@ TIED_PAIRS = (("lm_head.weight", "model.embed_tokens.weight"), ("output_layer.we
 embedding holds the output layer too."""
 
 
-_ADAPTER_NAMED = re.compile(r"\.(lora_A|lora_B|lora_embedding_A|lora_embedding_B)\.([A-Za-z0-9_-]+)\.(weight|bias)$")
-"""A LoRA tensor of a PEFT-wrapped model in training (``...q_proj.lora_A.default.weight``); a saved adapter
-(``save_pretrained``, verl's merger) drops the adapter name: ``...q_proj.lora_A.weight``."""
-
-
 def _without_adapter_name(recipes: dict[str, Recipe], other: dict[str, Recipe]) -> tuple[dict[str, Recipe], str] | None:
     """``recipes`` with the adapter name dropped from its LoRA tensors' names, and that name, when the other
     side holds those tensors under the dropped names and not the named ones (a probe: verl's LoRA-only save
     against the lora_adapter/ its merger wrote compared 0 pairs, exit 1)."""
     renamed, adapters = {}, set()
     for name in recipes:
-        match = _ADAPTER_NAMED.search(name)
-        if match and name not in other:
-            plain = name[:match.start()] + f".{match.group(1)}.{match.group(3)}"
-            if plain in other and plain not in recipes:
-                renamed[name] = plain
-                adapters.add(match.group(2))
+        saved = saved_adapter_name(name) if name not in other else None
+        if saved is not None and saved[0] in other and saved[0] not in recipes:
+            renamed[name] = saved[0]
+            adapters.add(saved[1])
     if not renamed or len(adapters) != 1:
         return None
     out = {}
