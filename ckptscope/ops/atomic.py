@@ -91,10 +91,11 @@ def atomic_output(dst: Path, *, directory: bool, overwrite: bool = False) -> Ite
     """Yield a temporary path next to ``dst``; on success it replaces ``dst`` in one rename."""
     parent = dst.parent
     tmp_root = owned_temp_dir(parent, f".{dst.name}.")
-    staging = tmp_root / dst.name
-    if directory:
-        staging.mkdir()
+    # inside the try from here: a stopping signal landing while the staging dir is made left the temp dir (a CI run)
     try:
+        staging = tmp_root / dst.name
+        if directory:
+            staging.mkdir()
         yield staging
         if dst.exists() or dst.is_symlink():
             if not overwrite:
