@@ -100,3 +100,24 @@ def test_the_sparkline_caption_gives_its_scale():
     assert spark_caption([1.0, 2.0]).plain.endswith("1 … 2 (bars span 0.5 of the largest)")
     assert spark_caption([3.0, 3.0]).plain.endswith("flat at 3")
     assert spark_caption([float("nan"), 1.0]).plain == "norm over the iterations"
+
+
+@sync
+async def test_names_take_the_width_the_steps_leave(hf_run):
+    """At 80 columns the name column had 40 % of the width whatever the steps needed: with a few iterations
+    tensor names were cut to ``…layers.0.…t_attention_layernorm`` beside blank columns (a person testing).
+    The names now get what the step columns leave, and the table still never scrolls sideways."""
+    app = make_app(str(hf_run), keymap={})
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, IterationPickerScreen))
+        await pilot.press("t")
+        await until(pilot, lambda: isinstance(app.screen, TimelineScreen) and app.screen.result is not None)
+        await pilot.press("T")
+        await settle(pilot)
+        heat = app.screen.query_one("#tl-heat", DataTable)
+        name = heat.columns["name"]  # type: ignore[index]
+        longest = max(len(str(heat.get_row_at(r)[0])) for r in range(heat.row_count))
+        steps = sum(c.get_render_width(heat) for k, c in heat.columns.items() if k != "name")
+        assert name.width == min(longest, heat.size.width - steps - 2 * heat.cell_padding
+                                 - heat.styles.scrollbar_size_vertical) > 0.4 * 80
+        assert heat.max_scroll_x == 0

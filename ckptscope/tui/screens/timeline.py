@@ -99,9 +99,16 @@ class HeatTable(SearchableTable, DataTable[object]):
     ]
     search_what = "modules"
     longest = MIN_NAME
+    steps_width = 0
+    """Cells the step columns take, padding included (set with the columns)."""
 
     def name_width(self) -> int:
-        return max(MIN_NAME, min(self.longest, int((self.size.width or 80) * NAME_SHARE)))
+        """The longest name, up to the larger of NAME_SHARE of the width and what the steps leave: with a
+        few iterations the names had 40 % and the rest of the screen stood empty (a person testing saw
+        ``…layers.0.…t_attention_layernorm`` beside 40 blank columns)."""
+        width = self.size.width or 80
+        left = width - self.steps_width - 2 * self.cell_padding - self.styles.scrollbar_size_vertical
+        return max(MIN_NAME, min(self.longest, max(int(width * NAME_SHARE), left)))
 
     def on_resize(self, event: events.Resize) -> None:
         fit_column(self, "name", self.name_width())
@@ -232,9 +239,11 @@ class TimelineScreen(Screen[None]):
         heat.clear(columns=True)
         self.rows = {"modules": result.modules, "layers": result.layers, "tensors": result.tensors}[self.level]
         heat.longest = max((len(series.name) for series in self.rows), default=MIN_NAME)
+        steps = [(f"{a}→{b}", f"{a}-{b}") for a, b in zip(result.iterations, result.iterations[1:])]
+        heat.steps_width = sum(max(6, len(label)) + 2 * heat.cell_padding for label, _ in steps)
         heat.add_column(self.level[:-1], key="name", width=heat.name_width())
-        for a, b in zip(result.iterations, result.iterations[1:]):
-            heat.add_column(f"{a}→{b}", key=f"{a}-{b}", width=max(6, len(f"{a}→{b}")))
+        for label, key in steps:
+            heat.add_column(label, key=key, width=max(6, len(label)))
         for series in self.rows:
             heat.add_row(NameCell(series.name, head="index"), *(change_cell(c, series.nan[k + 1]) for k, c in enumerate(series.change)))
         if self.rows and len(result.iterations) > 1:
