@@ -240,8 +240,9 @@ async def test_timeline_at_80_columns(hf_run):
         header = lines[heat.region.y]
         assert all(f"{a}→{b}" in header for a, b in zip(steps, steps[1:])), header  # every step on screen
         names = [line.split("  ")[0].strip() for line in lines[heat.region.y + 1:heat.region.bottom]]
-        # cut, the names keep their layer (index_ellipsis): …layers.0.…t_attention_layernorm
-        assert "…layers.0.…t_attention_layernorm" in names and "…layers.1.…t_attention_layernorm" in names
+        # the names take what the steps leave; cut, they keep their layer (index_ellipsis)
+        assert "model.layers.0.self_attn" in names
+        assert "…layers.0.post_attention_layernorm" in names and "…layers.1.post_attention_layernorm" in names
         assert len(set(names)) == len(names)
         await pilot.press("F")
         await settle(pilot)
