@@ -480,6 +480,119 @@ def write_zero_to_fp32_bin(out: Path) -> Path:
     return target
 
 
+# --- AutoTP: DeepSpeed's own tensor parallelism (``tensor_parallel.autotp_size``) ---------------------------
+
+AUTOTP_VARIANTS: dict[str, dict] = {
+    # name: model, ZeRO stage, TP size, DP size, tied embedding, vocab, bf16
+    "autotp_llama_tp2": {"arch": "llama", "stage": 1, "tp": 2, "dp": 1, "tied": False, "vocab": 38, "bf16": False},
+    "autotp_qwen2_tied_tp2": {"arch": "qwen2", "stage": 2, "tp": 2, "dp": 1, "tied": True, "vocab": 38, "bf16": False},
+    "autotp_qwen2_tp3": {"arch": "qwen2", "stage": 1, "tp": 3, "dp": 1, "tied": False, "vocab": 37, "bf16": False},
+    "autotp_llama_tp2_dp2_bf16": {"arch": "llama", "stage": 2, "tp": 2, "dp": 2, "tied": False, "vocab": 38,
+                                  "bf16": True},
+}
+"""Each a real AutoTP training save: column-parallel q/k/v/gate/up and lm_head split on dim 0, row-parallel
+o/down on dim 1, norms replicated; the tied Qwen2 gets HF's vocabulary-parallel embedding (the tie an alias
+in ``shared_params``); TP=3 over 2 KV heads splits whole heads, so rank 2 holds empty q/k/v/o shards, and the
+odd vocabulary splits lm_head 13/12/12; TP=2 x DP=2 has ZeRO-2 partitions within each TP rank, bf16
+module copies and fp32 masters."""
+AUTOTP_CONFIG = {"hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "head_dim": 4, "max_position_embeddings": 32}
+
+
+def autotp_oracle_path(save_dir: Path) -> Path:
+    return save_dir.parent / f"{save_dir.name}.oracle.pt"
+
+
+def _run_autotp_rank(rank: int, world_size: int, out: str, init_file: str, *, name: str) -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+                       "LOCAL_WORLD_SIZE": str(world_size), "DS_ACCELERATOR": "cpu"})
+    _init_gloo(rank, world_size, init_file)
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    v = AUTOTP_VARIANTS[name]
+    config_cls, model_cls = (LlamaConfig, LlamaForCausalLM) if v["arch"] == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    config = config_cls(**AUTOTP_CONFIG, vocab_size=v["vocab"], tie_word_embeddings=v["tied"])
+    torch.manual_seed(7)
+    model = model_cls(config).float()
+    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+          "zero_optimization": {"stage": v["stage"]}, "tensor_parallel": {"autotp_size": v["tp"]},
+          "steps_per_print": 10_000, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}}}
+    if v["bf16"]:
+        ds["bf16"] = {"enabled": True}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds,
+                                      dist_init_required=False)
+    gen = torch.Generator().manual_seed(100 + engine.mpu.get_data_parallel_rank())  # the same data on a TP group
+    for _ in range(2):
+        ids = torch.randint(0, v["vocab"], (1, 8), generator=gen)
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+    save_dir = Path(out) / name
+    engine.save_checkpoint(str(save_dir), tag=TAG)
+    consolidated = engine._consolidated_16bit_state_dict()  # collective: DeepSpeed gathers every TP shard
+    if rank == 0:
+        config.save_pretrained(Path(out) / f"{name}_hf_config")
+        torch.save({"consolidated": {k: t.detach().clone().contiguous() for k, t in consolidated.items()}},
+                   autotp_oracle_path(save_dir))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _universal_oracle(save_dir: Path) -> None:
+    """Add DeepSpeed's ``ds_to_universal`` view of the save (whole fp32 masters and Adam moments per param,
+    rebuilt by its own tool from the TP shards) to the oracle file, then remove the universal dir."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    import torch
+
+    oracle = torch.load(autotp_oracle_path(save_dir), weights_only=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / "universal"
+        run = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+                              "--input_folder", str(save_dir / TAG), "--output_folder", str(target),
+                              "--num_extract_workers", "1", "--num_merge_workers", "1"],
+                             env={**os.environ, "DS_ACCELERATOR": "cpu"}, capture_output=True, text=True)
+        if run.returncode:  # DeepSpeed 0.19.8's own tool fails on TP ranks holding empty shards (TP=3, 2 KV heads)
+            oracle["universal_error"] = run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "failed"
+            torch.save(oracle, autotp_oracle_path(save_dir))
+            return
+        universal: dict[str, dict] = {}
+        for param_dir in sorted((target / "zero").iterdir()):
+            for state in ("fp32", "exp_avg", "exp_avg_sq"):
+                file = param_dir / f"{state}.pt"
+                if file.is_file():
+                    value = torch.load(file, map_location="cpu", weights_only=False)
+                    value = value["param"] if isinstance(value, dict) else value
+                    universal.setdefault(state, {})[param_dir.name] = value.detach().clone().contiguous()
+        shutil.rmtree(target, ignore_errors=True)
+    oracle["universal"] = universal
+    torch.save(oracle, autotp_oracle_path(save_dir))
+
+
+def write_autotp_samples(out: Path, names: tuple[str, ...] = tuple(AUTOTP_VARIANTS)) -> dict[str, Path]:
+    """``out/autotp_*/`` (save dirs, tag ``global_step2``), ``out/autotp_*.oracle.pt`` (``consolidated``: the
+    engine's own ``_consolidated_16bit_state_dict``, every TP shard gathered by DeepSpeed; ``universal``:
+    ``ds_to_universal``'s whole fp32 masters and moments) and ``out/autotp_*_hf_config/``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    written = {}
+    for name in names:
+        v = AUTOTP_VARIANTS[name]
+        _spawn(functools.partial(_run_autotp_rank, name=name), out, world_size=v["tp"] * v["dp"])
+        _universal_oracle(out / name)
+        written[name] = out / name
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
@@ -490,6 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     write_pipeline_and_moe_samples(Path(argv[0]))
     write_trainer_zero3_sample(Path(argv[0]))
     write_zero_to_fp32_bin(Path(argv[0]))
+    write_autotp_samples(Path(argv[0]))
     print(json.dumps({stage: str(path) for stage, path in written.items()}))
     return 0
 

@@ -642,6 +642,7 @@ def describe_checkpoint(path: str | Path, index: CheckpointIndex, *, fallback: b
         what = "DeepSpeed universal checkpoint (ds_to_universal)" if info.get("universal") else "DeepSpeed ZeRO save"
         parts = [f"ZeRO-{info['zero_stage']}" if info.get("zero_stage") is not None else None,
                  info.get("optimizer"),
+                 f"AutoTP over {info['autotp']['tp_size']} ranks" if isinstance(info.get("autotp"), dict) else None,
                  (f"pipeline of {info['pipeline_stages']} stage{'s' if info['pipeline_stages'] != 1 else ''}"
                   if info.get("pipeline_stages") else None),
                  f"tag {info['tag']}" if info.get("tag") else None]

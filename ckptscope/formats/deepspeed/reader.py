@@ -44,8 +44,10 @@ naming it.
 A ``PipelineModule`` save has one model/optim pair per stage (``mp_rank_{stage:02d}``, module None) and one
 ``layer_NN[-model_00]-model_states.pt`` per layer: each stage is read as above and merged under the module's
 names (layer ids are global), then the layer files add the module weights (``lp_params.`` beside masters,
-the model without). Tensor-parallel saves (``mp_rank_01`` without layer files, layer files of TP rank > 0)
-and MoE expert files are not assembled: rank 00 only, each other file an ``unassembled-file`` issue.
+the model without). AutoTP saves (``mp_rank_01`` ... without layer files, with an affine map) read each TP
+rank as above and place its shards in the whole tensors (``formats.deepspeed.autotp``). Other tensor-parallel
+saves (layer files of TP rank > 0, no affine map, a placement that is no box) and MoE expert files are not
+assembled: rank 00 only, each other file an ``unassembled-file`` issue.
 """
 
 from __future__ import annotations
@@ -62,6 +64,15 @@ from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
 from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
 from ckptscope.formats.base import CheckpointReader, Region
+from ckptscope.formats.deepspeed.autotp import (
+    Placement,
+    Unplaceable,
+    affine_params,
+    entries_by_name,
+    moved,
+    moved_holes,
+    placement,
+)
 from ckptscope.formats.hf.side_files import load_json
 from ckptscope.formats.pickles.safe import PickleStub, TensorRef, to_plain, type_name
 from ckptscope.formats.pickles.torch_file import (
@@ -89,6 +100,8 @@ UNASSEMBLED = re.compile(r"^(?:(?:layer_\d+_)?expert_\d+_mp_rank_\d+_model_state
                          r"|expp_rank_\d+_mp_rank_\d+_optim_states\.pt)$")  # MoE expert-parallel optimizer
 """DeepSpeed files of layouts this reader does not assemble (MoE saves)."""
 _STEP = re.compile(r"global_step(\d+)$")
+SHARED = "shares_storage_with"
+_NO_META = TensorMeta(name="", dtype="float32", shape=(), chunks=())
 LP_PREFIX = "lp_params."
 MOMENT_PREFIX = "optimizer.state."
 _FLAT_KEYS = {1: "single_partition_of_fp32_groups", 2: "single_partition_of_fp32_groups", 3: "fp32_flat_groups"}
@@ -424,17 +437,33 @@ class DeepSpeedReader(CheckpointReader):
         if step:
             index.metadata["iteration"] = int(step.group(1))
         stages = pipeline_stages(layout)
-        # Tensor-parallel ranks (Megatron-DeepSpeed TP, AutoTP), their layer files and MoE expert files hold
-        # tensors shown nowhere: damage to what ckptscope shows, so check fails and exports refuse rather
-        # than write a model without them.
+        why_not = ""
+        declared = 1 if stages or layout.layers or layout.unassembled else self._declared_tp(tag_dir, layout)
+        if declared > 1 or (not stages and not layout.layers and not layout.unassembled and layout.other_mp):
+            holes, replicas = dict(self._holes), dict(self._replicas)
+            try:
+                if self._index_autotp(index, tag_dir, prefix, layout, info):
+                    return index
+                why_not = "no universal_checkpoint_info affine map says where each rank's shards lie"
+            except Unplaceable as exc:
+                why_not = str(exc)
+                self._holes, self._replicas = holes, replicas
+        # Tensor-parallel ranks (Megatron-DeepSpeed TP, AutoTP without a placement), their layer files and MoE
+        # expert files hold tensors shown nowhere: damage to what ckptscope shows, so check fails and exports
+        # refuse rather than write a model without them.
         other_mp = [] if stages else layout.other_mp
         layer_files = [] if stages else list(layout.layers.values())
         apart = other_mp + layer_files + layout.unassembled
         summary = (f"{len(apart)} DeepSpeed files are not assembled (tensor-parallel ranks, MoE expert files): "
-                   f"the model shown lacks their tensors")
+                   f"the model shown lacks their tensors" + (f" ({why_not})" if why_not else ""))
+        for rank in range(declared):
+            if rank not in layout.mp_ranks:
+                index.add_issue("missing-file", f"missing (tensor-parallel rank {rank} of {declared}, mp_world_size); "
+                                "its shards cannot be read", file=f"{prefix}mp_rank_{rank:02d}_model_states.pt")
         for name in other_mp:
             index.add_issue("unassembled-file", "a model-parallel rank other than 00 of a tensor-parallel save: "
-                            "ckptscope does not assemble DeepSpeed tensor-parallel saves; its tensors are not shown",
+                            "ckptscope does not assemble this DeepSpeed tensor-parallel save"
+                            + (f" ({why_not})" if why_not else "") + "; its tensors are not shown",
                             file=prefix + name, warning=summary)
         for name in sorted(layer_files + layout.unassembled):
             what = "an MoE expert file" if "exp" in name else "a PipelineModule layer file of a tensor-parallel save"
@@ -445,6 +474,129 @@ class DeepSpeedReader(CheckpointReader):
         else:
             self._index_rank(index, tag_dir, prefix, layout, info)
         return index
+
+    def _index_autotp(self, index: CheckpointIndex, tag_dir: Path, prefix: str, layout: DsLayout,
+                      info: dict[str, Any]) -> bool:
+        """An AutoTP save (``formats.deepspeed.autotp``): each TP rank read as a save of its own, then every
+        param, its Adam moments and its low-precision copy placed in the whole tensor. False when rank 00's
+        model states have no affine map (Megatron-DeepSpeed TP); ``Unplaceable`` when a param cannot be
+        placed. ``index`` is only filled when it returns True."""
+        main_model = layout.model.get(None)
+        if main_model is None:
+            return False
+        model_obj = self._rank_file(tag_dir / main_model).obj
+        params = affine_params(model_obj) if isinstance(model_obj, dict) else None
+        if params is None:
+            return False
+        tp = _as_int(model_obj.get("mp_world_size")) or max(layout.mp_ranks) + 1
+        if tp < max(layout.mp_ranks) + 1:
+            raise Unplaceable(f"mp_world_size {tp} but files of TP rank {max(layout.mp_ranks)}")
+        subs: dict[int, CheckpointIndex] = {}
+        holes: dict[int, dict[str, list[tuple[tuple[int, ...], tuple[int, ...], str]]]] = {}
+        rank_info: dict[str, Any] = {}
+        for rank in sorted(layout.mp_ranks):
+            rank_layout = ds_layout(tag_dir, rank)
+            if rank_layout is None or not rank_layout.model:
+                continue
+            sub = CheckpointIndex(path=index.path, format=index.format)
+            outer, self._holes = self._holes, {}
+            try:
+                self._index_rank(sub, tag_dir, prefix, rank_layout, rank_info if not subs else {})
+            finally:
+                holes[rank], self._holes = self._holes, outer
+            subs[rank] = sub
+        if 0 not in subs:
+            return False
+        first = subs[0]
+        trained = {n for g in model_obj.get("param_shapes") or [] for n in _ordered(g)} | \
+            set(_ordered(model_obj.get("frozen_param_shapes")))
+        bases = {name: self._param_of(name) for name in first.tensors}
+        entries = entries_by_name(params, sorted({b for b in bases.values() if b is not None}))
+        places = {name: placement(name, entry) for name, entry in entries.items()}
+        lost = sorted(n for n in trained if n not in places and not first.tensors.get(n, _NO_META).attr(SHARED))
+        if lost:
+            raise Unplaceable(f"{len(lost)} params have no place in the affine map ({', '.join(lost[:3])})")
+        tensors: dict[str, TensorMeta] = {}
+        for name, meta in first.tensors.items():
+            base = bases[name]
+            where = places.get(base) if base is not None else None
+            tensors[name] = meta if where is None else self._placed(name, meta, where, subs, holes, tp, prefix)
+        for name, meta in first.tensors.items():  # tied aliases: their target, whole
+            target = meta.attr(SHARED)
+            if target and target in tensors:
+                tensors[name] = replace(tensors[target], name=name, attrs=tensors[target].attrs + ((SHARED, target),))
+                if target in self._holes:
+                    self._holes[name] = self._holes[target]
+        # placed: from here on nothing raises, and ``index`` is filled
+        index.tensors.update(tensors)
+        for rank in range(tp):
+            if rank not in subs:
+                index.add_issue("missing-file", f"missing (AutoTP rank {rank} of {tp}, mp_world_size); its shards "
+                                "of the split params cannot be read", file=f"{prefix}mp_rank_{rank:02d}_model_states.pt")
+        for sub in subs.values():
+            index.files.extend(f for f in sub.files if f not in index.files)
+            index.issues.extend(sub.issues)
+            index.warnings.extend(w for w in sub.warnings if w not in index.warnings)
+        index.objects.extend(first.objects)
+        for key, value in first.metadata.items():
+            index.metadata.setdefault(key, value)
+        info.update(rank_info)
+        info["autotp"] = {"tp_size": tp, "ranks": sorted(subs), "placed_params": len(places)}
+        return True
+
+    def _declared_tp(self, tag_dir: Path, layout: DsLayout) -> int:
+        """The tensor-parallel size rank 00's model states record (``mp_world_size``): 1 when they say
+        none, so that a save whose other ranks' files are all gone is not read as a whole model."""
+        main_model = layout.model.get(None)
+        if main_model is None:
+            return 1
+        try:
+            obj = self._rank_file(tag_dir / main_model).obj
+        except CkptError:
+            return 1  # reported when the index reads it
+        return max(1, _as_int(obj.get("mp_world_size")) or 1) if isinstance(obj, dict) else 1
+
+    @staticmethod
+    def _param_of(name: str) -> str | None:
+        """The param a tensor of a rank's index belongs to: itself, its Adam moment's or its bf16 copy's."""
+        if name.startswith(MOMENT_PREFIX):
+            return name[len(MOMENT_PREFIX):].partition(".")[2] or None
+        if name.startswith(LP_PREFIX):
+            return name[len(LP_PREFIX):]
+        return name
+
+    def _placed(self, name: str, meta: TensorMeta, where: Placement, subs: dict[int, CheckpointIndex],
+                holes: dict[int, dict[str, list[tuple[tuple[int, ...], tuple[int, ...], str]]]], tp: int,
+                prefix: str) -> TensorMeta:
+        """One tensor whole: each rank's shard at its origin; a missing rank's shard a hole; the copies of a
+        replicated param on other ranks kept as replicas (``check`` compares them)."""
+        chunks: list[Chunk] = []
+        tensor_holes: list[tuple[tuple[int, ...], tuple[int, ...], str]] = []
+        copies: list[Chunk] = []
+        for rank in range(tp):
+            origin = where.origins.get(rank)
+            shard = where.shard_shapes.get(rank)
+            local = subs[rank].tensors.get(name) if rank in subs else None
+            if local is not None and shard is not None and local.shape != shard:
+                raise Unplaceable(f"{name}: TP rank {rank} stores {list(local.shape)}, the affine map says "
+                                  f"{list(shard)}")
+            if origin is None:
+                if local is not None and rank and len(local.chunks) == 1 and len(meta.chunks) == 1 \
+                        and shard == where.shape and local.dtype == meta.dtype:
+                    copies.append(local.chunks[0])
+                continue
+            if local is None:
+                tensor_holes.append((origin, shard or (), prefix + f"mp_rank_{rank:02d}_model_states.pt"))
+                continue
+            chunks.extend(moved(local, origin))
+            tensor_holes.extend(moved_holes(holes.get(rank, {}).get(name, []), origin))
+        if tensor_holes:
+            self._holes[name] = tensor_holes
+        if copies and not name.startswith((MOMENT_PREFIX, LP_PREFIX)):
+            self._replicas[name] = copies
+        split = sum(o is not None for o in where.origins.values()) > 1
+        attrs = meta.attrs + ((("tp", f"AutoTP, {tp} ranks"),) if split else ())
+        return replace(meta, shape=where.shape, chunks=tuple(chunks), attrs=attrs)
 
     def _index_rank(self, index: CheckpointIndex, tag_dir: Path, prefix: str, layout: DsLayout,
                     info: dict[str, Any]) -> None:
