@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -180,3 +181,46 @@ def test_a_placement_that_is_no_box_leaves_the_save_unassembled(tmp_path):
 def test_placements_that_do_not_tile_are_refused(entry, reason):
     with pytest.raises(Unplaceable, match=reason):
         placement("w", entry)
+
+
+def _swap(a: Path, b: Path) -> None:
+    tmp = a.with_name("swap.tmp")
+    a.rename(tmp)
+    b.rename(a)
+    tmp.rename(b)
+
+
+@pytest.mark.parametrize("name, files", [
+    ("autotp_llama_tp2", ("zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_0_mp_rank_01_optim_states.pt")),
+    ("zero2", ("bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt")),
+])
+def test_optimizer_files_of_swapped_ranks_are_found(name, files, tmp_path):
+    """Two ranks' optimizer files swapped (TP ranks of an AutoTP save, DP ranks of a ZeRO-2 save) read as a
+    model with its shards in each other's place: check said ok and merge exported it (a probe: every split
+    weight's halves swapped). Each file's fp32 masters are compared with the module's own copy DeepSpeed
+    writes from them."""
+    save = tmp_path / "save"
+    shutil.copytree(SHIPPED / name, save)
+    _swap(save / TAG / files[0], save / TAG / files[1])
+    result = run_cli("check", str(save))
+    assert result.code == 1, result.out
+    for file in files:
+        assert f"copy-mismatch: {TAG}/{file}" in result.out, result.out
+    config = SHIPPED / (f"{name}_hf_config" if name.startswith("autotp") else "hf_config")
+    result = run_cli("merge", str(save), str(tmp_path / "hf"), "--hf-config", str(config))
+    assert result.code == 2 and "another rank or another save" in result.err and not (tmp_path / "hf").exists()
+    assert run_cli("check", str(SHIPPED / name)).code == 0  # the untouched save: the copies agree
+
+
+def test_a_tp_rank_without_its_optimizer_files_is_refused(tmp_path):
+    """Its shards would read as the module copy beside the other ranks' fp32 masters (bf16 beside fp32 in a
+    bf16 run): holes and a missing-file problem instead, and the export refuses."""
+    save = tmp_path / "save"
+    shutil.copytree(SHIPPED / "autotp_llama_tp2_dp2_bf16", save)
+    for file in (save / TAG).glob("bf16_zero_pp_rank_*_mp_rank_01_optim_states.pt"):
+        file.unlink()
+    result = run_cli("check", str(save))
+    assert result.code == 1 and f"missing-file: {TAG}/bf16_zero_pp_rank_0_mp_rank_01_optim_states.pt" in result.out
+    result = run_cli("merge", str(save), str(tmp_path / "hf"), "--hf-config",
+                     str(SHIPPED / "autotp_llama_tp2_dp2_bf16_hf_config"))
+    assert result.code == 2 and "TP rank 1's optimizer partitions" in result.err and not (tmp_path / "hf").exists()

@@ -297,6 +297,12 @@ class CheckpointReader(ABC):
                     differing.append((name, chunk))
         return differing
 
+    def disagreeing_copies(self) -> list[tuple[str, str, str]]:
+        """``(tensor, file, what disagrees)`` for each stored pair of copies a format keeps that must agree and
+        do not (DeepSpeed: an fp32 master and the module's own copy of it): a rank file taken from another rank
+        or another save, which no metadata tells apart. A few small reads; formats without such pairs say none."""
+        return []
+
     def close(self) -> None:
         with self._lock:
             for mapped in self._maps.values():

@@ -80,7 +80,7 @@ class Problem:
     kind: str
     """``missing-file``, ``truncated``, ``missing-marker``, ``tracker``, ``hole``, ``overlap``,
     ``bad-chunk``, ``byte-length``, ``index-mismatch``, ``unreadable-file``, ``incomplete``,
-    ``replica-mismatch``."""
+    ``replica-mismatch``, ``copy-mismatch``."""
     file: str | None
     """Relative to the path that was checked (``iter_0000010/__0_0.distcp`` for a save root)."""
     tensors: tuple[str, ...]
@@ -714,6 +714,7 @@ def check_checkpoint(path: str | Path, iteration: Iteration | None = None) -> Ch
                 differing = reader.differing_replicas()
             except CkptError:
                 differing = []  # a copy that cannot be read: its file's problem is reported below
+            disagreeing = reader.disagreeing_copies()
     except CkptError as exc:
         # The format is recognised but one file of a checkpoint dir does not parse (a rank file cut
         # short mid-write): damage to report, like a short .distcp. A single file that does not
@@ -740,6 +741,8 @@ def check_checkpoint(path: str | Path, iteration: Iteration | None = None) -> Ch
                              f"this copy of a tensor every TP rank keeps differs from the one in "
                              f"{index.tensors[name].chunks[0].file}: the ranks ran different weights, and "
                              f"exports and diff take the first copy"))
+    for name, file, detail in disagreeing:
+        found.append(Problem("copy-mismatch", file, (name,), detail))
     report.tensors = len(index.tensors)
     seen = {(p.kind, p.file) for p in problems}
     for problem in found:

@@ -293,6 +293,24 @@ def pipeline_stages(layout: DsLayout) -> list[int] | None:
     return sorted(layout.mp_ranks) or None
 
 
+def master_probes(index: CheckpointIndex) -> list[tuple[str, tuple[tuple[int, int], ...], str]]:
+    """``(tensor, region, file)``: per file holding fp32 masters that have a module copy (``lp_params.``), the
+    master's smallest chunk there (``DeepSpeedReader.disagreeing_copies`` compares it with the copy). A piece
+    of a tensor split over TP ranks first: a replicated norm holds the same values on every rank, so it
+    cannot tell one rank's file from another's."""
+    best: dict[str, tuple[tuple[bool, int], str, Chunk]] = {}
+    for name, meta in index.tensors.items():
+        lp = index.tensors.get(LP_PREFIX + name)
+        if lp is None or meta.attr("zero") is None or lp.shape != meta.shape:
+            continue
+        for chunk in meta.chunks:
+            rank = (meta.attr("tp") is None, chunk.byte_length)
+            if chunk.byte_length and (chunk.file not in best or rank < best[chunk.file][0]):
+                best[chunk.file] = (rank, name, chunk)
+    return [(name, tuple((o, o + n) for o, n in zip(chunk.offsets, chunk.shape)), file)
+            for file, (_, name, chunk) in sorted(best.items())]
+
+
 def latest_file(root: Path) -> str:
     """``latest``, or ``latest_universal`` for a save root holding only universal checkpoints."""
     return LATEST if (root / LATEST).exists() or not (root / LATEST_UNIVERSAL).exists() else LATEST_UNIVERSAL
@@ -389,6 +407,7 @@ class DeepSpeedReader(CheckpointReader):
         """A pipeline save's layer files, parsed once, and their tensors' shapes under ``<layer>.<param>``."""
         self._parsed: dict[Path, TorchZip] = {}
         """Rank files parsed so far: a pipeline save reads a stage's files for its shapes and again for its index."""
+        self._master_probes: list[tuple[str, tuple[tuple[int, int], ...], str]] = []
         self._pipeline_params: set[str] = set()
         """Every stage's params by ``param_slice_mappings`` (BF16_Optimizer pipelines): a layer's own params."""
 
@@ -414,6 +433,36 @@ class DeepSpeedReader(CheckpointReader):
     # --- index ----------------------------------------------------------------------------------
 
     def _build_index(self) -> CheckpointIndex:
+        index = self._build_deepspeed_index()
+        self._master_probes = master_probes(index)
+        return index
+
+    def disagreeing_copies(self) -> list[tuple[str, str, str]]:
+        """Per optimizer file, its smallest fp32 master piece against the same elements of the module's own
+        copy (``lp_params.``), which DeepSpeed writes from the masters after every step: equal bit for bit
+        (fp32), or the master rounded to the copy's dtype (bf16/fp16). A file of another TP or DP rank, or of
+        another save, holds other values (a probe: swapped TP rank files read as a model with its halves
+        swapped, and check said ok)."""
+        import numpy as np
+
+        self.index()
+        found = []
+        for name, region, file in self._master_probes:
+            box = tuple(slice(lo, hi) for lo, hi in region)
+            try:
+                master, copy = self.read(name, box), self.read(LP_PREFIX + name, box)
+            except CkptError:
+                continue  # a piece that cannot be read: its file's problem is reported on its own
+            if master.dtype != copy.dtype:
+                master = master.astype(copy.dtype)
+            if not np.array_equal(np.ascontiguousarray(master).view(np.uint8), np.ascontiguousarray(copy).view(np.uint8)):
+                where = ", ".join(f"{lo}:{hi}" for lo, hi in region)
+                found.append((name, file, f"the fp32 master of {name}[{where}] here differs from the module's own copy "
+                                          f"of it (lp_params.{name}), which DeepSpeed writes from the masters: this "
+                                          "optimizer file belongs to another rank or another save"))
+        return found
+
+    def _build_deepspeed_index(self) -> CheckpointIndex:
         prefix = ""
         tag_dir = self.path
         layout = ds_layout(self.path)
@@ -494,10 +543,12 @@ class DeepSpeedReader(CheckpointReader):
         subs: dict[int, CheckpointIndex] = {}
         holes: dict[int, dict[str, list[tuple[tuple[int, ...], tuple[int, ...], str]]]] = {}
         rank_info: dict[str, Any] = {}
+        has_optim: dict[int, bool] = {}
         for rank in sorted(layout.mp_ranks):
             rank_layout = ds_layout(tag_dir, rank)
             if rank_layout is None or not rank_layout.model:
                 continue
+            has_optim[rank] = bool(rank_layout.optim)
             sub = CheckpointIndex(path=index.path, format=index.format)
             outer, self._holes = self._holes, {}
             try:
@@ -508,6 +559,10 @@ class DeepSpeedReader(CheckpointReader):
         if 0 not in subs:
             return False
         first = subs[0]
+        # A TP rank without its optimizer files reads as its module copy (a bf16 one beside fp32 masters): its
+        # shards of the masters, moments and copies are holes instead, and the files a missing-file problem.
+        optim_name = ("bf16_" if layout.bf16 else "") + "zero_pp_rank_0_mp_rank_{:02d}_optim_states.pt"
+        lacking = {rank: prefix + optim_name.format(rank) for rank in subs if has_optim[0] and not has_optim[rank]}
         trained = {n for g in model_obj.get("param_shapes") or [] for n in _ordered(g)} | \
             set(_ordered(model_obj.get("frozen_param_shapes")))
         bases = {name: self._param_of(name) for name in first.tensors}
@@ -520,7 +575,8 @@ class DeepSpeedReader(CheckpointReader):
         for name, meta in first.tensors.items():
             base = bases[name]
             where = places.get(base) if base is not None else None
-            tensors[name] = meta if where is None else self._placed(name, meta, where, subs, holes, tp, prefix)
+            tensors[name] = meta if where is None else self._placed(name, meta, where, subs, holes, tp, prefix,
+                                                                    lacking)
         for name, meta in first.tensors.items():  # tied aliases: their target, whole
             target = meta.attr(SHARED)
             if target and target in tensors:
@@ -533,6 +589,15 @@ class DeepSpeedReader(CheckpointReader):
             if rank not in subs:
                 index.add_issue("missing-file", f"missing (AutoTP rank {rank} of {tp}, mp_world_size); its shards "
                                 "of the split params cannot be read", file=f"{prefix}mp_rank_{rank:02d}_model_states.pt")
+        for rank, file in lacking.items():
+            index.add_issue("missing-file", f"missing (TP rank {rank}'s optimizer partitions; the other ranks have "
+                            "theirs): its shards of the fp32 masters and Adam moments cannot be read", file=file)
+        positional = [n for n, m in first.tensors.items() if n.startswith("optimizer.") and bases[n] not in places]
+        if tp > 1 and not has_optim[0] and positional:
+            others = "TP rank 1" if tp == 2 else f"TP ranks 1-{tp - 1}"
+            index.warnings.append(f"the optimizer state of {others} is not shown: without ZeRO partitions "
+                                  "each rank keeps its own in its model states, by position; the optimizer.* shown is "
+                                  "rank 0's, in its local shard shapes")
         for sub in subs.values():
             index.files.extend(f for f in sub.files if f not in index.files)
             index.issues.extend(sub.issues)
@@ -567,9 +632,10 @@ class DeepSpeedReader(CheckpointReader):
 
     def _placed(self, name: str, meta: TensorMeta, where: Placement, subs: dict[int, CheckpointIndex],
                 holes: dict[int, dict[str, list[tuple[tuple[int, ...], tuple[int, ...], str]]]], tp: int,
-                prefix: str) -> TensorMeta:
-        """One tensor whole: each rank's shard at its origin; a missing rank's shard a hole; the copies of a
-        replicated param on other ranks kept as replicas (``check`` compares them)."""
+                prefix: str, lacking: dict[int, str]) -> TensorMeta:
+        """One tensor whole: each rank's shard at its origin; a missing rank's shard (or one whose optimizer
+        files are missing: ``lacking``) a hole; the copies of a replicated param on other ranks kept as
+        replicas (``check`` compares them)."""
         chunks: list[Chunk] = []
         tensor_holes: list[tuple[tuple[int, ...], tuple[int, ...], str]] = []
         copies: list[Chunk] = []
@@ -585,8 +651,9 @@ class DeepSpeedReader(CheckpointReader):
                         and shard == where.shape and local.dtype == meta.dtype:
                     copies.append(local.chunks[0])
                 continue
-            if local is None:
-                tensor_holes.append((origin, shard or (), prefix + f"mp_rank_{rank:02d}_model_states.pt"))
+            if local is None or rank in lacking:
+                missing = lacking.get(rank) or prefix + f"mp_rank_{rank:02d}_model_states.pt"
+                tensor_holes.append((origin, shard or (), missing))
                 continue
             chunks.extend(moved(local, origin))
             tensor_holes.extend(moved_holes(holes.get(rank, {}).get(name, []), origin))

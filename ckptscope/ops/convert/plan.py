@@ -474,6 +474,19 @@ def _refuse_diverged_replicas(reader: CheckpointReader, entries: ModelEntries, s
                         f"weights and an export would keep one: not converted (`ckptscope check` lists them)", src)
 
 
+def _refuse_disagreeing_copies(reader: CheckpointReader, src: Path) -> None:
+    """A DeepSpeed save whose fp32 masters disagree with the module's own copy: an optimizer file of another
+    rank or save, whose masters an export would write (a probe: swapped TP rank files exported with every
+    split weight's halves swapped, exit 0). Refused, naming the file."""
+    found = reader.disagreeing_copies()
+    if found:
+        name, file, _ = found[0]
+        more = f" (and {len(found) - 1} more files)" if len(found) > 1 else ""
+        raise CkptError(f"{file}: its fp32 master of {name!r} differs from the module's own copy of it{more}: the "
+                        "file belongs to another rank or another save; not converted (`ckptscope check` lists them)",
+                        src)
+
+
 def _damage(src: str | Path, trust_pickle: bool) -> str | None:
     """The first missing or unreadable file SRC's reader found, or None (or when SRC does not open)."""
     try:
@@ -534,6 +547,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
     entries = model_entries(index, logical=True)
     warned = _refuse_damage(index, entries, src_path)
     _refuse_diverged_replicas(reader, entries, src_path)
+    _refuse_disagreeing_copies(reader, src_path)
     several = index.metadata.get("accelerate_models")
     if several:  # exporting the first alone would drop the others without a word
         raise CkptError(f"an accelerate save_state of {len(several)} models ({', '.join(several)}): convert one "
