@@ -562,6 +562,8 @@ class DeepSpeedReader(CheckpointReader):
         # A TP rank without its optimizer files reads as its module copy (a bf16 one beside fp32 masters): its
         # shards of the masters, moments and copies are holes instead, and the files a missing-file problem.
         optim_name = ("bf16_" if layout.bf16 else "") + "zero_pp_rank_0_mp_rank_{:02d}_optim_states.pt"
+        if not has_optim[0] and any(has_optim.values()):
+            raise Unplaceable("TP rank 0's optimizer files are missing while other ranks have theirs")
         lacking = {rank: prefix + optim_name.format(rank) for rank in subs if has_optim[0] and not has_optim[rank]}
         trained = {n for g in model_obj.get("param_shapes") or [] for n in _ordered(g)} | \
             set(_ordered(model_obj.get("frozen_param_shapes")))
@@ -643,6 +645,8 @@ class DeepSpeedReader(CheckpointReader):
             origin = where.origins.get(rank)
             shard = where.shard_shapes.get(rank)
             local = subs[rank].tensors.get(name) if rank in subs else None
+            if local is not None and rank not in lacking and local.dtype != meta.dtype:
+                raise Unplaceable(f"{name}: TP rank {rank} stores {local.dtype}, rank 0 {meta.dtype}")
             if local is not None and shard is not None and local.shape != shard:
                 raise Unplaceable(f"{name}: TP rank {rank} stores {list(local.shape)}, the affine map says "
                                   f"{list(shard)}")
