@@ -226,6 +226,10 @@ class ModelConfig:
     moe_ffn_hidden_size: int | None = None
     shared_expert_ffn_hidden_size: int | None = None
     moe_router_topk: int | None = None
+    moe_layer_freq: tuple[int, ...] | None = None
+    """Per decoder layer 1 for MoE, 0 for a dense MLP (Megatron's ``moe_layer_freq`` list; Qwen MoE's
+    ``mlp_only_layers`` / ``decoder_sparse_step``), when some layer is dense; None: every layer is MoE (or
+    another arch's own key says it)."""
     norm_epsilon: float | None = None
     rope_theta: float | None = None
     max_position_embeddings: int | None = None
@@ -342,6 +346,7 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
                                                                       if arch in EXPERT_FFN_IS_INTERMEDIATE else None),
         shared_expert_ffn_hidden_size=shared_experts,
         moe_router_topk=_first(text, "num_experts_per_tok"),
+        moe_layer_freq=_qwen_moe_layer_freq(text, arch),
         norm_topk_prob=bool(text.get("norm_topk_prob", False)) if arch in RENORMALISED_TOPK_ARCHS else None,
         norm_epsilon=_first(text, "rms_norm_eps"),
         rope_theta=rope_theta,
@@ -350,6 +355,32 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
         hf_extra=hf_extra,
         rope_scaling=None if arch in ROPE_CARRIED_BY_ARCH else _rope.scaling_of(text),
     ), **(HF_READ_HOOKS[arch](text) if arch in HF_READ_HOOKS else {}))
+
+
+QWEN_MOE_ARCHS = ("qwen2_moe", "qwen3_moe")
+
+
+def _qwen_moe_layer_freq(text: dict[str, Any], arch: str | None) -> tuple[int, ...] | None:
+    """Qwen2/3-MoE's dense layers (``mlp_only_layers``, ``decoder_sparse_step``) as a ``moe_layer_freq``
+    list, by transformers' own rule (``hf_layout.moe_layers``); None when every layer is MoE."""
+    layers = text.get("num_hidden_layers")
+    if arch not in QWEN_MOE_ARCHS or not isinstance(layers, int):
+        return None
+    moe = _hf_layout.moe_layers(arch, text, layers) or set()
+    return None if len(moe) == layers else tuple(int(i in moe) for i in range(layers))
+
+
+def megatron_moe_layer_freq(args: dict[str, Any]) -> tuple[int, ...] | None:
+    """Megatron's ``moe_layer_freq`` per layer (a 0/1 list, or every N-th layer from layer 0, as
+    ``TransformerConfig`` expands an int); None when every layer is MoE or the args do not say."""
+    freq, layers = args.get("moe_layer_freq"), args.get("num_layers")
+    if isinstance(freq, (list, tuple)) and all(f in (0, 1) for f in freq):
+        pattern = tuple(int(f) for f in freq)
+    elif isinstance(freq, int) and not isinstance(freq, bool) and freq > 1 and isinstance(layers, int):
+        pattern = tuple(int(i % freq == 0) for i in range(layers))
+    else:
+        return None
+    return None if all(pattern) else pattern
 
 
 def from_megatron_args(args: dict[str, Any]) -> ModelConfig:
@@ -384,6 +415,7 @@ def from_megatron_args(args: dict[str, Any]) -> ModelConfig:
         moe_ffn_hidden_size=args.get("moe_ffn_hidden_size"),
         shared_expert_ffn_hidden_size=args.get("moe_shared_expert_intermediate_size"),
         moe_router_topk=args.get("moe_router_topk"),
+        moe_layer_freq=megatron_moe_layer_freq(args) if num_experts else None,
         norm_topk_prob=not args.get("moe_router_pre_softmax", False) if num_experts else None,
         norm_epsilon=args.get("norm_epsilon"),
         rope_theta=args.get("rotary_base"),
@@ -405,7 +437,8 @@ _AGREEING_FIELDS = (("rope_theta", "rope_theta", "rotary_base"), ("norm_epsilon"
                     ("num_experts", "the expert count", "num_experts"),
                     ("moe_ffn_hidden_size", "moe_intermediate_size", "moe_ffn_hidden_size"),
                     ("shared_expert_ffn_hidden_size", "the shared expert's size", "moe_shared_expert_intermediate_size"),
-                    ("head_dim", "head_dim", "kv_channels"))
+                    ("head_dim", "head_dim", "kv_channels"),
+                    ("moe_layer_freq", "the dense layers (mlp_only_layers, decoder_sparse_step)", "moe_layer_freq"))
 """(ModelConfig field, its HF spelling, its Megatron spelling) that an HF config and the Megatron args
 both state, and must state alike for the export to compute the trained model."""
 _AGREEING_FACTS = (("moe_router_topk_scaling_factor", "routed_scaling_factor", 1.0),
@@ -506,6 +539,9 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
             out["num_experts_per_tok"] = cfg.moe_router_topk
         if arch in RENORMALISED_TOPK_ARCHS and cfg.norm_topk_prob is not None:
             out["norm_topk_prob"] = cfg.norm_topk_prob
+        if arch in QWEN_MOE_ARCHS and cfg.moe_layer_freq is not None:
+            out["mlp_only_layers"] = [i for i, moe in enumerate(cfg.moe_layer_freq) if not moe]
+            out["decoder_sparse_step"] = 1
     if arch in HF_EXTRA_KEYS:
         out.pop("hidden_act")  # Gemma names it hidden_activation (carried in hf_extra)
         extra = {k: v for k, v in (cfg.hf_extra or {}).items() if k in HF_EXTRA_KEYS[arch]}
@@ -592,6 +628,8 @@ def to_megatron_args(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, ep: int = 1,
         if cfg.shared_expert_ffn_hidden_size:
             args["moe_shared_expert_intermediate_size"] = cfg.shared_expert_ffn_hidden_size
             args["moe_shared_expert_gate"] = cfg.arch == "qwen2_moe"  # Qwen2-MoE gates its shared expert
+        if cfg.moe_layer_freq is not None:  # dense layers use ffn_hidden_size, the experts moe_ffn_hidden_size
+            args["moe_layer_freq"] = list(cfg.moe_layer_freq)
     if cfg.arch in MEGATRON_ARGS_HOOKS:
         MEGATRON_ARGS_HOOKS[cfg.arch](cfg, args)
     return args
@@ -742,7 +780,10 @@ def _llama_moe_problems(cfg: ModelConfig, arch: str) -> list[str]:
     if facts.get("moe_apply_probs_on_input"):
         problems.append(f"it weights the experts' input, not their output (moe_apply_probs_on_input), unlike {arch}")
     freq = facts.get("moe_layer_freq")
-    if not (freq in (None, 1) or (isinstance(freq, (list, tuple)) and all(f == 1 for f in freq))):
+    if arch in QWEN_MOE_ARCHS:  # mlp_only_layers spells any pattern that keeps one MoE layer
+        if cfg.moe_layer_freq is not None and not any(cfg.moe_layer_freq):
+            problems.append(f"no layer is MoE (moe_layer_freq {freq!r})")
+    elif not (freq in (None, 1) or (isinstance(freq, (list, tuple)) and all(f == 1 for f in freq))):
         problems.append(f"not every layer is MoE (moe_layer_freq {freq!r}), every {arch} layer is")
     shared = bool(cfg.shared_expert_ffn_hidden_size)
     if arch == "qwen2_moe":

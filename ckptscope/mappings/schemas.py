@@ -10,7 +10,7 @@ spec uses in per-rank ``torch`` files, where local-spec norms are not renamed (M
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,15 @@ MIXTRAL_MOE = MOE_NORM + (_layer("block_sparse_moe.gate.weight", "mlp.router.wei
     "block_sparse_moe.experts.{e}.w1.weight", "block_sparse_moe.experts.{e}.w3.weight",
     "block_sparse_moe.experts.{e}.w2.weight")
 
-QWEN_MOE = MOE_NORM + (_layer("mlp.gate.weight", "mlp.router.weight"),) + _experts(
-    "mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight")
+MOE_ROUTER = L_HF + "mlp.gate.weight"
+"""A Qwen MoE layer is one with a router; the others (``mlp_only_layers``, ``decoder_sparse_step``) have a
+dense MLP of ``intermediate_size``, its norm named as in a dense model."""
+
+QWEN_MOE = (
+    tuple(replace(rule, when=MOE_ROUTER) for rule in MOE_NORM)
+    + tuple(replace(rule, unless=MOE_ROUTER) for rule in DENSE_MLP)
+    + (_layer("mlp.gate.weight", "mlp.router.weight"),)
+    + _experts("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"))
 
 QWEN_SHARED_EXPERT = (
     _layer(("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight"),

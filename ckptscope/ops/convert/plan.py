@@ -192,11 +192,12 @@ _DENSE_MLP = re.compile(r"(^|\.)layers\.\d+\.mlp\.(linear_fc[12]|gate_proj|up_pr
 
 def _unmapped_hint(unmapped: list[str], arch: str) -> str:
     """What to do about tensors no rule of ``arch`` maps, said for the layouts probes met: a dense MLP in some
-    layers of an MoE model (HF ``mlp_only_layers``, Megatron ``moe_layer_freq``), learned absolute positions
-    beside RoPE. "pass --arch" alone sent a user looking for an architecture that does not exist."""
+    layers of an MoE model (Megatron ``moe_layer_freq``) whose arch has none (Qwen MoE's ``mlp_only_layers``
+    maps them), learned absolute positions beside RoPE. "pass --arch" alone sent a user looking for an
+    architecture that does not exist."""
     if all(_DENSE_MLP.search(name) for name in unmapped):
-        return (f"dense MLP layers among the MoE layers of {arch} (HF mlp_only_layers, Megatron moe_layer_freq) "
-                f"are not supported yet")
+        return (f"dense MLP layers among the MoE layers (Megatron moe_layer_freq) have no place in {arch}, whose "
+                f"layers are all MoE (Qwen2/3-MoE's mlp_only_layers can say them)")
     if any("position_embeddings" in name for name in unmapped):
         return f"learned absolute position embeddings have no place in {arch}, which uses RoPE"
     return "pass --arch or report the layout"
