@@ -98,3 +98,16 @@ def test_moe_archs_name_the_fused_expert_layout_from_their_expert_rules():
     assert "[w1; w3]" in facts["mixtral"] and "block_sparse_moe -> mlp" in facts["mixtral"]
     assert "[gate_proj; up_proj]" in facts["qwen3_moe"]
     assert "gate_up_proj" not in facts["llama"] and "gate_up_proj" not in facts["gemma2"]
+
+
+def test_rules_for_some_layers_only_say_which():
+    """Qwen3-MoE's dense layers (mlp_only_layers) name their norm and MLP as a dense model does: the listing
+    showed two rules for post_attention_layernorm without saying which layers each is for."""
+    result = run_cli("archs", "qwen3_moe")
+    assert result.code == 0, result.err
+    assert "only in layers with model.layers.{i}.mlp.gate.weight" in result.out
+    assert "only in layers without model.layers.{i}.mlp.gate.weight" in result.out
+    doc = json.loads(run_cli("archs", "qwen3_moe", "--json").out)
+    layers = {t["mcore"]: t["layers"] for t in doc["tensors"]}
+    assert layers["decoder.layers.{i}.mlp.linear_fc2.weight"].startswith("layers without")
+    assert layers["decoder.layers.{i}.mlp.router.weight"] is None

@@ -46,6 +46,7 @@ def archs(name: str | None, as_json: bool) -> None:
             if name:  # detail: every spelling read, and the local spec's per-rank name
                 mcore += [f"  also {a}" for a in t.aliases] + ([f"  local spec (torch files): {t.local}"]
                                                                 if t.local else [])
+                mcore += [f"  only in {t.layers}"] if t.layers else []
             rows.append((t, mcore))
             cells = ("\n".join(t.hf), "\n".join(mcore), t.transform, t.tp, "experts" if t.ep else "-", t.pp)
             table.add_row(*(escape(c) for c in cells))  # names hold [{e}] and [gate_t; up_t]: not markup

@@ -50,6 +50,9 @@ class ArchTensor:
     """Split over expert-parallel ranks (global expert = ep_rank * E/EP + local)."""
     pp: str
     """Which pipeline stage holds it: ``layer {i}'s stage``, ``first stage`` or ``last stage``."""
+    layers: str | None = None
+    """Which decoder layers the rule applies to, when not all (``layers with model.layers.{i}.mlp.gate.weight``:
+    MoE and dense layers name their norm and MLP differently); None: every layer."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,8 @@ def _tensor(rule: Rule) -> ArchTensor:
         tp=("expert-TP " if ep else "") + TP_TEXT[_tp(rule)],  # experts split over their own TP group
         ep=ep,
         pp=_pp(rule.mcore[0]),
+        layers=(f"layers with {rule.when}" if rule.when else f"layers without {rule.unless}" if rule.unless
+                else None),
     )
 
 

@@ -74,8 +74,11 @@ class ArchsScreen(ModalScreen[None]):
         table = self.query_one(ArchTable)
         table.clear()
         for t in info.tensors:
-            table.add_row(Text("\n".join(t.hf)), Text(t.mcore), t.transform, t.tp, "yes" if t.ep else "-", t.pp,
-                          height=max(1, len(t.hf)))
+            mcore = Text(t.mcore)
+            if t.layers:
+                mcore.append(f"\nonly in {t.layers}", style="dim")
+            table.add_row(Text("\n".join(t.hf)), mcore, t.transform, t.tp, "yes" if t.ep else "-", t.pp,
+                          height=max(1, len(t.hf), 2 if t.layers else 1))
         facts = Text.assemble((f"{info.name}", "bold magenta"), f"  {info.hf_class}  model_type "
                               f"{', '.join(info.model_types) or '-'}  ·  {len(info.tensors)} rules")
         for fact in info.facts:
