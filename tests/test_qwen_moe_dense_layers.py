@@ -142,3 +142,27 @@ def test_per_rank_torch_format_over_tp2_and_ep2_round_trips(case, tmp_path):
     back = convert(mcore, tmp_path / "back", to="hf")
     tokens = tokens_for(json.loads((hf / "config.json").read_text())["vocab_size"])
     assert torch.equal(hf_logits(back, tokens), hf_logits(hf, tokens))
+
+
+@pytest.mark.parametrize("key, value", [("decoder_sparse_step", "x"), ("mlp_only_layers", "1"),
+                                        ("mlp_only_layers", [1.5])])
+def test_a_malformed_dense_layer_key_is_one_line(case, tmp_path, key, value):
+    """transformers fails on these too; ckptscope said "internal error: ValueError"."""
+    kind, hf, dist, pattern = case
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for file in hf.iterdir():
+        (bad / file.name).write_bytes(file.read_bytes())
+    config = json.loads((hf / "config.json").read_text())
+    config[key] = value
+    (bad / "config.json").write_text(json.dumps(config))
+    result = run_cli("convert", str(bad), str(tmp_path / "out"), "--to", "mcore")
+    assert result.code == 2 and f"config.json: {key} is" in result.err and "internal error" not in result.err
+    assert len(result.err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_moe_layer_freq_of_another_length_is_refused(case, tmp_path):
+    kind, hf, dist, pattern = case
+    edited = rewrite_args(dist, tmp_path, moe_layer_freq=pattern + [1])
+    result = run_cli("convert", str(edited), str(tmp_path / "out"), "--to", "hf")
+    assert result.code == 2 and "moe_layer_freq has 4 entries for 3 layers" in result.err, result.err

@@ -375,6 +375,8 @@ def megatron_moe_layer_freq(args: dict[str, Any]) -> tuple[int, ...] | None:
     ``TransformerConfig`` expands an int); None when every layer is MoE or the args do not say."""
     freq, layers = args.get("moe_layer_freq"), args.get("num_layers")
     if isinstance(freq, (list, tuple)) and all(f in (0, 1) for f in freq):
+        if isinstance(layers, int) and len(freq) != layers:
+            raise CkptError(f"the Megatron args' moe_layer_freq has {len(freq)} entries for {layers} layers")
         pattern = tuple(int(f) for f in freq)
     elif isinstance(freq, int) and not isinstance(freq, bool) and freq > 1 and isinstance(layers, int):
         pattern = tuple(int(i % freq == 0) for i in range(layers))
