@@ -155,6 +155,55 @@ def write_gpt2_mixed_lora(out: Path) -> Path:
     return target
 
 
+def _nudge(model, *parts: str, seed: int) -> None:
+    """Move every parameter whose name holds one of ``parts`` off the base's values (as training would)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if any(part in name for part in parts):
+                param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+
+
+def write_lora_modules_to_save(out: Path) -> Path:
+    """LoRA on the attention plus ``modules_to_save=["lm_head"]``: PEFT trains a full copy of lm_head and
+    saves it as ``base_model.model.lm_head.weight``; ``merge_and_unload`` puts that copy in the base's place."""
+    model = lora_model(r=4, lora_alpha=8, modules_to_save=["lm_head"])
+    _nudge(model, "modules_to_save.default", seed=501)
+    target = out / "peft_lora_modules_to_save"
+    model.save_pretrained(target)
+    return target
+
+
+def write_lora_saved_embeddings(out: Path) -> Path:
+    """LoRA on q/v and on ``lm_head``, saved with ``save_embedding_layers=True`` after the head's base weight
+    moved: the adapter holds ``...lm_head.base_layer.weight`` whole (PEFT 0.21 saves the targeted layer's, not
+    the untargeted embedding), which PEFT loads over the base's before it merges lm_head's pair."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    base = tiny_base()
+    torch.manual_seed(502)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "lm_head"],
+                                            lora_dropout=0.0))
+    _nudge(model, ".lora_B.", "embed_tokens.weight", "lm_head.base_layer.weight", seed=503)
+    target = out / "peft_lora_saved_embeddings"
+    model.eval().save_pretrained(target, save_embedding_layers=True)
+    return target
+
+
+def write_lora_saved_untargeted_embeddings(out: Path) -> Path:
+    """LoRA on q/v only, saved with ``save_embedding_layers=True`` after the embedding and the head moved (a
+    vocabulary edit, trained embeddings): the adapter holds ``...embed_tokens.weight`` and ``...lm_head.weight``
+    whole, which PEFT loads over the base's."""
+    model = lora_model(r=4, lora_alpha=8)
+    _nudge(model, "embed_tokens.weight", "lm_head.weight", seed=504)
+    target = out / "peft_lora_saved_untargeted_embeddings"
+    model.save_pretrained(target, save_embedding_layers=True)
+    return target
+
+
 def write_alora(out: Path) -> Path:
     """aLoRA (``alora_invocation_tokens``): plain LoRA tensors, but the update applies only after the
     invocation tokens, so it has no merged form (PEFT's ``merge_and_unload`` raises)."""
@@ -173,6 +222,9 @@ WRITERS = {
     "peft_lora": write_lora,
     "peft_lora_rslora": write_lora_rslora,
     "peft_lora_dora": write_lora_dora,
+    "peft_lora_modules_to_save": write_lora_modules_to_save,
+    "peft_lora_saved_embeddings": write_lora_saved_embeddings,
+    "peft_lora_saved_untargeted_embeddings": write_lora_saved_untargeted_embeddings,
 }
 
 

@@ -125,6 +125,12 @@ def _peft_merged_state(base: Path, adapter: Path) -> dict:
     # a square Conv1D (transposed) beside a Linear (not) while the saved config says fan_in_fan_out=false:
     # before, c_proj was merged untransposed (exit 0, logits off by 1.75)
     ("peft_gpt2_mixed_lora", "peft_gpt2_untied_base", 3),
+    # modules_to_save: the trained copy of lm_head replaces the base's (6 q/v/down weights + lm_head). Refused before.
+    ("peft_lora_modules_to_save", "peft_llama_base", 7),
+    # save_embedding_layers: lm_head's saved base weight replaces the base's and its pair is merged into it
+    # (4 q/v weights + lm_head); untargeted, the saved embedding and head replace the base's (6 q/v/down + 2). Refused before.
+    ("peft_lora_saved_embeddings", "peft_llama_base", 5),
+    ("peft_lora_saved_untargeted_embeddings", "peft_llama_base", 8),
 ])
 def test_merge_equals_peft_merge_and_unload_bitwise(peft_samples, tmp_path, adapter, base_name, n_changed):
     import torch
@@ -282,8 +288,10 @@ def test_without_torch_stats_work_and_merge_refuses(peft_samples, tmp_path):
     assert "torch" in result.err
 
 
-def test_merge_into_a_bfloat16_base_equals_peft(peft_samples, tmp_path):
-    """PEFT upcasts the adapter to float32 and adds its update to the bf16 weight in float32."""
+@pytest.mark.parametrize("adapter", ["peft_lora", "peft_lora_modules_to_save", "peft_lora_saved_embeddings"])
+def test_merge_into_a_bfloat16_base_equals_peft(peft_samples, tmp_path, adapter):
+    """PEFT upcasts the adapter to float32 and adds its update to the bf16 weight in float32; a whole weight
+    saved with the adapter (float32) is rounded into the bf16 parameter it replaces before that."""
     import torch
     from peft import PeftModel
     from safetensors.torch import load_file
@@ -292,11 +300,11 @@ def test_merge_into_a_bfloat16_base_equals_peft(peft_samples, tmp_path):
     base = tmp_path / "base_bf16"
     AutoModelForCausalLM.from_pretrained(peft_samples["peft_llama_base"], dtype=torch.bfloat16).save_pretrained(base)
     out = tmp_path / "merged_bf16"
-    result = run_cli("lora", "merge", str(peft_samples["peft_lora"]), str(base), str(out))
+    result = run_cli("lora", "merge", str(peft_samples[adapter]), str(base), str(out))
     assert result.code == 0, result.err
     ours = load_file(str(out / "model.safetensors"))
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
-    reference = PeftModel.from_pretrained(model, peft_samples["peft_lora"]).merge_and_unload().state_dict()
+    reference = PeftModel.from_pretrained(model, peft_samples[adapter]).merge_and_unload().state_dict()
     for name, tensor in ours.items():
         assert tensor.dtype == torch.bfloat16, name
         assert torch.equal(tensor.view(torch.int16), reference[name].contiguous().view(torch.int16)), name
@@ -472,3 +480,23 @@ def test_an_adapter_peft_cannot_load_is_a_check_problem(peft_samples, tmp_path):
     (adapter / "adapter_config.json").write_text(json.dumps({**config, "r": config["r"] * 2}))
     result = run_cli("check", str(adapter))
     assert result.code == 1 and f"says r={config['r'] * 2}, lora_A is stored with rank {config['r']}" in result.out
+
+
+def test_an_adapter_saved_for_a_resized_vocabulary_is_refused(peft_samples, tmp_path):
+    """Training with added tokens resizes the embedding; save_embedding_layers then saves it at its new size.
+    PEFT itself needs the base resized first; merging it into the original base would mix sizes."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    module = load_sample_module("make_peft_samples")
+    model = module.tiny_base()
+    model.resize_token_embeddings(model.config.vocab_size + 4)
+    torch.manual_seed(0)
+    adapter = tmp_path / "resized"
+    get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"])).save_pretrained(
+        adapter, save_embedding_layers=True)
+    out = tmp_path / "work" / "out"
+    out.parent.mkdir()
+    result = run_cli("lora", "merge", str(adapter), str(peft_samples["peft_llama_base"]), str(out))
+    _refused(result, out, set())
+    assert "vocabulary was resized" in result.err

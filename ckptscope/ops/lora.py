@@ -15,8 +15,9 @@ float32, and added in float32, so the result equals PEFT's bit for bit (tested i
 (``bias="all"``/``"lora_only"``) replace the base's; ``lora_bias`` adds ``lora_B.bias * scaling``.
 Tensors are streamed one by one into safetensors shards named like the base's (unchanged tensors are
 copied file to file), in a temporary dir renamed into place. Features this merge does not implement
-(DoRA, embedding or conv LoRA, ``modules_to_save``, trainable tokens) are refused before anything
-is written. Only the merge imports torch; listing and stats do not.
+(DoRA, embedding or conv LoRA, trainable tokens, a resized vocabulary) are refused before anything is
+written. Whole weights saved with the adapter (``modules_to_save`` copies, ``save_embedding_layers``' embedding
+and head) replace the base's, in its dtype, before a pair is merged into them, as PEFT loads them. Only the merge imports torch; listing and stats do not.
 """
 
 from __future__ import annotations
@@ -248,8 +249,10 @@ def plan_merge(adapter: str | Path, base: str | Path, out: str | Path, *, dtype:
         by_weight[pair["module"] + ".weight"] = pair
         if pair.get("lora_bias"):
             by_bias[pair["module"] + ".bias"] = pair
-    # bias="all"/"lora_only": the trained biases, ``M.base_layer.bias`` for an adapted module M.
-    replaced = {peft_base_name(n): n for n in lora["saved_biases"]}
+    # bias="all"/"lora_only": the trained biases, ``M.base_layer.bias`` for an adapted module M; and whole
+    # weights (modules_to_save copies, save_embedding_layers' embedding and head), which PEFT loads over the
+    # base's before it merges a pair into them.
+    replaced = {peft_base_name(n): n for n in [*lora["saved_biases"], *lora.get("saved_weights", [])]}
     for target in [*by_weight, *by_bias, *replaced]:
         if target not in index.tensors:
             if target == "lm_head.weight" and base_config.get("tie_word_embeddings"):
@@ -268,9 +271,13 @@ def plan_merge(adapter: str | Path, base: str | Path, out: str | Path, *, dtype:
                             f"({pair['out_features']} x {pair['in_features']}"
                             f"{', a Conv1D: in x out' if transposed[name] else ''})", base)
     for name, source in replaced.items():
-        if adapter_tensors[source].shape != index.tensors[name].shape:
-            raise CkptError(f"{name}: the adapter's saved bias has shape {list(adapter_tensors[source].shape)}, "
-                            f"the base's {list(index.tensors[name].shape)}", adapter)
+        saved, shape = adapter_tensors[source].shape, index.tensors[name].shape
+        if saved != shape:
+            resized = (len(saved) == len(shape) == 2 and saved[1] == shape[1]
+                       and name.endswith(("embed_tokens.weight", "lm_head.weight", "wte.weight", "embed_in.weight")))
+            raise CkptError(f"{name}: the adapter's saved copy has shape {list(saved)}, the base's {list(shape)}"
+                            + (f" (the vocabulary was resized to {saved[0]} rows for training: PEFT needs the base "
+                               f"resized first too; not supported)" if resized else ""), adapter)
     shards: dict[str, list[str]] = {}
     for name, meta in index.tensors.items():
         if len(meta.files) != 1:
@@ -348,9 +355,11 @@ def _merged_bytes(t: MergeTensor, base: CheckpointReader, adapter: CheckpointRea
     import torch
 
     stored = base.meta(t.name).dtype
-    weight = _as_torch(base.read(t.name), stored)
-    if t.replace_with is not None:
-        weight = _as_torch(adapter.read(t.replace_with), adapter.meta(t.replace_with).dtype).to(weight.dtype)
+    if t.replace_with is not None:  # PEFT loads the saved copy into the base's parameter: in the base's dtype
+        saved = adapter.read(t.replace_with)
+        weight = _as_torch(saved.astype(dtype_by_name(stored).numpy()), stored)
+    else:
+        weight = _as_torch(base.read(t.name), stored)
     if t.pair is not None:
         lora_a = _as_torch(adapter.read(t.pair["A"]), t.pair["dtype"])
         lora_b = _as_torch(adapter.read(t.pair["B"]), t.pair["dtype"])

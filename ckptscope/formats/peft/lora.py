@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ckptscope.core.roles import PEFT_PREFIX
+from ckptscope.core.roles import PEFT_PREFIX, peft_base_name
 from ckptscope.core.tensor import TensorMeta
 _LORA_KEY = re.compile(
     r"^(?P<module>.+?)\.(?P<part>lora_A|lora_B|lora_embedding_A|lora_embedding_B|lora_magnitude_vector)"
@@ -194,21 +194,22 @@ def describe_lora(config: Mapping[str, Any], tensors: Mapping[str, TensorMeta]) 
     if bias not in (None, "none") and not saved_biases:
         warnings.append(f"bias={bias!r} but the adapter stores no bias tensors")
     modules_to_save = config.get("modules_to_save") or []
-    others = [n for n in extra if n not in saved_biases]
-    if modules_to_save:
-        unsupported.append((f"modules_to_save {list(modules_to_save)} (full copies of modules)", None))
+    # Whole weights saved beside the pairs, each loaded by PEFT over the base model's before it merges:
+    # ``modules_to_save`` copies (``base_model.model.lm_head.weight``), and save_embedding_layers' embedding
+    # and head ("auto", PEFT's default, when one is a target or the vocabulary was resized), as
+    # ``...embed_tokens.weight`` or, for a LoRA-targeted module, ``...lm_head.base_layer.weight``.
+    saved_weights = [n for n in extra if n not in saved_biases]
+    if not isinstance(modules_to_save, (list, tuple)):
+        unsupported.append((f"modules_to_save {modules_to_save!r} (not a list of module names)", None))
+    else:
+        held = {peft_base_name(n).rsplit(".", 1)[0] for n in [*saved_weights, *saved_biases]}
+        for module in modules_to_save:
+            if not any(h == module or h.endswith(f".{module}") for h in held):
+                warnings.append(f"modules_to_save names {module!r} but the adapter holds no copy of it")
+                damage.append(warnings[-1])
+                unsupported.append((f"modules_to_save {module!r} without its saved copy", None))
     if config.get("trainable_token_indices"):
         unsupported.append(("trainable_token_indices (trainable tokens)", None))
-    base_copies = [n for n in others if n.endswith(".base_layer.weight")]
-    if base_copies and not modules_to_save:
-        # PEFT's save_embedding_layers ("auto" by default when lm_head or the embedding is a target) stores
-        # the module's full base weight, which PEFT loads over the base model's before merging
-        unsupported.append((f"full base weights saved with the adapter ({len(base_copies)}, first: {base_copies[0]}; "
-                            f"PEFT save_embedding_layers): save the adapter with save_embedding_layers=False, or "
-                            f"merge with PEFT", None))
-        others = [n for n in others if n not in base_copies]
-    if others and not modules_to_save:
-        unsupported.append((f"{len(others)} tensors that are no LoRA pair (first: {others[0]})", None))
     if use_dora and not any(u[0].startswith("DoRA") for u in unsupported):
         unsupported.append(("DoRA (use_dora)", None))
     if config.get("layer_replication"):
@@ -239,7 +240,8 @@ def describe_lora(config: Mapping[str, Any], tensors: Mapping[str, TensorMeta]) 
         "modules": {kind: {"layers": s["layers"], "r": _distinct(s["r"]), "lora_alpha": _distinct(s["lora_alpha"]),
                            "line": lines[kind]} for kind, s in kinds.items()},
         "saved_biases": saved_biases,
-        "other_tensors": others,
+        "saved_weights": saved_weights,
+        "other_tensors": saved_weights,
         "unsupported_merge": _group(unsupported),
         "warnings": warnings,
         "damage": damage,
