@@ -550,3 +550,32 @@ def test_a_pipeline_split_megatron_cannot_build_is_refused_in_both_formats(tmp_p
     out = tmp_path / "out"
     result = run_cli("convert", str(src), str(out), "--to", "mcore", "--pp", str(pp), "--ckpt-format", fmt)
     assert result.code == 2 and "do not split evenly" in result.err and not out.exists(), result.err
+
+
+@pytest.mark.parametrize("key, value, said", [
+    ("num_hidden_layers", 10**15, "more than any model has"),  # the per-layer rules built a set that large
+    ("architectures", [4], "not a list of strings"),  # inspect's summary joined it: TypeError
+    ("rms_norm_eps", "1e-6", "not a finite number"),
+    ("qk_rope_head_dim", {}, "not a whole number"),  # DeepSeek's MLA shapes: TypeError
+    ("first_k_dense_replace", "abc", "not a whole number"),
+    ("sliding_window", [], "not a whole number"),
+    ("layer_types", float("nan"), "not a list of strings"),
+    ("mlp_only_layers", [1.5], "not a list of layer numbers"),
+    ("tie_word_embeddings", "yes", "not true or false"),
+])
+def test_config_values_of_the_wrong_type_are_one_line(tmp_path, key, value, said):
+    """A probe damaged config.json keys one at a time: values of another type made the mappings fail with
+    "internal error: TypeError" (or, for 10**15 layers, hang); now one line naming the key, exit 2, on the
+    way to Megatron and as --hf-config on the way back. inspect still shows the checkpoint."""
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "sample_ckpts" / "hf_llama_single", src)
+    config = json.loads((src / "config.json").read_text())
+    config[key] = value
+    (src / "config.json").write_text(json.dumps(config))
+    result = run_cli("convert", str(src), str(tmp_path / "out"), "--to", "mcore")
+    assert result.code == 2 and f"config.json: {key} is" in result.err and said in result.err, result.err
+    assert len(result.err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+    result = run_cli("convert", str(REPO / "sample_ckpts" / "mcore_llama_gqa"), str(tmp_path / "back"), "--to", "hf",
+                     "--hf-config", str(src))
+    assert result.code == 2 and f"config.json: {key} is" in result.err, result.err
+    assert run_cli("inspect", str(src)).code == 0

@@ -134,7 +134,7 @@ def summary_table(report: InspectReport) -> Table:
     for key in ("architectures", "model_type"):
         if key in index.metadata:
             value = index.metadata[key]
-            table.add_row(key, ", ".join(value) if isinstance(value, list) else str(value))
+            table.add_row(key, ", ".join(map(str, value)) if isinstance(value, list) else str(value))
     gguf = index.metadata.get("gguf")
     for name, info in (gguf.get("tensor_types", {}) if isinstance(gguf, dict) else {}).items():
         table.add_row(f"ggml {name}", f"{plural(info['tensors'], 'tensor')}, {human_bytes(info['bytes'])} stored; "

@@ -296,8 +296,66 @@ def _first(mapping: dict[str, Any], *keys: str) -> Any:
     return None
 
 
+MAX_LAYERS = 100_000
+"""More decoder layers than any model has: a config that says more is damaged (a probe: 10**15 layers made
+the per-layer rules build a set of that size)."""
+_SIZE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+              "head_dim", "vocab_size", "max_position_embeddings", "moe_intermediate_size",
+              "shared_expert_intermediate_size", "num_experts", "num_local_experts", "n_routed_experts",
+              "n_shared_experts", "num_experts_per_tok", "first_k_dense_replace", "decoder_sparse_step",
+              "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "n_group",
+              "topk_group", "num_nextn_predict_layers", "sliding_window", "interleave_moe_layer_step",
+              "max_window_layers", "attention_chunk_size", "sliding_window_pattern")
+"""Integer keys of the configs the mappings read: whole numbers, never negative (null: not said)."""
+_REAL_KEYS = ("rms_norm_eps", "rope_theta", "routed_scaling_factor", "swiglu_limit", "partial_rotary_factor",
+              "query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping", "rope_local_base_freq")
+_BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "qkv_bias", "norm_topk_prob", "use_qk_norm",
+              "use_sliding_window")
+_INT_LIST_KEYS = ("mlp_only_layers", "moe_layers", "no_rope_layers")
+_STR_LIST_KEYS = ("layer_types", "architectures")
+_STR_KEYS = ("model_type", "hidden_act", "hidden_activation", "torch_dtype", "dtype")
+
+
+def check_hf_config_types(config: dict[str, Any], where: str = "config.json") -> None:
+    """Refuse, in one line, a config whose keys the mappings compute with hold values of another type (a
+    probe: ``"qk_rope_head_dim": {}``, ``"swiglu_limit": [4]``, ``"first_k_dense_replace": "abc"`` were
+    "internal error: TypeError"): transformers would not build the model either. Checks the text config of
+    a multimodal one too."""
+    for text, prefix in ((config, ""), (config.get("text_config"), "text_config.")):
+        if not isinstance(text, dict):
+            continue
+        for key in _SIZE_KEYS:
+            value = text.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise CkptError(f"{where}: {prefix}{key} is {value!r}, not a whole number >= 0")
+        layers = text.get("num_hidden_layers")
+        if isinstance(layers, int) and layers > MAX_LAYERS:
+            raise CkptError(f"{where}: {prefix}num_hidden_layers is {layers}, more than any model has")
+        for key in _REAL_KEYS:
+            value = text.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value)):
+                raise CkptError(f"{where}: {prefix}{key} is {value!r}, not a finite number")
+        for key, kinds, what in ((_BOOL_KEYS, bool, "true or false"), (_STR_KEYS, str, "a string")):
+            for name in key:
+                value = text.get(name)
+                if value is not None and not isinstance(value, kinds):
+                    raise CkptError(f"{where}: {prefix}{name} is {value!r}, not {what}")
+        for key in _INT_LIST_KEYS:
+            value = text.get(key)
+            if value is not None and not (isinstance(value, list) and all(
+                    isinstance(v, int) and not isinstance(v, bool) for v in value)):
+                raise CkptError(f"{where}: {prefix}{key} is {value!r}, not a list of layer numbers")
+        for key in _STR_LIST_KEYS:
+            value = text.get(key)
+            if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+                raise CkptError(f"{where}: {prefix}{key} is {value!r}, not a list of strings")
+
+
 def from_hf_config(config: dict[str, Any]) -> ModelConfig:
-    """Read a transformers ``config.json`` (dense and MoE Llama/Mistral/Qwen families)."""
+    """Read a transformers ``config.json`` (dense and MoE Llama/Mistral/Qwen families). Raises ``CkptError``
+    for keys of the wrong type (``check_hf_config_types``)."""
+    check_hf_config_types(config)
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     heads = _first(text, "num_attention_heads")
     hidden = _first(text, "hidden_size")
