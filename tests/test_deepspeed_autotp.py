@@ -224,3 +224,10 @@ def test_a_tp_rank_without_its_optimizer_files_is_refused(tmp_path):
     result = run_cli("merge", str(save), str(tmp_path / "hf"), "--hf-config",
                      str(SHIPPED / "autotp_llama_tp2_dp2_bf16_hf_config"))
     assert result.code == 2 and "TP rank 1's optimizer partitions" in result.err and not (tmp_path / "hf").exists()
+
+
+def test_an_affine_map_with_other_rank_keys_is_refused():
+    entry = {"logical_shape": [4, 2], "ranks": {"first": {"shard_shape": [4, 2], "pieces": [
+        {"shape": [4, 2], "source": [0, [2, 1]], "dest": [0, [2, 1]], "locations": [0]}]}}}
+    with pytest.raises(Unplaceable, match="not rank numbers"):
+        placement("w", entry)

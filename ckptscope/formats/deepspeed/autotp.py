@@ -121,8 +121,11 @@ def placement(name: str, entry: Any) -> Placement:
     origins: dict[int, tuple[int, ...] | None] = {}
     shard_shapes: dict[int, tuple[int, ...]] = {}
     placed: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
-    for key, rank_entry in sorted(entry["ranks"].items(), key=lambda kv: int(kv[0])):
-        rank = int(key)
+    try:
+        ranks = sorted((int(key), value) for key, value in entry["ranks"].items())
+    except (TypeError, ValueError):
+        raise Unplaceable(f"{name}: its affine map ranks {list(entry['ranks'])[:4]} are not rank numbers") from None
+    for rank, rank_entry in ranks:
         if not isinstance(rank_entry, dict):
             raise Unplaceable(f"{name}: rank {rank} of its affine map entry is not a dict")
         shard = _ints(rank_entry.get("shard_shape"))
