@@ -16,8 +16,9 @@ float32, and added in float32, so the result equals PEFT's bit for bit (tested i
 Tensors are streamed one by one into safetensors shards named like the base's (unchanged tensors are
 copied file to file), in a temporary dir renamed into place. Features this merge does not implement
 (DoRA, embedding or conv LoRA, trainable tokens, a resized vocabulary) are refused before anything is
-written. Whole weights saved with the adapter (``modules_to_save`` copies, ``save_embedding_layers``' embedding
-and head) replace the base's, in its dtype, before a pair is merged into them, as PEFT loads them. Only the merge imports torch; listing and stats do not.
+written. Whole weights saved with the adapter (``modules_to_save`` copies, ``save_embedding_layers``'
+embedding and head) replace the base's, in its dtype, before a pair is merged into them, as PEFT loads
+them. Only the merge imports torch; listing and stats do not.
 """
 
 from __future__ import annotations
@@ -252,7 +253,7 @@ def plan_merge(adapter: str | Path, base: str | Path, out: str | Path, *, dtype:
     # bias="all"/"lora_only": the trained biases, ``M.base_layer.bias`` for an adapted module M; and whole
     # weights (modules_to_save copies, save_embedding_layers' embedding and head), which PEFT loads over the
     # base's before it merges a pair into them.
-    replaced = {peft_base_name(n): n for n in [*lora["saved_biases"], *lora.get("saved_weights", [])]}
+    replaced = {peft_base_name(n): n for n in [*lora["saved_biases"], *lora["other_tensors"]]}
     for target in [*by_weight, *by_bias, *replaced]:
         if target not in index.tensors:
             if target == "lm_head.weight" and base_config.get("tie_word_embeddings"):

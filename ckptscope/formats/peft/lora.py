@@ -240,8 +240,7 @@ def describe_lora(config: Mapping[str, Any], tensors: Mapping[str, TensorMeta]) 
         "modules": {kind: {"layers": s["layers"], "r": _distinct(s["r"]), "lora_alpha": _distinct(s["lora_alpha"]),
                            "line": lines[kind]} for kind, s in kinds.items()},
         "saved_biases": saved_biases,
-        "saved_weights": saved_weights,
-        "other_tensors": saved_weights,
+        "other_tensors": saved_weights,  # whole weights beside the pairs: modules_to_save, save_embedding_layers
         "unsupported_merge": _group(unsupported),
         "warnings": warnings,
         "damage": damage,
