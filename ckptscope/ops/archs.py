@@ -19,7 +19,7 @@ from ckptscope.formats.megatron.model_layout import split_layer
 from ckptscope.mappings.config import ARCH_BY_MODEL_TYPE, HF_CLASS_BY_ARCH, arch_facts
 from ckptscope.mappings.fused_experts import FUSED_DOWN, FUSED_GATE_UP, V5_RENAMES, expert_templates
 from ckptscope.mappings.resolve import rules_for
-from ckptscope.mappings.schemas import SCHEMAS, Rule
+from ckptscope.mappings.schemas import L_HF, SCHEMAS, Rule
 from ckptscope.mappings.transforms import TRANSFORMS
 
 STACK = "[{e}]"
@@ -51,7 +51,7 @@ class ArchTensor:
     pp: str
     """Which pipeline stage holds it: ``layer {i}'s stage``, ``first stage`` or ``last stage``."""
     layers: str | None = None
-    """Which decoder layers the rule applies to, when not all (``layers with model.layers.{i}.mlp.gate.weight``:
+    """Which decoder layers the rule applies to, when not all (``layers with mlp.gate.weight``:
     MoE and dense layers name their norm and MLP differently); None: every layer."""
 
 
@@ -98,9 +98,14 @@ def _tensor(rule: Rule) -> ArchTensor:
         tp=("expert-TP " if ep else "") + TP_TEXT[_tp(rule)],  # experts split over their own TP group
         ep=ep,
         pp=_pp(rule.mcore[0]),
-        layers=(f"layers with {rule.when}" if rule.when else f"layers without {rule.unless}" if rule.unless
-                else None),
+        layers=(f"layers with {_in_layer(rule.when)}" if rule.when
+                else f"layers without {_in_layer(rule.unless)}" if rule.unless else None),
     )
+
+
+def _in_layer(template: str) -> str:
+    """A layer's tensor by its name inside the layer (``mlp.gate.weight``): short enough for a table cell."""
+    return template.removeprefix(L_HF)
 
 
 def _fused_facts(name: str) -> list[str]:
