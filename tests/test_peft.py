@@ -500,3 +500,27 @@ def test_an_adapter_saved_for_a_resized_vocabulary_is_refused(peft_samples, tmp_
     result = run_cli("lora", "merge", str(adapter), str(peft_samples["peft_llama_base"]), str(out))
     _refused(result, out, set())
     assert "vocabulary was resized" in result.err
+
+
+@pytest.mark.parametrize("key, value, said", [
+    ("r", "4", "r is '4', not a positive integer"),
+    ("lora_alpha", None, "lora_alpha is None, not a number"),
+    ("alpha_pattern", [4], "alpha_pattern is [4], not a mapping"),
+    ("rank_pattern", {"q_proj": "x"}, "rank_pattern['q_proj'] is 'x'"),
+])
+def test_adapter_config_values_no_scale_comes_from_are_one_line(peft_samples, tmp_path, key, value, said):
+    """A probe damaged adapter_config.json: lora stats and inspect said "internal error: TypeError/ValueError".
+    Now stats and merge refuse in one line, check lists it, inspect warns."""
+    adapter = tmp_path / "adapter"
+    shutil.copytree(peft_samples["peft_lora_rslora"], adapter)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config[key] = value
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    for args in (("lora", "stats", str(adapter)), ("lora", "merge", str(adapter), str(peft_samples["peft_llama_base"]),
+                                                   str(tmp_path / "out"))):
+        result = run_cli(*args)
+        assert result.code == 2 and said in result.err and "internal error" not in result.err, result.err
+    assert not (tmp_path / "out").exists()
+    result = run_cli("check", str(adapter))
+    assert result.code == 1 and said in result.out, result.out
+    assert run_cli("inspect", str(adapter)).code == 0

@@ -123,6 +123,9 @@ def lora_stats(path: str | Path, *, rtol: float | None = None,
     import numpy as np
 
     reader, lora = open_adapter(path)
+    if lora.get("config_errors"):
+        reader.close()
+        raise CkptError(f"adapter_config.json: {lora['config_errors'][0]}: no LoRA scale can be computed", path)
     out: list[PairStats] = []
     with reader:
         for pair in lora["pairs"]:

@@ -98,6 +98,32 @@ def _group(found: list[tuple[str, str | None]]) -> list[str]:
     return lines
 
 
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _config_errors(r: Any, alpha: Any, rank_pattern: Any, alpha_pattern: Any) -> list[str]:
+    """What in ``adapter_config.json`` no LoRA scale can be computed from (PEFT fails on it too): each one
+    line for ``check``, the reason ``lora stats`` and ``lora merge`` refuse (a probe: a string ``r`` or a list
+    ``alpha_pattern`` was "internal error: TypeError")."""
+    errors = []
+    if not _whole(r):
+        errors.append(f"r is {r!r}, not a positive integer")
+    if not _real(alpha):
+        errors.append(f"lora_alpha is {alpha!r}, not a number")
+    for key, pattern, ok, what in (("rank_pattern", rank_pattern, _whole, "a positive integer"),
+                                   ("alpha_pattern", alpha_pattern, _real, "a number")):
+        if not isinstance(pattern, dict):
+            errors.append(f"{key} is {pattern!r}, not a mapping of module patterns")
+            continue
+        errors.extend(f"{key}[{k!r}] is {v!r}, not {what}" for k, v in pattern.items() if not ok(v))
+    return errors
+
+
 def describe_lora(config: Mapping[str, Any], tensors: Mapping[str, TensorMeta]) -> dict[str, Any]:
     """The adapter as JSON-able data: config essentials, one entry per A/B pair, one summary per
     target module kind (``q_proj``), the tensors no pair claims, and what a merge cannot do."""
@@ -111,6 +137,15 @@ def describe_lora(config: Mapping[str, Any], tensors: Mapping[str, TensorMeta]) 
     damage: list[str] = []
     """The warnings that make the adapter one PEFT cannot load as saved (``check`` problems)."""
     unsupported: list[tuple[str, str | None]] = []
+    config_errors = _config_errors(r_default, alpha_default, rank_pattern, alpha_pattern)
+    for error in config_errors:
+        warnings.append(f"adapter_config.json: {error}")
+        damage.append(warnings[-1])
+        unsupported.append((f"adapter_config.json: {error}", None))
+    if not isinstance(rank_pattern, dict):
+        rank_pattern = {}
+    if not isinstance(alpha_pattern, dict):
+        alpha_pattern = {}
 
     modules: dict[str, dict[str, str]] = {}
     extra: list[str] = []
@@ -242,6 +277,7 @@ def describe_lora(config: Mapping[str, Any], tensors: Mapping[str, TensorMeta]) 
         "saved_biases": saved_biases,
         "other_tensors": saved_weights,  # whole weights beside the pairs: modules_to_save, save_embedding_layers
         "unsupported_merge": _group(unsupported),
+        "config_errors": config_errors,
         "warnings": warnings,
         "damage": damage,
     }
