@@ -507,6 +507,7 @@ def test_an_adapter_saved_for_a_resized_vocabulary_is_refused(peft_samples, tmp_
     ("lora_alpha", None, "lora_alpha is None, not a number"),
     ("alpha_pattern", [4], "alpha_pattern is [4], not a mapping"),
     ("rank_pattern", {"q_proj": "x"}, "rank_pattern['q_proj'] is 'x'"),
+    ("r", float("inf"), "r is inf, not a positive integer"),
 ])
 def test_adapter_config_values_no_scale_comes_from_are_one_line(peft_samples, tmp_path, key, value, said):
     """A probe damaged adapter_config.json: lora stats and inspect said "internal error: TypeError/ValueError".
@@ -524,3 +525,14 @@ def test_adapter_config_values_no_scale_comes_from_are_one_line(peft_samples, tm
     result = run_cli("check", str(adapter))
     assert result.code == 1 and said in result.out, result.out
     assert run_cli("inspect", str(adapter)).code == 0
+
+
+def test_a_modules_to_save_that_is_no_list_is_one_line(peft_samples, tmp_path):
+    adapter = tmp_path / "adapter"
+    shutil.copytree(peft_samples["peft_lora"], adapter)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config["modules_to_save"] = 1.5
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    result = run_cli("lora", "merge", str(adapter), str(peft_samples["peft_llama_base"]), str(tmp_path / "out"))
+    assert result.code == 2 and "modules_to_save is 1.5, not a list" in result.err, result.err
+    assert run_cli("check", str(adapter)).code == 1 and run_cli("inspect", str(adapter)).code == 0

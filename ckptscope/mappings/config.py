@@ -448,7 +448,9 @@ def from_megatron_args(args: dict[str, Any]) -> ModelConfig:
     heads = args.get("num_attention_heads")
     hidden = args.get("hidden_size")
     groups = args.get("num_query_groups") if args.get("group_query_attention") else None
-    head_dim = args.get("kv_channels") or (hidden // heads if heads and hidden else None)
+    whole = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (hidden, heads))
+    # (a value of another type is refused by name where the shapes are checked, plan._model_config_problems)
+    head_dim = args.get("kv_channels") or (hidden // heads if whole else None)
     num_experts = args.get("num_experts")
     dtype = "bfloat16" if args.get("bf16") else "float16" if args.get("fp16") else None
     extra = args.get("hf_config_extra") if isinstance(args.get("hf_config_extra"), dict) else None

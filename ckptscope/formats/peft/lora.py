@@ -199,7 +199,7 @@ def describe_lora(config: Mapping[str, Any], tensors: Mapping[str, TensorMeta]) 
             scaling = lora_scaling(float(alpha), int(configured_r), use_rslora)
             if not math.isfinite(scaling) or configured_r <= 0:
                 raise ValueError
-        except (TypeError, ValueError, ZeroDivisionError):
+        except (TypeError, ValueError, ZeroDivisionError, OverflowError):
             scaling = float("nan")
             unsupported.append((f"no usable r/lora_alpha (r={configured_r!r}, lora_alpha={alpha!r})", module))
         entry.update(r=configured_r, lora_alpha=alpha, scaling=scaling,
@@ -234,8 +234,11 @@ def describe_lora(config: Mapping[str, Any], tensors: Mapping[str, TensorMeta]) 
     # and head ("auto", PEFT's default, when one is a target or the vocabulary was resized), as
     # ``...embed_tokens.weight`` or, for a LoRA-targeted module, ``...lm_head.base_layer.weight``.
     saved_weights = [n for n in extra if n not in saved_biases]
-    if not isinstance(modules_to_save, (list, tuple)):
-        unsupported.append((f"modules_to_save {modules_to_save!r} (not a list of module names)", None))
+    if not isinstance(modules_to_save, (list, tuple)) or not all(isinstance(m, str) for m in modules_to_save):
+        warnings.append(f"adapter_config.json: modules_to_save is {modules_to_save!r}, not a list of module names")
+        damage.append(warnings[-1])
+        unsupported.append((warnings[-1], None))
+        modules_to_save = []
     else:
         held = {peft_base_name(n).rsplit(".", 1)[0] for n in [*saved_weights, *saved_biases]}
         for module in modules_to_save:
