@@ -247,8 +247,9 @@ def test_a_fifo_is_refused_not_waited_on(tmp_path):
 
 
 @pytest.mark.parametrize("key, value, said", [("num_hidden_layers", 10**30, "up to 10,000"),
-                                              ("num_attention_heads", "4", "'4', not a positive integer"),
-                                              ("vocab_size", -5, "not a positive integer")])
+                                              ("num_attention_heads", "4", "'4', not a whole number"),
+                                              ("vocab_size", -5, "-5, not a whole number"),
+                                              ("hidden_size", 0, "0, not a positive integer")])
 def test_implausible_config_sizes_are_refused(tmp_path, key, value, said):
     """A layer count of 1e30 made convert loop for ever; a size spelled as a string ended in an internal
     TypeError."""

@@ -296,7 +296,7 @@ def _first(mapping: dict[str, Any], *keys: str) -> Any:
     return None
 
 
-MAX_LAYERS = 100_000
+MAX_LAYERS = 10_000
 """More decoder layers than any model has: a config that says more is damaged (a probe: 10**15 layers made
 the per-layer rules build a set of that size)."""
 _SIZE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
@@ -307,6 +307,8 @@ _SIZE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_atte
               "topk_group", "num_nextn_predict_layers", "sliding_window", "interleave_moe_layer_step",
               "max_window_layers", "attention_chunk_size", "sliding_window_pattern")
 """Integer keys of the configs the mappings read: whole numbers, never negative (null: not said)."""
+_POSITIVE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                  "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings")
 _REAL_KEYS = ("rms_norm_eps", "rope_theta", "routed_scaling_factor", "swiglu_limit", "partial_rotary_factor",
               "query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping", "rope_local_base_freq")
 _BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "qkv_bias", "norm_topk_prob", "use_qk_norm",
@@ -328,9 +330,12 @@ def check_hf_config_types(config: dict[str, Any], where: str = "config.json") ->
             value = text.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise CkptError(f"{where}: {prefix}{key} is {value!r}, not a whole number >= 0")
+            if value == 0 and key in _POSITIVE_KEYS:
+                raise CkptError(f"{where}: {prefix}{key} is 0, not a positive integer")
         layers = text.get("num_hidden_layers")
         if isinstance(layers, int) and layers > MAX_LAYERS:
-            raise CkptError(f"{where}: {prefix}num_hidden_layers is {layers}, more than any model has")
+            raise CkptError(f"{where}: {prefix}num_hidden_layers is {layers}, not a positive integer up to "
+                            f"{MAX_LAYERS:,} (more than any model has)")
         for key in _REAL_KEYS:
             value = text.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
