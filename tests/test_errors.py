@@ -582,18 +582,23 @@ def test_config_values_of_the_wrong_type_are_one_line(tmp_path, key, value, said
     assert run_cli("inspect", str(src)).code == 0
 
 
-@pytest.mark.parametrize("value", [{"a": 1}, "nan", [4096]])
-def test_megatron_args_of_the_wrong_type_are_one_line(tmp_path, value):
+@pytest.mark.parametrize("attr, value, said", [("hidden_size", {"a": 1}, "hidden_size is"),
+                                               ("hidden_size", "nan", "hidden_size is"),
+                                               ("hidden_size", [4096], "hidden_size is"),
+                                               ("norm_epsilon", [], "norm_epsilon is [], not a number"),
+                                               ("norm_epsilon", "", "norm_epsilon is '', not a number")])
+def test_megatron_args_of_the_wrong_type_are_one_line(tmp_path, attr, value, said):
     """A probe set a torch_dist save's args.hidden_size to a dict or a string: convert said "internal error:
-    TypeError" (the head size was derived before the shapes were checked)."""
+    TypeError" (the head size was derived before the shapes were checked); a norm_epsilon of [] failed where the
+    args are compared with the HF config."""
     import torch
 
     src = tmp_path / "src"
     shutil.copytree(REPO / "sample_ckpts" / "megatron_torch_dist", src)
     common = next(src.glob("iter_*/common.pt"))
     state = torch.load(common, map_location="cpu", weights_only=False)
-    state["args"].hidden_size = value
+    setattr(state["args"], attr, value)
     torch.save(state, common)
     result = run_cli("convert", str(src), str(tmp_path / "out"), "--to", "hf")
-    assert result.code == 2 and "hidden_size is" in result.err and "internal error" not in result.err, result.err
+    assert result.code == 2 and said in result.err and "internal error" not in result.err, result.err
     assert not (tmp_path / "out").exists()

@@ -526,8 +526,14 @@ def hf_config_conflicts(args_cfg: ModelConfig, hf_config: dict[str, Any]) -> lis
         ours, theirs = getattr(args_cfg, name), getattr(hf, name)
         if ours is None or theirs is None:
             continue
-        same = (math.isclose(float(ours), float(theirs), rel_tol=1e-9)
-                if isinstance(ours, float) or isinstance(theirs, float) else ours == theirs)
+        if isinstance(ours, float) or isinstance(theirs, float):
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (ours, theirs)):
+                # (the HF side is type-checked on reading; a probe set the args' norm_epsilon to [] or "")
+                problems.append(f"the Megatron args' {megatron_name} is {ours!r}, not a number")
+                continue
+            same = math.isclose(float(ours), float(theirs), rel_tol=1e-9)
+        else:
+            same = ours == theirs
         if not same:
             problems.append(f"{hf_name} {theirs!r} where the Megatron args say {megatron_name} {ours!r}")
     facts = args_cfg.megatron_facts or {}
