@@ -18,8 +18,6 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from ckptscope.core.errors import CkptError
-
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)\Z")
 
 _ALL_FOUR = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -47,42 +45,25 @@ def _layer_of(name: str) -> tuple[int, str] | None:
     return (int(match.group(1)), match.group(2)) if match else None
 
 
-def _int(text: dict[str, Any], key: str, default: int) -> int:
-    """``text[key]`` as an int (``default`` when absent or null); a value that is none is a config error,
-    one line, as transformers would fail on it too (a probe: ``"decoder_sparse_step": "x"`` was an internal
-    error)."""
-    value = text.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise CkptError(f"config.json: {key} is {value!r}, not an integer")
-    return value
-
-
-def _ints(text: dict[str, Any], key: str) -> set[int]:
-    value = text.get(key) or ()
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise CkptError(f"config.json: {key} is {value!r}, not a list of layer numbers")
-    return set(value)
-
-
 def moe_layers(arch: str, text: dict[str, Any], num_layers: int) -> set[int] | None:
     """The decoder layers transformers builds with routed experts, by each modeling file's own rule;
-    None for an arch without MoE layers. Raises ``CkptError`` for a key of the wrong type."""
+    None for an arch without MoE layers. ``text`` has passed ``config.check_hf_config_types``."""
     every = set(range(num_layers))
     if arch in ("mixtral", "gpt_oss"):
         return every
     if arch == "deepseek_v3" or arch == "glm4_moe":
-        return set(range(_int(text, "first_k_dense_replace", 3 if arch == "deepseek_v3" else 1), num_layers))
+        default = 3 if arch == "deepseek_v3" else 1
+        first = text.get("first_k_dense_replace")
+        return set(range(int(default if first is None else first), num_layers))
     if arch in ("qwen2_moe", "qwen3_moe"):
-        dense = _ints(text, "mlp_only_layers")
-        step = _int(text, "decoder_sparse_step", 1) or 1
-        experts = _int(text, "num_experts", 0) or _int(text, "num_local_experts", 0)  # 5.x saves the latter
+        dense = set(text.get("mlp_only_layers") or ())
+        step = int(text.get("decoder_sparse_step") or 1)
+        experts = int(text.get("num_experts") or text.get("num_local_experts") or 0)  # 5.x saves the latter
         return {i for i in every if i not in dense and experts > 0 and (i + 1) % step == 0}
     if arch == "llama4":
         if text.get("moe_layers") is not None:
-            return _ints(text, "moe_layers") & every
-        step = _int(text, "interleave_moe_layer_step", 1) or 1
+            return {int(i) for i in text["moe_layers"]} & every
+        step = int(text.get("interleave_moe_layer_step") or 1)
         return set(range(step - 1, num_layers, step))
     return None
 

@@ -101,7 +101,6 @@ UNASSEMBLED = re.compile(r"^(?:(?:layer_\d+_)?expert_\d+_mp_rank_\d+_model_state
 """DeepSpeed files of layouts this reader does not assemble (MoE saves)."""
 _STEP = re.compile(r"global_step(\d+)$")
 SHARED = "shares_storage_with"
-_NO_META = TensorMeta(name="", dtype="float32", shape=(), chunks=())
 LP_PREFIX = "lp_params."
 MOMENT_PREFIX = "optimizer.state."
 _FLAT_KEYS = {1: "single_partition_of_fp32_groups", 2: "single_partition_of_fp32_groups", 3: "fp32_flat_groups"}
@@ -491,7 +490,7 @@ class DeepSpeedReader(CheckpointReader):
         if declared > 1 or (not stages and not layout.layers and not layout.unassembled and layout.other_mp):
             holes, replicas = dict(self._holes), dict(self._replicas)
             try:
-                if self._index_autotp(index, tag_dir, prefix, layout, info):
+                if self._index_autotp(index, tag_dir, prefix, layout, info, declared):
                     return index
                 why_not = "no universal_checkpoint_info affine map says where each rank's shards lie"
             except Unplaceable as exc:
@@ -525,11 +524,11 @@ class DeepSpeedReader(CheckpointReader):
         return index
 
     def _index_autotp(self, index: CheckpointIndex, tag_dir: Path, prefix: str, layout: DsLayout,
-                      info: dict[str, Any]) -> bool:
+                      info: dict[str, Any], declared: int) -> bool:
         """An AutoTP save (``formats.deepspeed.autotp``): each TP rank read as a save of its own, then every
         param, its Adam moments and its low-precision copy placed in the whole tensor. False when rank 00's
         model states have no affine map (Megatron-DeepSpeed TP); ``Unplaceable`` when a param cannot be
-        placed. ``index`` is only filled when it returns True."""
+        placed. ``index`` is only filled when it returns True. ``declared``: rank 00's ``mp_world_size``."""
         main_model = layout.model.get(None)
         if main_model is None:
             return False
@@ -537,9 +536,9 @@ class DeepSpeedReader(CheckpointReader):
         params = affine_params(model_obj) if isinstance(model_obj, dict) else None
         if params is None:
             return False
-        tp = _as_int(model_obj.get("mp_world_size")) or max(layout.mp_ranks) + 1
-        if tp < max(layout.mp_ranks) + 1:
-            raise Unplaceable(f"mp_world_size {tp} but files of TP rank {max(layout.mp_ranks)}")
+        tp = max(declared, max(layout.mp_ranks) + 1)
+        if "mp_world_size" in model_obj and declared < tp:
+            raise Unplaceable(f"mp_world_size {declared} but files of TP rank {max(layout.mp_ranks)}")
         subs: dict[int, CheckpointIndex] = {}
         holes: dict[int, dict[str, list[tuple[tuple[int, ...], tuple[int, ...], str]]]] = {}
         rank_info: dict[str, Any] = {}
@@ -570,7 +569,8 @@ class DeepSpeedReader(CheckpointReader):
         bases = {name: self._param_of(name) for name in first.tensors}
         entries = entries_by_name(params, sorted({b for b in bases.values() if b is not None}))
         places = {name: placement(name, entry) for name, entry in entries.items()}
-        lost = sorted(n for n in trained if n not in places and not first.tensors.get(n, _NO_META).attr(SHARED))
+        aliases = {n for n, m in first.tensors.items() if m.attr(SHARED)}
+        lost = sorted(n for n in trained if n not in places and n not in aliases)
         if lost:
             raise Unplaceable(f"{len(lost)} params have no place in the affine map ({', '.join(lost[:3])})")
         tensors: dict[str, TensorMeta] = {}
@@ -1361,7 +1361,7 @@ class DeepSpeedReader(CheckpointReader):
                 # folders come sorted, lm_head before model.*, and the pair was counted twice (a probe: 2,029 for 1,696)
                 built.tensors.pop(alias, None)
                 built.tensors[alias] = replace(meta, name=alias,
-                                               attrs=meta.attrs + (("shares_storage_with", str(target)),))
+                                               attrs=meta.attrs + ((SHARED, str(target)),))
                 if str(target) in built.holes:
                     built.holes[alias] = built.holes[str(target)]
                 if str(target) in self._upcast:
