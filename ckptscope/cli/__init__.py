@@ -205,6 +205,13 @@ def _inspect(path: str, as_json: bool, include: tuple[str, ...], exclude: tuple[
     print_inspect(report, collapse=not no_collapse, console=console, max_children=None if all_children else 40)
 
 
+def load_command(args: Sequence[str]) -> None:
+    """Import the module of the command ``args`` name (if they name one), as running it would:
+    ``ckptscope.__main__`` does this while the collector is paused."""
+    if args and not args[0].startswith("-"):
+        cli.get_command(click.Context(cli), args[0])
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point."""
     from ckptscope.cli import parallel
