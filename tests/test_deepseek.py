@@ -320,6 +320,21 @@ def test_routing_and_rope_megatron_cannot_express_are_refused(hf_dir, tmp_path, 
     assert_hf_config_refused(hf_dir, tmp_path, change, message)
 
 
+@pytest.mark.parametrize("value", [[], "abc", {"a": 1}])
+def test_routing_args_that_are_no_number_are_one_line(dist_dir, tmp_path, value):
+    """A probe set a DeepSeek save's args.moe_router_group_topk to []: the comparison with the HF config
+    said "internal error: TypeError"; now one line naming the arg, exit 2, nothing written."""
+    src = tmp_path / "src"
+    shutil.copytree(dist_dir, src)
+    common = src / "iter_0000000" / "common.pt"
+    state = torch.load(common, map_location="cpu", weights_only=False)
+    state["args"].moe_router_group_topk = value
+    torch.save(state, common)
+    result = run_cli("convert", str(src), str(tmp_path / "out"), "--to", "hf")
+    assert result.code == 2 and f"moe_router_group_topk is {value!r}, not a number" in result.err, result.err
+    assert "internal error" not in result.err and not (tmp_path / "out").exists()
+
+
 def test_legacy_tp2_rank_files_equal_megatron_core_per_rank(hf_dir, tmp_path):
     """megatron-core on 2 gloo ranks loads the torch_dist output into a TP=2 model with MTP (it reshards);
     what each rank then holds (``state_dict_for_save_checkpoint()``) is what the legacy TP=2 file of that

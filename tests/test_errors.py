@@ -586,7 +586,11 @@ def test_config_values_of_the_wrong_type_are_one_line(tmp_path, key, value, said
                                                ("hidden_size", "nan", "hidden_size is"),
                                                ("hidden_size", [4096], "hidden_size is"),
                                                ("norm_epsilon", [], "norm_epsilon is [], not a number"),
-                                               ("norm_epsilon", "", "norm_epsilon is '', not a number")])
+                                               ("norm_epsilon", "", "norm_epsilon is '', not a number"),
+                                               # (a probe: "internal error: ... format string passed to dict")
+                                               ("rotary_percent", {"a": 1}, "rotary_percent is {'a': 1}, not a number"),
+                                               ("rotary_percent", "abc", "rotary_percent is 'abc', not a number"),
+                                               ("rotary_percent", [], "rotary_percent is [], not a number")])
 def test_megatron_args_of_the_wrong_type_are_one_line(tmp_path, attr, value, said):
     """A probe set a torch_dist save's args.hidden_size to a dict or a string: convert said "internal error:
     TypeError" (the head size was derived before the shapes were checked); a norm_epsilon of [] failed where the

@@ -411,3 +411,25 @@ def test_a_value_head_is_named_for_what_it_is(tmp_path, cli):
     torch.save(state, rank_file)
     result = cli("convert", str(out), "--to", "hf", str(tmp_path / "hf"))
     assert result.code == 2 and "a value head" in result.err and result.err.count("\n") == 1, result.err
+
+
+def test_args_with_more_layers_than_any_model_are_a_warning_not_a_crash(tmp_path, cli):
+    """A probe set args.num_layers to 10**15: inspect, check and diff built the set of every layer number
+    the args imply and ran out of memory (killed, or 'internal error: MemoryError'). Now the layers the
+    rank files hold are compared without it: inspect warns which are missing, convert refuses the args."""
+    import torch
+
+    src = tmp_path / "src"
+    shutil.copytree(SAMPLES / "megatron_legacy_tp2", src)
+    for rank_file in sorted(src.rglob("model_optim_rng.pt")):
+        state = torch.load(rank_file, weights_only=False)
+        stored = state["args"].num_layers
+        state["args"].num_layers = 10**15
+        torch.save(state, rank_file)
+    result = cli("inspect", "--json", str(src))
+    assert result.code == 0, result.err
+    missing = list(range(stored, stored + 10))
+    assert f"layers do not cover 0..{10**15 - 1}: missing {missing}, beyond []" in result.err
+    assert cli("check", str(src)).code == 0  # every stored byte is where the metadata says
+    result = cli("convert", str(src), str(tmp_path / "hf"), "--to", "hf")
+    assert result.code == 2 and "num_layers is 1000000000000000" in result.err, result.err

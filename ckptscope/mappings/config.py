@@ -513,6 +513,11 @@ _AGREEING_FACTS = (("moe_router_topk_scaling_factor", "routed_scaling_factor", 1
 """(Megatron arg, HF key, Megatron's default when the args lack it) of DeepSeek-style routing."""
 
 
+def _is_number(value: Any) -> bool:
+    """A real number as JSON or a pickled Namespace carries one (never a bool, a string or a list)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def hf_config_conflicts(args_cfg: ModelConfig, hf_config: dict[str, Any]) -> list[str]:
     """Where ``hf_config`` (``--hf-config``, or the one a Megatron save carries) says another model than
     the Megatron args, one line each. The HF config's values are what the export writes, so a run
@@ -527,7 +532,7 @@ def hf_config_conflicts(args_cfg: ModelConfig, hf_config: dict[str, Any]) -> lis
         if ours is None or theirs is None:
             continue
         if isinstance(ours, float) or isinstance(theirs, float):
-            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (ours, theirs)):
+            if not all(_is_number(v) for v in (ours, theirs)):
                 # (the HF side is type-checked on reading; a probe set the args' norm_epsilon to [] or "")
                 problems.append(f"the Megatron args' {megatron_name} is {ours!r}, not a number")
                 continue
@@ -547,6 +552,12 @@ def hf_config_conflicts(args_cfg: ModelConfig, hf_config: dict[str, Any]) -> lis
         for key, hf_key, default in _AGREEING_FACTS:
             ours, theirs = facts.get(key, default), text.get(hf_key)
             if ours is None or theirs is None:
+                continue
+            if not _is_number(ours):  # (a probe set moe_router_group_topk to [])
+                problems.append(f"the Megatron args' {key} is {ours!r}, not a number")
+                continue
+            if not _is_number(theirs):
+                problems.append(f"config.json: {hf_key} is {theirs!r}, not a number")
                 continue
             if not math.isclose(float(ours), float(theirs), rel_tol=1e-9):
                 problems.append(f"{hf_key} {theirs!r} where the Megatron args say {key} {ours!r}")
@@ -793,7 +804,9 @@ def _llama_attention_problems(cfg: ModelConfig, arch: str, facts: dict[str, Any]
     if position not in (None, "rope", "yarn"):
         problems.append(f"its positions are {position!r} (position_embedding_type), {arch}'s are RoPE")
     percent = facts.get("rotary_percent")
-    if percent is not None and percent != 1:
+    if percent is not None and not _is_number(percent):  # (a probe set it to {}, [] and "")
+        problems.append(f"its rotary_percent is {percent!r}, not a number")
+    elif percent is not None and percent != 1:
         problems.append(f"it rotates {percent:g} of each head (rotary_percent), {arch} rotates all of it")
     if facts.get("rotary_interleaved"):
         problems.append(f"its RoPE rotates interleaved pairs (rotary_interleaved), {arch}'s rotates halves")

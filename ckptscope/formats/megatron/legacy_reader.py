@@ -24,6 +24,7 @@ with the safe unpickler (no torch) and builds the global model:
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -453,11 +454,14 @@ class MegatronLegacyReader(CheckpointReader):
         shared = sorted(layer for layer, stages in layers.items() if len(stages) > 1)
         if shared:
             index.warnings.append(f"global layers {shared[:10]} come from more than one pipeline stage")
-        if sizes.num_layers is not None and layers and set(layers) != set(range(sizes.num_layers)):
-            missing = sorted(set(range(sizes.num_layers)) - set(layers))
-            extra = sorted(set(layers) - set(range(sizes.num_layers)))
-            index.warnings.append(f"layers do not cover 0..{sizes.num_layers - 1}: missing {missing[:10]}, "
-                                  f"beyond {extra[:10]}")
+        count = sizes.num_layers
+        if count is None or not layers:
+            return
+        # never range(count) as a set: the args' num_layers is whatever the file says (a probe: 10**15)
+        extra = sorted(layer for layer in layers if not 0 <= layer < count)
+        if extra or len(layers) != count:
+            missing = list(itertools.islice((layer for layer in range(count) if layer not in layers), 10))
+            index.warnings.append(f"layers do not cover 0..{count - 1}: missing {missing}, beyond {extra[:10]}")
 
     # --- everything else ---------------------------------------------------------------------
 
