@@ -320,10 +320,10 @@ def test_routing_and_rope_megatron_cannot_express_are_refused(hf_dir, tmp_path, 
     assert_hf_config_refused(hf_dir, tmp_path, change, message)
 
 
-@pytest.mark.parametrize("value", [[], "abc", {"a": 1}])
+@pytest.mark.parametrize("value", [[], "abc", {"a": 1}, True])
 def test_routing_args_that_are_no_number_are_one_line(dist_dir, tmp_path, value):
     """A probe set a DeepSeek save's args.moe_router_group_topk to []: the comparison with the HF config
-    said "internal error: TypeError"; now one line naming the arg, exit 2, nothing written."""
+    said "internal error: TypeError" (and True passed as 1); now one line naming the arg, exit 2, nothing written."""
     src = tmp_path / "src"
     shutil.copytree(dist_dir, src)
     common = src / "iter_0000000" / "common.pt"

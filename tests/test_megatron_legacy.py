@@ -433,3 +433,22 @@ def test_args_with_more_layers_than_any_model_are_a_warning_not_a_crash(tmp_path
     assert cli("check", str(src)).code == 0  # every stored byte is where the metadata says
     result = cli("convert", str(src), str(tmp_path / "hf"), "--to", "hf")
     assert result.code == 2 and "num_layers is 1000000000000000" in result.err, result.err
+
+
+def test_args_with_a_tp_size_no_save_has_are_missing_files_not_a_crash(tmp_path, cli):
+    """A probe set args.tensor_model_parallel_size to 10**15: the reader listed every rank the sizes imply
+    and ran out of memory. Now the missing ranks are counted and the first few named."""
+    import torch
+
+    src = tmp_path / "src"
+    shutil.copytree(SAMPLES / "megatron_legacy_tp2", src)
+    for rank_file in sorted(src.rglob("model_optim_rng.pt")):
+        state = torch.load(rank_file, weights_only=False)
+        state["args"].tensor_model_parallel_size = 10**15
+        torch.save(state, rank_file)
+    result = cli("inspect", str(src))
+    assert result.code == 0, result.err
+    assert f"{10**15 - 2} rank file(s) missing (tp2/pp0/ep0, tp3/pp0/ep0," in result.err
+    assert cli("check", str(src)).code == 1
+    result = cli("convert", str(src), str(tmp_path / "hf"), "--to", "hf")
+    assert result.code == 2 and "the checkpoint is damaged" in result.err and "internal error" not in result.err
