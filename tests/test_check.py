@@ -484,3 +484,25 @@ def test_dcp_item_whose_storage_offset_misses_it_is_reported(tmp_path, cli):
     assert result.code == 1, result.out + result.err
     lines = [line for line in problem_lines(result) if line.startswith("bad-offset")]
     assert len(lines) == 1 and key.fqn in lines[0] and info.relative_path in lines[0], result.out
+
+
+@pytest.mark.parametrize("key, value, said", [
+    ("num_hidden_layers", 10**15, "num_hidden_layers is 1000000000000000, not a positive integer up to 10,000"),
+    ("architectures", [4], "architectures is [4], not a list of strings"),
+    ("hidden_size", "4096", "hidden_size is '4096', not a whole number"),
+])
+def test_a_config_transformers_cannot_build_from_is_a_problem(tmp_path, key, value, said):
+    """A probe: check said ok on an HF dir whose config.json said 10**15 layers or architectures [4], while
+    convert and diff refused it (and from_pretrained would fail or never finish)."""
+    from tests.conftest import run_cli
+
+    src = tmp_path / "hf"
+    shutil.copytree(SAMPLES / "hf_llama_sharded", src)
+    config = json.loads((src / "config.json").read_text())
+    config[key] = value
+    (src / "config.json").write_text(json.dumps(config))
+    result = run_cli("check", str(src))
+    assert result.code == 1 and f"bad-config: config.json: {said}" in result.out, result.out + result.err
+    report = json.loads(run_cli("check", "--json", str(src)).out)
+    assert [(p["kind"], p["file"]) for p in report["problems"]] == [("bad-config", "config.json")]
+    assert run_cli("check", str(SAMPLES / "hf_llama_sharded")).code == 0

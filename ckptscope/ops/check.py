@@ -80,7 +80,7 @@ class Problem:
     kind: str
     """``missing-file``, ``truncated``, ``missing-marker``, ``tracker``, ``hole``, ``overlap``,
     ``bad-chunk``, ``byte-length``, ``index-mismatch``, ``unreadable-file``, ``incomplete``,
-    ``replica-mismatch``, ``copy-mismatch``."""
+    ``replica-mismatch``, ``copy-mismatch``, ``bad-config``."""
     file: str | None
     """Relative to the path that was checked (``iter_0000010/__0_0.distcp`` for a save root)."""
     tensors: tuple[str, ...]
@@ -526,6 +526,25 @@ def inferred_shape_problems(index: CheckpointIndex) -> list[Problem]:
                     "shape, so a rank's shard file that is missing shows only here")]
 
 
+def config_problems(index: CheckpointIndex) -> list[Problem]:
+    """A ``config.json`` saved with the weights whose values transformers cannot build a model from: a
+    size that is no whole number, 10**15 layers, ``architectures`` that are no strings (a probe: check
+    said ok while convert and diff refused it, and ``from_pretrained`` would fail or never finish).
+    Types and bounds only, the same rules the exports refuse by; the values themselves are the model's."""
+    config = next((o.value for o in index.objects if o.name == "config" and isinstance(o.value, dict)), None)
+    if config is None:
+        return []
+    from ckptscope.mappings.config import check_hf_config_types
+
+    file = next((f.path for f in index.files if f.role == "config" and Path(f.path).name == "config.json"), None)
+    try:
+        check_hf_config_types(config, where="config.json")
+    except CkptError as exc:
+        return [Problem("bad-config", file, (), exc.problem.removeprefix("config.json: ")
+                        + ": transformers cannot build the model from it")]
+    return []
+
+
 def check_index(index: CheckpointIndex, root: Path) -> tuple[list[Problem], int, int]:
     """Every check on one index whose chunk files are relative to ``root``.
 
@@ -534,6 +553,7 @@ def check_index(index: CheckpointIndex, root: Path) -> tuple[list[Problem], int,
     problems, files, chunks = file_problems(index.tensors.values(), root)
     problems.extend(metadata_problems(index.tensors.values()))
     problems.extend(inferred_shape_problems(index))
+    problems.extend(config_problems(index))
     seen = {(p.kind, p.file) for p in problems if p.file is not None}
     for issue in index.issues:  # the reader's own findings, unless already reported more precisely
         if issue.file is not None and (issue.kind, issue.file) in seen:
