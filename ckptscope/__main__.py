@@ -21,7 +21,10 @@ def main() -> None:
     try:
         from ckptscope import cli
 
-        cli.load_command(sys.argv[1:])
+        try:
+            cli.load_command(sys.argv[1:])
+        except Exception:  # noqa: BLE001 - it fails again inside cli.main, which reports it in one line
+            pass
         gc.freeze()
     finally:
         if was_enabled:
