@@ -266,3 +266,51 @@ def test_a_renamed_identical_tensor_is_paired_as_renamed(tmp_path, cli):
     assert doc["summary"]["renamed"] == 1 and doc["summary"]["only_a"] == 1 and doc["summary"]["only_b"] == 1
     plain = cli("diff", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), "--plain")
     assert "renamed -> new.name" in plain.out
+
+
+# --- the config.json beside the weights ------------------------------------------------------------
+
+
+def _hf_copy(tmp_path, name: str, **changes):
+    from tests.conftest import REPO
+
+    out = tmp_path / name
+    shutil.copytree(REPO / "sample_ckpts" / "hf_llama_gqa", out)
+    config = json.loads((out / "config.json").read_text())
+    config.update(changes)
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def test_configs_that_describe_another_model_make_the_diff_differ(tmp_path):
+    """Equal tensors under another activation or RoPE base are another model: the diff of two HF dirs
+    said identical (exit 0). Each fact is read as transformers reads it (``ops.config_check``)."""
+    from tests.conftest import REPO, run_cli
+
+    base = REPO / "sample_ckpts" / "hf_llama_gqa"
+    other = _hf_copy(tmp_path, "other", hidden_act="gelu", rope_parameters={"rope_theta": 5e5, "rope_type": "default"})
+    result = run_cli("diff", "--json", str(base), str(other))
+    assert result.code == 1, result.err
+    report = json.loads(result.out)
+    facts = {t["name"]: (t["a"], t["b"], t["status"]) for t in report["tensors"] if t["name"].startswith("config.json")}
+    assert facts == {"config.json: activation": ('"silu"', '"gelu"', "different"),
+                     "config.json: rope_theta": ("10000.0", "500000.0", "different")}
+    assert report["identical"] is False
+    picked = run_cli("diff", str(base), str(other), "--include", "model.norm.*")  # the user asked about those only
+    assert picked.code == 0, picked.out + picked.err
+
+
+def test_a_config_transformers_rewrote_in_its_own_spelling_is_the_same_model(tmp_path):
+    """transformers' own save of the same config (its defaults spelled out, ``rope_theta`` as
+    ``rope_parameters``, ``dtype`` for ``torch_dtype``) is not a difference."""
+    from transformers import AutoConfig
+
+    from tests.conftest import REPO, run_cli
+
+    base = REPO / "sample_ckpts" / "hf_llama_gqa"
+    rewritten = _hf_copy(tmp_path, "rewritten")
+    AutoConfig.from_pretrained(base).save_pretrained(rewritten)
+    assert json.loads((rewritten / "config.json").read_text()) != json.loads((base / "config.json").read_text())
+    result = run_cli("diff", str(base), str(rewritten))
+    assert result.code == 0, result.out + result.err
+

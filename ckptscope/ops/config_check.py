@@ -102,3 +102,24 @@ def config_differences(src_dir: Path, back_dir: Path) -> list[tuple[str, Any, An
     said, back = facts(before), facts(after)
     return [(key, value, back.get(key)) for key, value in said.items()
             if value is not None and value != back.get(key)]
+
+
+ABSENT_IS_A_FACT = frozenset({"rope_scaling", "per_layer_rope", "sliding_window", "sliding_layers", "experts",
+                              "shared_expert_size", "norm_topk_prob"})
+"""Facts whose ``None`` says something (no RoPE scaling, no window, a dense MLP): for every other fact a
+config that leaves it out takes transformers' default, which ``facts`` does not know per architecture."""
+
+
+def fact_differences(config_a: dict[str, Any], config_b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(fact, A's, B's)`` for every fact two config.json files disagree on, either way round (``diff``).
+    A fact one side leaves to transformers' default is not a difference, unless its absence is itself a
+    fact (``ABSENT_IS_A_FACT``): a derived config that spells out a default is the same model."""
+    said_a, said_b = facts(config_a), facts(config_b)
+    out = []
+    for key in [*said_a, *(k for k in said_b if k not in said_a)]:
+        a, b = said_a.get(key), said_b.get(key)
+        if a == b or ((a is None or b is None) and key not in ABSENT_IS_A_FACT):
+            continue
+        out.append((key, a, b))
+    return out
+

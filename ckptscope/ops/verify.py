@@ -75,8 +75,9 @@ def verify_round_trip(src: str | Path, *, via: str | None = None, tp: int | None
             from ckptscope.ops.parallel.diff import diff_parallel
 
             report, _ = diff_parallel(plan, DiffOptions(device="cpu"), group)
-        if report is not None and back_to == "hf":
-            report.results += config_results(Path(resolve_root(src)), back)
+        if report is not None and back_to == "hf":  # (the diff compared the facts both configs say)
+            seen = {result.name for result in report.results}
+            report.results += [r for r in config_results(Path(resolve_root(src)), back) if r.name not in seen]
         if report is not None and back_to == "mcore":
             report.notes += padding_only_note(report)
     finally:

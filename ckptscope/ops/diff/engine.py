@@ -561,6 +561,8 @@ class DiffEngine:
         note = quant_note(ordered)
         if note is not None:
             report.notes.append(note)
+        if self.plan.compare_config and not cancelled:
+            report.results += _config_results(self.plan, report.notes)
         return report
 
     def _pair_renamed(self, results: list[PairResult]) -> list[PairResult]:
@@ -669,6 +671,33 @@ def _object_results(label: str, plan: DiffPlan) -> list[PairResult]:
         out.append(PairResult(f"{label}/{name}", name if in_a is not None else None,
                               name if in_b is not None else None, status))
     return out
+
+
+def _config_results(plan: DiffPlan, notes: list[str]) -> list[PairResult]:
+    """One ``different`` result per fact the two sides' config.json files say otherwise
+    (``ops.config_check.fact_differences``): equal tensors under another activation, RoPE base or
+    window are another model, and a diff of two HF dirs said identical. Only when both sides carry an
+    HF config (a Megatron side's args are not compared here)."""
+    configs = [next((o.value for o in side.reader.index().objects if o.name == "config" and isinstance(o.value, dict)),
+                    None) for side in (plan.a, plan.b)]
+    if configs[0] is None or configs[1] is None:
+        return []
+    from ckptscope.mappings.config import check_hf_config_types
+    from ckptscope.ops.config_check import fact_differences
+
+    for label, config in zip("AB", configs):
+        try:
+            check_hf_config_types(config)
+        except CkptError as exc:
+            notes.append(f"the config.json files were not compared: {label}'s {exc.problem}")
+            return []
+    try:
+        found = fact_differences(*configs)
+    except (TypeError, ValueError, ZeroDivisionError, AttributeError) as exc:  # a value no rule type-checks
+        notes.append(f"the config.json files were not compared: {type(exc).__name__}: {exc}")
+        return []
+    return [PairResult(f"config.json: {fact}", json.dumps(a, default=repr), json.dumps(b, default=repr), "different")
+            for fact, a, b in found]
 
 
 def _files_of(path: Path) -> list[Path]:

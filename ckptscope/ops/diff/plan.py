@@ -108,6 +108,9 @@ class DiffPlan:
     side_files: list[SideFile] = field(default_factory=list)
     """With ``training_state``: the trainers' own optimizer / scheduler / rng files (``sidefiles``),
     each compared after the pairs above."""
+    compare_config: bool = True
+    """Whether the two sides' config.json files are compared too (not when ``--include`` / ``--exclude``
+    picked the tensors: the user asked about those)."""
 
     @property
     def compared(self) -> list[DiffPair]:
@@ -424,7 +427,7 @@ def plan_diff(path_a: str | Path, path_b: str | Path, *, mapping: str = "auto", 
             for source, box in (recipe.padding if recipe else ()):
                 padding.append({"side": label, "name": name, "source": source,
                                 "rows": [box[0][0], box[0][1]], "box": box})
-    return DiffPlan(side_a, side_b, pairs, used, notes, padding, side_files)
+    return DiffPlan(side_a, side_b, pairs, used, notes, padding, side_files, compare_config=not (include or exclude))
 
 
 VOCAB_TENSORS = ("embedding.word_embeddings.weight", "output_layer.weight")
