@@ -403,3 +403,30 @@ def test_a_cosine_just_below_one_reads_as_one_minus_not_a_range():
 
     assert fmt_cell(1.0 - 2e-12, 7) == "1−2e-12"
     assert "-" not in fmt_cell(1.0 - 2e-12, 7)[:2]
+
+
+@sync
+async def test_a_config_fact_the_dirs_disagree_on_is_a_row_with_both_values(tmp_path, monkeypatch):
+    """Two HF dirs with equal tensors whose config.json says another activation: the CLI diff exits 1
+    (``ops.config_check``); the screen lists the fact as a row and its pane says what each side says."""
+    import json
+    import shutil
+
+    for name in ("base", "tuned"):
+        shutil.copytree(REPO / "sample_ckpts" / "hf_llama_gqa", tmp_path / name)
+    config = json.loads((tmp_path / "tuned" / "config.json").read_text())
+    config["hidden_act"] = "gelu"
+    (tmp_path / "tuned" / "config.json").write_text(json.dumps(config))
+    monkeypatch.chdir(tmp_path)
+    app = diff_app()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await finished(pilot)
+        fact = "config.json: activation"
+        assert screen.results[fact].status == "different"
+        assert fact in rows(screen)
+        assert [n for n, r in screen.results.items() if r.status != "equal"] == [fact]
+        screen._select(fact)
+        await settle(pilot)
+        shown = " ".join(text_of(screen.query_one(PairDetailView)).split())
+        assert 'The config.json files disagree on activation: A says "silu", B says "gelu".' in shown
+        assert "1 different" in text_of(screen.query_one("#diff-header"))

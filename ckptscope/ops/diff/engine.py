@@ -673,6 +673,11 @@ def _object_results(label: str, plan: DiffPlan) -> list[PairResult]:
     return out
 
 
+CONFIG_FACT = "config.json: "
+"""The name prefix of a result that is a fact the two config.json files disagree on (its ``a`` / ``b``
+are the two values as JSON), not a tensor pair."""
+
+
 def _config_results(plan: DiffPlan, notes: list[str]) -> list[PairResult]:
     """One ``different`` result per fact the two sides' config.json files say otherwise
     (``ops.config_check.fact_differences``): equal tensors under another activation, RoPE base or
@@ -696,7 +701,7 @@ def _config_results(plan: DiffPlan, notes: list[str]) -> list[PairResult]:
     except (TypeError, ValueError, ZeroDivisionError, AttributeError) as exc:  # a value no rule type-checks
         notes.append(f"the config.json files were not compared: {type(exc).__name__}: {exc}")
         return []
-    return [PairResult(f"config.json: {fact}", json.dumps(a, default=repr), json.dumps(b, default=repr), "different")
+    return [PairResult(f"{CONFIG_FACT}{fact}", json.dumps(a, default=repr), json.dumps(b, default=repr), "different")
             for fact, a, b in found]
 
 

@@ -51,6 +51,9 @@ def facts(result: PairResult) -> Group:
             continue
         # the pane's title is the pair's name: a side stored under that same name shows only its dtype and
         # shape (the name again, cut mid-word where the pane is narrow, told nothing; a person testing)
+        if dtype is None and shape is None:  # not a tensor: a config fact's value, say (``diff.engine.CONFIG_FACT``)
+            sides.add_row(label, Text(source))
+            continue
         line = Text() if source == result.name else Text(source + "\n")
         line.append(str(dtype), style="cyan")
         line.append(f"  {shape_str(tuple(shape or ()))}", style="dim")
