@@ -452,3 +452,23 @@ def test_args_with_a_tp_size_no_save_has_are_missing_files_not_a_crash(tmp_path,
     assert cli("check", str(src)).code == 1
     result = cli("convert", str(src), str(tmp_path / "hf"), "--to", "hf")
     assert result.code == 2 and "the checkpoint is damaged" in result.err and "internal error" not in result.err
+
+
+def test_args_with_more_virtual_stages_than_the_files_hold_are_counted_from_the_files(tmp_path, cli):
+    """A probe set args.virtual_pipeline_model_parallel_size to 10**15: the layer offsets listed that many
+    stages and ran out of memory. The rank files hold one model chunk each: layers are counted from them."""
+    import torch
+
+    src = tmp_path / "src"
+    shutil.copytree(SAMPLES / "megatron_legacy_tp2", src)
+    for rank_file in sorted(src.rglob("model_optim_rng.pt")):
+        state = torch.load(rank_file, weights_only=False)
+        state["args"].virtual_pipeline_model_parallel_size = 10**15
+        torch.save(state, rank_file)
+    result = cli("inspect", "--json", str(src))
+    assert result.code == 0, result.err
+    assert (f"args say {10**15} virtual pipeline stages, the rank files hold 1 model chunk: global layer indices "
+            "are counted from the files") in result.err
+    names = {t["name"] for t in json.loads(result.out)["tensors"]}
+    original = {t["name"] for t in json.loads(cli("inspect", "--json", str(SAMPLES / "megatron_legacy_tp2")).out)["tensors"]}
+    assert names == original

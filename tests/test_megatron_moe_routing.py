@@ -64,6 +64,21 @@ def test_routing_an_hf_moe_cannot_spell_is_refused(mcore_of, tmp_path, kind, cha
     assert result.err.count("\n") == 1 and not (tmp_path / "hf").exists()
 
 
+@pytest.mark.parametrize("topk, said", [
+    (2**63, "is 9223372036854775808, not a positive integer up to 1,048,576"),
+    (0, "is 0, not a positive integer"),
+    ({}, "is {}, not a positive integer"),  # the exported config.json lost num_experts_per_tok, exit 0
+    (9, "routes each token to 9 experts (num_experts_per_tok / moe_router_topk) but has only"),
+])
+def test_a_top_k_no_router_can_take_is_refused(mcore_of, tmp_path, topk, said):
+    """A probe set a MoE save's args.moe_router_topk to 2**63 (or 0, or {}): convert wrote a config.json with
+    num_experts_per_tok 9223372036854775808 of 4 experts, exit 0 (transformers' top-k cannot run it)."""
+    src = _with_args(mcore_of["mixtral"], tmp_path / "src", moe_router_topk=topk)
+    result = run_cli("convert", str(src), str(tmp_path / "hf"), "--to", "hf")
+    assert result.code == 2 and said in result.err and result.err.count("\n") == 1, result.err
+    assert not (tmp_path / "hf").exists()
+
+
 def test_the_unedited_saves_still_convert(mcore_of, tmp_path):
     for kind, src in mcore_of.items():
         result = run_cli("convert", str(src), str(tmp_path / kind), "--to", "hf")

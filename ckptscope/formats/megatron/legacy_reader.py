@@ -33,6 +33,7 @@ from typing import Any
 
 from ckptscope.core.dtypes import DType
 from ckptscope.core.errors import CkptError
+from ckptscope.core.units import plural
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
 from ckptscope.core.tensor import Chunk, TensorMeta
 from ckptscope.formats.base import CheckpointReader
@@ -311,6 +312,11 @@ class MegatronLegacyReader(CheckpointReader):
             for v, _, state in parts[rank.dir]:
                 held = {local_layer(name) for name, _ in flatten(state)} - {None}
                 counts[(rank.pp, v)] = max(counts.get((rank.pp, v), 0), max(held, default=-1) + 1)  # type: ignore[type-var]
+        chunks = 1 + max((v for held in parts.values() for v, _, _ in held), default=0)
+        if (sizes.vpp or 1) != chunks:  # (a probe: a VPP size of 10**15 listed that many stages)
+            index.warnings.append(f"args say {sizes.vpp or 1} virtual pipeline stages, the rank files hold "
+                                  f"{plural(chunks, 'model chunk')}: global layer indices are counted from the files")
+            return offsets_from_counts(counts)
         from_args = layer_offsets(args, sizes.pp, sizes.vpp) if args else None
         if from_args is not None and sizes.num_layers is not None:
             implied = counts_from_offsets(from_args, sizes.num_layers)
