@@ -506,3 +506,23 @@ def test_a_config_transformers_cannot_build_from_is_a_problem(tmp_path, key, val
     report = json.loads(run_cli("check", "--json", str(src)).out)
     assert [(p["kind"], p["file"]) for p in report["problems"]] == [("bad-config", "config.json")]
     assert run_cli("check", str(SAMPLES / "hf_llama_sharded")).code == 0
+
+
+def test_megatron_args_no_model_has_are_a_problem(tmp_path):
+    """A probe: args whose num_query_groups is [2] (or 10**15 layers, a top-k over more experts than there
+    are) passed check with exit 0, while convert refused them."""
+    import torch
+
+    from tests.conftest import run_cli
+
+    src = tmp_path / "td"
+    shutil.copytree(SAMPLES / "megatron_torch_dist", src)
+    common = next(src.glob("iter_*/common.pt"))
+    state = torch.load(common, map_location="cpu", weights_only=False)
+    assert state["args"].group_query_attention
+    state["args"].num_query_groups = [2]
+    torch.save(state, common)
+    result = run_cli("check", str(src))
+    assert result.code == 1, result.out + result.err
+    assert "bad-config: -: the Megatron args' num_key_value_heads is [2], not a positive integer" in result.out
+    assert run_cli("check", str(SAMPLES / "megatron_torch_dist")).code == 0

@@ -430,7 +430,8 @@ def test_args_with_more_layers_than_any_model_are_a_warning_not_a_crash(tmp_path
     assert result.code == 0, result.err
     missing = list(range(stored, stored + 10))
     assert f"layers do not cover 0..{10**15 - 1}: missing {missing}, beyond []" in result.err
-    assert cli("check", str(src)).code == 0  # every stored byte is where the metadata says
+    checked = cli("check", str(src))  # every stored byte is where the metadata says; the args are no model's
+    assert checked.code == 1 and "bad-config: -: the Megatron args' num_hidden_layers / num_layers is" in checked.out
     result = cli("convert", str(src), str(tmp_path / "hf"), "--to", "hf")
     assert result.code == 2 and "num_layers is 1000000000000000" in result.err, result.err
 

@@ -318,6 +318,32 @@ _STR_LIST_KEYS = ("layer_types", "architectures")
 _STR_KEYS = ("model_type", "hidden_act", "hidden_activation", "torch_dtype", "dtype")
 
 
+MODEL_SIZES = (("num_layers", "num_hidden_layers / num_layers", MAX_LAYERS), ("hidden_size", "hidden_size", 2**31),
+               ("ffn_hidden_size", "intermediate_size / ffn_hidden_size", 2**31),
+               ("num_attention_heads", "num_attention_heads", 2**20), ("num_kv_heads", "num_key_value_heads", 2**20),
+               ("head_dim", "head_dim / kv_channels", 2**20), ("vocab_size", "vocab_size", 2**31),
+               ("num_experts", "the expert count", 2**20), ("moe_ffn_hidden_size", "moe_intermediate_size", 2**31),
+               ("moe_router_topk", "num_experts_per_tok / moe_router_topk", 2**20))
+"""Sizes the exports loop over or multiply: (field, how configs spell it, a bound no real model reaches)."""
+
+
+def check_model_sizes(cfg: ModelConfig, path: str | Path | None = None) -> None:
+    """Refuse, in one line, a model config (from config.json or Megatron args) whose sizes no model has:
+    not a positive integer (``"4"``, ``[2]``), beyond any real model (10**15 layers), or a top-k routing
+    to more experts than there are (a probe: top-k 2**63 of 4 experts exported with exit 0)."""
+    for name, spelled, bound in MODEL_SIZES:
+        value = getattr(cfg, name)
+        if value is None or (name == "moe_router_topk" and not cfg.num_experts):  # (a dense model's is unused)
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= bound:
+            raise CkptError(f"the model config's {spelled} is {value!r}, not a positive integer"
+                            f"{f' up to {bound:,}' if isinstance(value, int) and not isinstance(value, bool) else ''}",
+                            path)
+    if cfg.num_experts and cfg.moe_router_topk and cfg.moe_router_topk > cfg.num_experts:
+        raise CkptError(f"the model config routes each token to {cfg.moe_router_topk} experts "
+                        f"(num_experts_per_tok / moe_router_topk) but has only {cfg.num_experts}", path)
+
+
 def check_hf_config_types(config: dict[str, Any], where: str = "config.json") -> None:
     """Refuse, in one line, a config whose keys the mappings compute with hold values of another type (a
     probe: ``"qk_rope_head_dim": {}``, ``"swiglu_limit": [4]``, ``"first_k_dense_replace": "abc"`` were

@@ -527,21 +527,33 @@ def inferred_shape_problems(index: CheckpointIndex) -> list[Problem]:
 
 
 def config_problems(index: CheckpointIndex) -> list[Problem]:
-    """A ``config.json`` saved with the weights whose values transformers cannot build a model from: a
-    size that is no whole number, 10**15 layers, ``architectures`` that are no strings (a probe: check
-    said ok while convert and diff refused it, and ``from_pretrained`` would fail or never finish).
-    Types and bounds only, the same rules the exports refuse by; the values themselves are the model's."""
-    config = next((o.value for o in index.objects if o.name == "config" and isinstance(o.value, dict)), None)
-    if config is None:
-        return []
-    from ckptscope.mappings.config import check_hf_config_types
+    """A model config saved with the weights that no model can have: a ``config.json`` whose values
+    transformers cannot build from (a size that is no whole number, ``architectures`` that are no
+    strings), or sizes in it or in the Megatron args beyond any model (10**15 layers, a top-k over
+    more experts than there are). A probe: check said ok while convert and diff refused them. The
+    same type and bound rules the exports refuse by; the values themselves are the model's."""
+    from ckptscope.mappings.config import check_hf_config_types, check_model_sizes
+    from ckptscope.mappings.resolve import config_from_index
 
-    file = next((f.path for f in index.files if f.role == "config" and Path(f.path).name == "config.json"), None)
+    config = next((o.value for o in index.objects if o.name == "config" and isinstance(o.value, dict)), None)
+    config_file = next((f.path for f in index.files if f.role == "config" and Path(f.path).name == "config.json"),
+                       None)
+    if config is not None:
+        try:
+            check_hf_config_types(config, where="config.json")
+        except CkptError as exc:
+            return [Problem("bad-config", config_file, (), exc.problem.removeprefix("config.json: ")
+                            + ": transformers cannot build the model from it")]
     try:
-        check_hf_config_types(config, where="config.json")
+        model = config_from_index(index)
+    except CkptError:  # an architecture or a spelling the mappings do not read: nothing to judge by
+        return []
+    try:
+        check_model_sizes(model)
     except CkptError as exc:
-        return [Problem("bad-config", file, (), exc.problem.removeprefix("config.json: ")
-                        + ": transformers cannot build the model from it")]
+        said = "config.json's" if config is not None else "the Megatron args'"
+        detail = exc.problem.replace("the model config's", said, 1)
+        return [Problem("bad-config", config_file if config is not None else None, (), f"{detail}: no model has that")]
     return []
 
 

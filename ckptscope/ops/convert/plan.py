@@ -30,6 +30,7 @@ from ckptscope.mappings.config import (
     MLA_ARCHS,
     ZERO_CENTRED_NORM,
     ModelConfig,
+    check_model_sizes,
     from_hf_config,
     hf_config_conflicts,
     hf_export_problems,
@@ -349,30 +350,10 @@ def plan_convert(src: str | Path, dst: str | Path, **options: Any) -> ConvertPla
                         f"problem)", exc.path) from None
 
 
-_SIZES = (("num_layers", "num_hidden_layers / num_layers", 10_000), ("hidden_size", "hidden_size", 2**31),
-          ("ffn_hidden_size", "intermediate_size / ffn_hidden_size", 2**31),
-          ("num_attention_heads", "num_attention_heads", 2**20), ("num_kv_heads", "num_key_value_heads", 2**20),
-          ("head_dim", "head_dim / kv_channels", 2**20), ("vocab_size", "vocab_size", 2**31),
-          ("num_experts", "the expert count", 2**20), ("moe_ffn_hidden_size", "moe_intermediate_size", 2**31),
-          ("moe_router_topk", "num_experts_per_tok / moe_router_topk", 2**20))
-"""Config sizes a plan loops over or multiplies: (field, how configs spell it, a bound no real model reaches)."""
-
-
 def _check_sizes(cfg: ModelConfig, src: Path) -> None:
     """A config size that is not a plausible positive integer (``"4"``, ``1e30`` layers) is refused in one
-    line: left in, it would fail deep inside the mappings or loop for ever."""
-    for name, spelled, bound in _SIZES:
-        value = getattr(cfg, name)
-        if value is None or (name == "moe_router_topk" and not cfg.num_experts):  # (a dense model's is unused)
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= bound:
-            raise CkptError(f"the model config's {spelled} is {value!r}, not a positive integer"
-                            f"{f' up to {bound:,}' if isinstance(value, int) and not isinstance(value, bool) else ''}",
-                            src)
-    if cfg.num_experts and cfg.moe_router_topk and cfg.moe_router_topk > cfg.num_experts:
-        # (a probe: top-k 2**63 of 4 experts exported with exit 0; the model's top-k cannot even run)
-        raise CkptError(f"the model config routes each token to {cfg.moe_router_topk} experts "
-                        f"(num_experts_per_tok / moe_router_topk) but has only {cfg.num_experts}", src)
+    line (``check_model_sizes``): left in, it would fail deep inside the mappings or loop for ever."""
+    check_model_sizes(cfg, src)
 
 
 _METADATA_SUFFIXES = (".yaml", ".yml", ".json", ".txt")
