@@ -413,19 +413,29 @@ def test_a_value_head_is_named_for_what_it_is(tmp_path, cli):
     assert result.code == 2 and "a value head" in result.err and result.err.count("\n") == 1, result.err
 
 
-def test_args_with_more_layers_than_any_model_are_a_warning_not_a_crash(tmp_path, cli):
-    """A probe set args.num_layers to 10**15: inspect, check and diff built the set of every layer number
-    the args imply and ran out of memory (killed, or 'internal error: MemoryError'). Now the layers the
-    rank files hold are compared without it: inspect warns which are missing, convert refuses the args."""
+def _with_rank_args(tmp_path, **changes):
+    """A copy of the shipped TP=2 save whose every rank file's args carry ``changes``."""
     import torch
 
     src = tmp_path / "src"
     shutil.copytree(SAMPLES / "megatron_legacy_tp2", src)
     for rank_file in sorted(src.rglob("model_optim_rng.pt")):
         state = torch.load(rank_file, weights_only=False)
-        stored = state["args"].num_layers
-        state["args"].num_layers = 10**15
+        for key, value in changes.items():
+            setattr(state["args"], key, value)
         torch.save(state, rank_file)
+    return src
+
+
+def test_args_with_more_layers_than_any_model_are_a_warning_not_a_crash(tmp_path, cli):
+    """A probe set args.num_layers to 10**15: inspect, check and diff built the set of every layer number
+    the args imply and ran out of memory (killed, or 'internal error: MemoryError'). Now the layers the
+    rank files hold are compared without it: inspect warns which are missing, convert refuses the args."""
+    import torch
+
+    rank_file = next((SAMPLES / "megatron_legacy_tp2").rglob("model_optim_rng.pt"))
+    stored = torch.load(rank_file, weights_only=False)["args"].num_layers  # the layers the files hold
+    src = _with_rank_args(tmp_path, num_layers=10**15)
     result = cli("inspect", "--json", str(src))
     assert result.code == 0, result.err
     missing = list(range(stored, stored + 10))
@@ -439,14 +449,7 @@ def test_args_with_more_layers_than_any_model_are_a_warning_not_a_crash(tmp_path
 def test_args_with_a_tp_size_no_save_has_are_missing_files_not_a_crash(tmp_path, cli):
     """A probe set args.tensor_model_parallel_size to 10**15: the reader listed every rank the sizes imply
     and ran out of memory. Now the missing ranks are counted and the first few named."""
-    import torch
-
-    src = tmp_path / "src"
-    shutil.copytree(SAMPLES / "megatron_legacy_tp2", src)
-    for rank_file in sorted(src.rglob("model_optim_rng.pt")):
-        state = torch.load(rank_file, weights_only=False)
-        state["args"].tensor_model_parallel_size = 10**15
-        torch.save(state, rank_file)
+    src = _with_rank_args(tmp_path, tensor_model_parallel_size=10**15)
     result = cli("inspect", str(src))
     assert result.code == 0, result.err
     assert f"{10**15 - 2} rank file(s) missing (tp2/pp0/ep0, tp3/pp0/ep0," in result.err
@@ -458,14 +461,7 @@ def test_args_with_a_tp_size_no_save_has_are_missing_files_not_a_crash(tmp_path,
 def test_args_with_more_virtual_stages_than_the_files_hold_are_counted_from_the_files(tmp_path, cli):
     """A probe set args.virtual_pipeline_model_parallel_size to 10**15: the layer offsets listed that many
     stages and ran out of memory. The rank files hold one model chunk each: layers are counted from them."""
-    import torch
-
-    src = tmp_path / "src"
-    shutil.copytree(SAMPLES / "megatron_legacy_tp2", src)
-    for rank_file in sorted(src.rglob("model_optim_rng.pt")):
-        state = torch.load(rank_file, weights_only=False)
-        state["args"].virtual_pipeline_model_parallel_size = 10**15
-        torch.save(state, rank_file)
+    src = _with_rank_args(tmp_path, virtual_pipeline_model_parallel_size=10**15)
     result = cli("inspect", "--json", str(src))
     assert result.code == 0, result.err
     assert (f"args say {10**15} virtual pipeline stages, the rank files hold 1 model chunk: global layer indices "
