@@ -68,7 +68,7 @@ def test_routing_an_hf_moe_cannot_spell_is_refused(mcore_of, tmp_path, kind, cha
     (2**63, "is 9223372036854775808, not a positive integer up to 1,048,576"),
     (0, "is 0, not a positive integer"),
     ({}, "is {}, not a positive integer"),  # the exported config.json lost num_experts_per_tok, exit 0
-    (9, "routes each token to 9 experts (num_experts_per_tok / moe_router_topk) but has only"),
+    (9, "top-k routes each token to 9 experts (num_experts_per_tok / moe_router_topk), of only"),
 ])
 def test_a_top_k_no_router_can_take_is_refused(mcore_of, tmp_path, topk, said):
     """A probe set a MoE save's args.moe_router_topk to 2**63 (or 0, or {}): convert wrote a config.json with

@@ -340,8 +340,8 @@ def check_model_sizes(cfg: ModelConfig, path: str | Path | None = None) -> None:
                             f"{f' up to {bound:,}' if isinstance(value, int) and not isinstance(value, bool) else ''}",
                             path)
     if cfg.num_experts and cfg.moe_router_topk and cfg.moe_router_topk > cfg.num_experts:
-        raise CkptError(f"the model config routes each token to {cfg.moe_router_topk} experts "
-                        f"(num_experts_per_tok / moe_router_topk) but has only {cfg.num_experts}", path)
+        raise CkptError(f"the model config's top-k routes each token to {cfg.moe_router_topk} experts "
+                        f"(num_experts_per_tok / moe_router_topk), of only {cfg.num_experts}", path)
 
 
 def check_hf_config_types(config: dict[str, Any], where: str = "config.json") -> None:

@@ -546,8 +546,8 @@ def config_problems(index: CheckpointIndex) -> list[Problem]:
                             + ": transformers cannot build the model from it")]
     try:
         model = config_from_index(index)
-    except CkptError:  # an architecture or a spelling the mappings do not read: nothing to judge by
-        return []
+    except (CkptError, TypeError, ValueError, KeyError):  # an architecture or spelling the mappings do not read
+        return []  # nothing to judge by (what it does to an export, convert says)
     try:
         check_model_sizes(model)
     except CkptError as exc:

@@ -122,4 +122,3 @@ def fact_differences(config_a: dict[str, Any], config_b: dict[str, Any]) -> list
             continue
         out.append((key, a, b))
     return out
-
