@@ -469,3 +469,30 @@ def test_args_with_more_virtual_stages_than_the_files_hold_are_counted_from_the_
     names = {t["name"] for t in json.loads(result.out)["tensors"]}
     original = {t["name"] for t in json.loads(cli("inspect", "--json", str(SAMPLES / "megatron_legacy_tp2")).out)["tensors"]}
     assert names == original
+
+
+@pytest.mark.parametrize("key, value, said", [
+    ("num_query_groups", 4, "its num_query_groups is 4 where the first rank file's is"),
+    ("tensor_model_parallel_size", 4, "its tensor_model_parallel_size is 4 where the first rank file's is 2"),
+    ("iteration", 30, "its iteration is 30 where the first rank file's is 20"),
+])
+def test_a_rank_file_of_another_save_is_an_args_mismatch(tmp_path, cli, key, value, said):
+    """A probe: rank 1's args said TP 4 (or another model), and inspect, check and convert read rank 0's args
+    without a word. A rank file of another run or save: check reports it, exports refuse it."""
+    import torch
+
+    src = tmp_path / "src"
+    shutil.copytree(SAMPLES / "megatron_legacy_tp2", src)
+    rank_file = src / ITER / "mp_rank_01" / "model_optim_rng.pt"
+    state = torch.load(rank_file, weights_only=False)
+    if key == "iteration":
+        state["iteration"] = value
+    else:
+        setattr(state["args"], key, value)
+    torch.save(state, rank_file)
+    result = cli("check", str(src))
+    assert result.code == 1 and f"args-mismatch: {ITER}/mp_rank_01/model_optim_rng.pt: {said}" in result.out, result.out
+    result = cli("convert", str(src), str(tmp_path / "hf"), "--to", "hf")
+    assert result.code == 2 and said in result.err and "mixed into the model" in result.err, result.err
+    assert not (tmp_path / "hf").exists()
+    assert cli("check", str(SAMPLES / "megatron_legacy_tp2")).code == 0

@@ -80,7 +80,7 @@ class Problem:
     kind: str
     """``missing-file``, ``truncated``, ``missing-marker``, ``tracker``, ``hole``, ``overlap``,
     ``bad-chunk``, ``byte-length``, ``index-mismatch``, ``unreadable-file``, ``incomplete``,
-    ``replica-mismatch``, ``copy-mismatch``, ``bad-config``."""
+    ``replica-mismatch``, ``copy-mismatch``, ``bad-config``, ``args-mismatch``."""
     file: str | None
     """Relative to the path that was checked (``iter_0000010/__0_0.distcp`` for a save root)."""
     tensors: tuple[str, ...]

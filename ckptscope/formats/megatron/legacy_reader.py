@@ -141,6 +141,12 @@ def _readable_keys(value: Any, depth: int = 0) -> Any:
     return out
 
 
+_SHARED_ARGS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+                "kv_channels", "padded_vocab_size", "num_experts", "tensor_model_parallel_size",
+                "pipeline_model_parallel_size", "expert_model_parallel_size", "virtual_pipeline_model_parallel_size")
+"""Args every rank of one save records alike (``rank``, ``local_rank`` ... differ by design)."""
+
+
 @dataclass(slots=True)
 class _Rank:
     """One rank file: its folder, ranks and parsed pickle."""
@@ -204,6 +210,7 @@ class MegatronLegacyReader(CheckpointReader):
             sizes = replace(sizes, tp=tp_seen)
         ranks = self._read_ranks(index, present, sizes, first)
         self._check_grid(index, ranks, sizes)
+        self._check_rank_args(index, ranks, top)
         parts = self._model_parts(ranks)
         vpp = max(len(p) for p in parts.values()) if parts else 1
         if vpp > 1 and sizes.vpp != vpp:
@@ -272,6 +279,28 @@ class MegatronLegacyReader(CheckpointReader):
             raise CkptError("no mp_rank_* folder matches the parallel sizes in args", self.path)
         ranks.sort(key=lambda r: (r.pp, r.ep, r.tp))
         return ranks
+
+    @staticmethod
+    def _check_rank_args(index: CheckpointIndex, ranks: list[_Rank], top: dict[str, Any]) -> None:
+        """Every rank file of one save records the same iteration and the same model and parallel sizes
+        in its args; one that says otherwise is a file of another run or save copied in (a probe: rank 1's
+        args said TP 4, and inspect, check and convert read rank 0's without a word). ``args-mismatch``,
+        which ``check`` reports and exports refuse."""
+        ours = _args_dict(top.get("args"))
+        for rank in ranks:
+            obj = rank.parsed.obj if isinstance(rank.parsed.obj, dict) else {}
+            if obj is top:
+                continue
+            theirs = _args_dict(obj.get("args"))
+            said = [(key, ours.get(key), theirs.get(key)) for key in _SHARED_ARGS
+                    if key in ours and key in theirs and ours.get(key) != theirs.get(key)]
+            if "iteration" in top and "iteration" in obj and top["iteration"] != obj["iteration"]:
+                said.insert(0, ("iteration", top["iteration"], obj["iteration"]))
+            if said:
+                key, first, other = said[0]
+                more = f" (and {len(said) - 1} more)" if len(said) > 1 else ""
+                index.add_issue("args-mismatch", f"its {key} is {other!r} where the first rank file's is {first!r}"
+                                f"{more}: a rank file of another run or save?", file=rank.rel)
 
     @staticmethod
     def _check_grid(index: CheckpointIndex, ranks: list[_Rank], sizes: Parallelism) -> None:

@@ -418,6 +418,9 @@ def _refuse_damage(index: CheckpointIndex, entries: ModelEntries, src: Path) -> 
     for issue in index.issues:
         if issue.kind == "unassembled-file":
             continue  # refused before, with its own reason
+        if issue.kind == "args-mismatch":  # (a probe: rank 1 of another run's save exported beside rank 0, exit 0)
+            raise CkptError(f"{issue.file}: {issue.detail} Not converted: its shards would be mixed into the model "
+                            f"(`ckptscope check` lists every rank file)", src)
         if issue.kind == "unloadable-file":  # bytes no tensor owns: every tensor reads whole, the export is clean
             passed.append(f"{issue.file}: {issue.detail}; the files written are whole")
             continue
