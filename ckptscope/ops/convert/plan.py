@@ -350,12 +350,6 @@ def plan_convert(src: str | Path, dst: str | Path, **options: Any) -> ConvertPla
                         f"problem)", exc.path) from None
 
 
-def _check_sizes(cfg: ModelConfig, src: Path) -> None:
-    """A config size that is not a plausible positive integer (``"4"``, ``1e30`` layers) is refused in one
-    line (``check_model_sizes``): left in, it would fail deep inside the mappings or loop for ever."""
-    check_model_sizes(cfg, src)
-
-
 _METADATA_SUFFIXES = (".yaml", ".yml", ".json", ".txt")
 
 
@@ -599,7 +593,7 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
     if hf_cfg_dict:
         cfg = from_hf_config(hf_cfg_dict).merged(cfg)
     cfg = cfg.merged(config_from_names(shapes_of(tensors)))
-    _check_sizes(cfg, src_path)
+    check_model_sizes(cfg, src_path)  # a size no model has would fail deep in the mappings or loop for ever
     notes: list[str] = list(split_notes) + quant_notes
     iteration = index.iteration or 0
     shapes = shapes_of(tensors)
