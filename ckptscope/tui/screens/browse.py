@@ -51,6 +51,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.ops.values import Selection
     from ckptscope.ops.tree import TreeNode
 
+PANES_AT_THE_LATEST = 0.5
+"""Seconds after the index arrived when the tabs are mounted even if the tree drew nothing (no room)."""
 FILTER_DELAY = 0.12
 """Seconds of typing pause before the filter runs (live narrowing without a rebuild per key)."""
 CACHE_SIZE = 512
@@ -150,6 +152,7 @@ class BrowseScreen(RenameActions, Screen[None]):
         self._filter_timer: Timer | None = None
         self._pattern = ""
         self._panes_ready = False
+        self._panes_mounting = False
         self._highlighted: Entry | None = None
 
     # --- layout ------------------------------------------------------------------------------
@@ -171,11 +174,14 @@ class BrowseScreen(RenameActions, Screen[None]):
         return self._panes_ready
 
     async def _mount_panes(self) -> None:
-        if self._panes_ready:
+        if self._panes_ready or self._panes_mounting:
             return
+        self._panes_mounting = True
         right = self.query_one("#right")
         await right.query("#panes-waiting").remove()
         await right.mount(DetailTabs(id="detail-tabs"))
+        if not self.query(StatsView):  # the app is closing (q pressed as the tree appeared): nothing to fill
+            return
         self._panes_ready = True
         self._fill_panes()
 
@@ -253,10 +259,14 @@ class BrowseScreen(RenameActions, Screen[None]):
             tree.focus()
         if self._panes_ready:
             self._fill_panes()
-        else:
-            self.call_after_refresh(self._mount_panes)  # after the tree is painted
+        else:  # once the tree has drawn these rows (``_tree_painted``); a tree with no room to draw waits less
+            self.set_timer(PANES_AT_THE_LATEST, self._mount_panes)
         if not message.index.tensors:
             self.notify("This checkpoint holds no tensors.", severity="warning")
+
+    @on(TensorTree.ContentPainted)
+    async def _tree_painted(self) -> None:
+        await self._mount_panes()
 
     @on(IterationsDiscovered)
     def _iterations_discovered(self, message: IterationsDiscovered) -> None:

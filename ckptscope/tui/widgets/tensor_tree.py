@@ -27,6 +27,9 @@ from ckptscope.tui.widgets.row_fit import Row
 from ckptscope.tui.widgets.vim_keys import KeysFollowFocus, VimTree, tree_keys
 
 if TYPE_CHECKING:  # pragma: no cover
+    from textual.geometry import Region
+    from textual.strip import Strip
+
     from ckptscope.tui.renaming import PendingView
 
 
@@ -167,6 +170,11 @@ class TensorTree(KeysFollowFocus, VimTree, Tree[Entry]):
             self.entry = entry
             super().__init__()
 
+    class ContentPainted(Message):
+        """The tree drew the rows of a newly shown checkpoint for the first time. The browser mounts
+        its tabs then: mounted earlier, they delayed that first paint by ~40 ms (row 9 of
+        bench/run_all.py), since ``call_after_refresh`` ran before the frame that drew the rows."""
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__("checkpoint", id=id)
         self.show_root = False
@@ -177,6 +185,7 @@ class TensorTree(KeysFollowFocus, VimTree, Tree[Entry]):
         """Widget node for an ops node id, for the levels populated so far (reveal, jump)."""
         self.pending: PendingView | None = None
         """Pending renames shown on the rows (None: none pending)."""
+        self._announce_paint = False
 
     # --- data in ------------------------------------------------------------------------------
 
@@ -190,6 +199,14 @@ class TensorTree(KeysFollowFocus, VimTree, Tree[Entry]):
         self.root.expand()
         self.cursor_to_top()
         self.call_after_refresh(self._announce_cursor)
+        self._announce_paint = True
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        lines = super().render_lines(crop)
+        if self._announce_paint and not self.loading:
+            self._announce_paint = False
+            self.post_message(self.ContentPainted())
+        return lines
 
     def cursor_to_top(self) -> None:
         """Cursor on the first line, if there is one (an empty or filtered-out tree has none)."""
