@@ -7,7 +7,10 @@ clock starts in this process just before the spawn and stops at the child's ``ti
 child's first line) is kept in the JSON as ``after_start_up``. The app runs headless
 (``run_test``); *usable tree* is when the tree is first drawn with its rows (the index worker has
 finished, the tree is populated and the compositor asks it for lines; keys go to it from then on).
-*First frame* (the loading indicator painted) is kept in the JSON.
+*First frame* (the loading indicator painted) is kept in the JSON. The probe loads what
+``ckptscope open`` loads, in its order: the process entry's ``load`` (the CLI and the ``open``
+command, collector paused), then ``make_app`` (Textual and the screens); only the last step,
+``App.run`` in a terminal, is ``run_test`` here.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from abab import PY, BenchError, Config, Row, spawn, warm
 PROBE = r"""
 import asyncio, json, sys, time
 t0 = time.monotonic()
-import ckptscope.cli  # what `ckptscope open` imports before the app (click, the command table)
+from ckptscope.__main__ import load
+load(["open", sys.argv[1]])  # what `ckptscope open` loads before the app (click, the command table)
 from ckptscope.tui import make_app
-from ckptscope.tui.widgets.tensor_tree import TensorTree
+app = make_app(sys.argv[1], keymap={})  # what `open` does next (run_tui): loads Textual and the screens
+from ckptscope.tui.widgets.tensor_tree import TensorTree  # loaded by make_app: patched before the app runs
 
 painted = []
 _render_lines = TensorTree.render_lines
@@ -34,7 +39,6 @@ def render_lines(self, crop):
 TensorTree.render_lines = render_lines
 
 async def main():
-    app = make_app(sys.argv[1], keymap={})
     async with app.run_test(size=(140, 45)):
         first = time.monotonic()
         while not painted:

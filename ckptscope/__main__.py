@@ -15,20 +15,27 @@ import gc
 import sys
 
 
-def main() -> None:
+def load(argv: list[str]) -> None:
+    """Load the CLI and the module of the command ``argv`` names, collector paused, then freeze them."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         from ckptscope import cli
 
         try:
-            cli.load_command(sys.argv[1:])
+            cli.load_command(argv)
         except Exception:  # noqa: BLE001 - it fails again inside cli.main, which reports it in one line
             pass
         gc.freeze()
     finally:
         if was_enabled:
             gc.enable()
+
+
+def main() -> None:
+    load(sys.argv[1:])
+    from ckptscope import cli
+
     cli.main()
 
 

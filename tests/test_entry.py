@@ -62,3 +62,25 @@ def test_console_script_and_module_run_the_same_entry():
     assert proc.returncode == 2
     assert proc.stderr.startswith("ckptscope: error: no command or path 'no-such-command'")
     assert "Traceback" not in proc.stderr
+
+
+def test_the_tui_loads_with_the_collector_paused_and_turns_it_back_on():
+    """``make_app`` (what ``open`` and ``diff --tui`` run) loads Textual and the screens, ~300
+    modules, with no cyclic collection walking them (row 9 of bench/run_all.py); then it is on again."""
+    code = (
+        "import gc, json, sys\n"
+        "import ckptscope.core.collector  # loaded by the CLI before any command runs\n"
+        "runs = []\n"
+        "gc.callbacks.append(lambda phase, info: runs.append(info['generation']) if phase == 'start' else None)\n"
+        "from ckptscope.tui import make_app\n"
+        "assert 'textual' not in sys.modules\n"
+        "app = make_app(sys.argv[1], keymap={})\n"
+        "print(json.dumps({'collections': runs, 'textual': 'textual.app' in sys.modules, 'on': gc.isenabled(),"
+        " 'frozen': gc.get_freeze_count()}))\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT / "sample_ckpts" / "hf_llama_single")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    assert seen["textual"] and seen["on"]
+    assert seen["collections"] == []
+    assert seen["frozen"] > 10_000  # CkptScopeApp froze what was loaded
