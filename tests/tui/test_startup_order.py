@@ -84,3 +84,36 @@ async def test_the_tabs_come_even_when_the_tree_has_no_room_to_draw(many_tensors
             await asyncio.sleep(0.02)
         assert app.screen.panes_ready and app.screen.query_one(StatsView)
     assert not seen  # the tree never drew a row
+
+
+@sync
+async def test_the_chosen_theme_shows_from_the_start_without_a_second_pass_over_the_css(in_repo, monkeypatch):
+    """Setting ``App.theme`` made Textual re-parse every stylesheet (and then parse it once more,
+    its cache cold): ~25 ms of start-up. The theme is applied before the first parse instead; it must
+    still be the one shown, and ctrl+t still switches."""
+    from textual.color import Color
+    from textual.css.stylesheet import Stylesheet
+
+    from ckptscope.tui.app import DARK, LIGHT
+
+    reparses: list[int] = []
+    original = Stylesheet.reparse
+
+    def reparse(self):
+        reparses.append(1)
+        return original(self)
+
+    monkeypatch.setattr(Stylesheet, "reparse", reparse)
+    for theme, other in ((LIGHT, DARK), (DARK, LIGHT)):
+        reparses.clear()
+        app = make_app("sample_ckpts/hf_llama_single", keymap={}, theme=theme.name)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot)
+            assert reparses == []
+            assert app.theme == theme.name and app.has_class(f"-theme-{theme.name}")
+            assert app.has_class("-dark-mode") is theme.dark and app.has_class("-light-mode") is not theme.dark
+            assert app.screen.styles.background == Color.parse(theme.background)
+            await pilot.press("ctrl+t")
+            await settle(pilot)
+            assert app.theme == other.name and reparses
+            assert app.screen.styles.background == Color.parse(other.background)
