@@ -117,3 +117,37 @@ async def test_the_chosen_theme_shows_from_the_start_without_a_second_pass_over_
             await settle(pilot)
             assert app.theme == other.name and reparses
             assert app.screen.styles.background == Color.parse(other.background)
+
+
+@sync
+async def test_a_quick_open_shows_no_spinner_and_a_slow_one_does(in_repo, monkeypatch):
+    """The loading indicator comes only after ``SPINNER_AFTER`` seconds of reading: a spinner
+    flashing for a fraction of a second said nothing and took the UI thread's time from the reader."""
+    import time
+
+    import ckptscope.tui.opening as opening
+    from ckptscope.tui.screens import browse
+
+    shown: list[bool] = []
+    monkeypatch.setattr(TensorTree, "watch_loading", lambda self, loading: shown.append(loading), raising=False)
+    app = make_app("sample_ckpts/hf_llama_single", keymap={})
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot)
+        await pilot.pause(browse.SPINNER_AFTER + 0.1)
+        assert app.screen.index is not None and True not in shown
+
+    real_open = opening.open_path
+
+    def slow_open(*args, **kwargs):
+        time.sleep(browse.SPINNER_AFTER + 0.4)
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(opening, "open_path", slow_open)
+    shown.clear()
+    app = make_app("sample_ckpts/hf_llama_single", keymap={})
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause(browse.SPINNER_AFTER + 0.2)
+        assert shown == [True] and app.screen.query_one(TensorTree).loading
+        await settle(pilot)
+        assert shown == [True, False] and not app.screen.query_one(TensorTree).loading
+        assert app.screen.index is not None

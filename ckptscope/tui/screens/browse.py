@@ -51,6 +51,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.ops.values import Selection
     from ckptscope.ops.tree import TreeNode
 
+SPINNER_AFTER = 0.3
+"""Seconds of reading before the tree shows its loading indicator. A faster open shows none: a spinner
+that flashes for a fraction of a second tells nothing, and animating it took ~20 ms of the UI thread
+from the reading worker while 20k tensors opened (row 9 of bench/run_all.py)."""
 PANES_AT_THE_LATEST = 0.5
 """Seconds after the index arrived when the tabs are mounted even if the tree drew nothing (no room)."""
 FILTER_DELAY = 0.12
@@ -153,6 +157,7 @@ class BrowseScreen(RenameActions, Screen[None]):
         self._pattern = ""
         self._panes_ready = False
         self._panes_mounting = False
+        self._spinner_timer: Timer | None = None
         self._highlighted: Entry | None = None
 
     # --- layout ------------------------------------------------------------------------------
@@ -203,7 +208,7 @@ class BrowseScreen(RenameActions, Screen[None]):
             self._show_entry(self._highlighted)
 
     def on_mount(self) -> None:
-        self.query_one(TensorTree).loading = True
+        self._reading(True)
         # Start reading after the first frame is painted: the worker then shares the GIL with an
         # idle UI instead of the first layout, and the window appears sooner.
         self.call_after_refresh(self._open, self.path, self.discover)
@@ -222,8 +227,19 @@ class BrowseScreen(RenameActions, Screen[None]):
         self._highlighted = None
         self._stats.clear()
         self.query_one(SummaryHeader).show(None, path=path)
-        self.query_one(TensorTree).loading = True
+        self._reading(True)
         self._open(path, False)
+
+    def _reading(self, reading: bool) -> None:
+        """The tree's loading indicator: shown once reading has taken ``SPINNER_AFTER`` seconds."""
+        if self._spinner_timer is not None:
+            self._spinner_timer.stop()
+            self._spinner_timer = None
+        tree = self.query_one(TensorTree)
+        if reading:
+            self._spinner_timer = self.set_timer(SPINNER_AFTER, lambda: setattr(tree, "loading", True))
+        else:
+            tree.loading = False
 
     @work(thread=True, exclusive=True, group="index", exit_on_error=False, description="reading the index")
     def _open(self, path: str, discover: bool) -> None:
@@ -251,7 +267,7 @@ class BrowseScreen(RenameActions, Screen[None]):
         tree.show_tree(message.tree)
         if len(message.tree.folded_children()) <= 3:
             tree.expand_to_depth(1)
-        tree.loading = False
+        self._reading(False)
         pending = self.query_one(FilterBar).value
         if pending.strip():  # typed while the index was loading
             self._apply_filter(pending)
@@ -283,6 +299,7 @@ class BrowseScreen(RenameActions, Screen[None]):
 
     @on(OpenFailed)
     def _open_failed(self, message: OpenFailed) -> None:
+        self._reading(False)
         self.app.show_error(message.path, message.reason)  # type: ignore[attr-defined]
 
     @on(Worker.StateChanged)
