@@ -46,3 +46,27 @@ async def test_the_footer_is_not_rebuilt_for_the_same_keys_and_is_for_new_ones(i
         await settle(pilot)
         assert shown_actions(app) == {key.action for key in before}
         assert [key.action for key in footer.query(FooterKey)][:2] == ["quit", "help"]
+
+
+@sync
+async def test_keys_are_not_restyled_as_they_mount_and_still_follow_compact(in_repo, monkeypatch):
+    """Each key used to mount compact (Textual's default) and then switch to the footer's setting:
+    two restyles per key, ~20 ms of the first frame. Now they start in the state they end in, and a
+    footer switched to compact still takes its keys along."""
+    toggles: list[tuple[str, bool]] = []
+    original = FooterKey._watch_compact
+    monkeypatch.setattr(FooterKey, "_watch_compact",
+                        lambda self, compact: (toggles.append((self.key, compact)), original(self, compact)))
+    app = make_app("sample_ckpts/hf_llama_single", keymap={})
+    async with app.run_test(size=(140, 45)) as pilot:
+        await settle(pilot)
+        footer = app.screen.query_one(KeyFooter)
+        keys = [key for key in footer.query(FooterKey) if not key.has_class("-command-palette")]
+        palette = footer.query_one(".-command-palette", FooterKey)
+        palette_key = palette.key
+        assert not any(compact for key, compact in toggles if key != palette_key)  # never compact, never restyled
+        assert keys and not any(key.compact or key.has_class("-compact") for key in keys)
+        assert palette.compact and palette.has_class("-compact")  # as Textual leaves it: not bound
+        footer.compact = True
+        await settle(pilot)
+        assert all(key.compact and key.has_class("-compact") for key in keys)

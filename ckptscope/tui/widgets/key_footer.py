@@ -31,6 +31,13 @@ class KeyFooter(Footer):
     def compose(self) -> Iterable[Widget]:
         self._shown = self.shown_bindings()
         widgets = list(super().compose())
+        for widget in widgets:
+            # A key is born compact (Textual's default) and then bound to the footer's ``compact``:
+            # restyled twice as it mounted. Set the state the binding leads to up front. The palette
+            # key is not bound (it stays compact).
+            if isinstance(widget, FooterKey) and not widget.has_class("-command-palette"):
+                widget.set_reactive(FooterKey.compact, self.compact)
+                widget.set_class(self.compact, "-compact", update=False)
         first = sorted((w for w in widgets if _leads(w)), key=lambda w: FIRST_ACTIONS.index(w.action))
         yield from first
         yield from (w for w in widgets if not _leads(w))
