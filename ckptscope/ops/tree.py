@@ -174,12 +174,13 @@ def _node_at(path: str, root: _Trie, parents: dict[str, _Trie]) -> _Trie:
     return node
 
 
-def _sum_totals(trie: _Trie, bits: dict[str, int]) -> int:
+def _sum_totals(trie: _Trie, leaves: dict[tuple, tuple[int, int, int]]) -> int:
     """Fill params/bytes/count and the structure signature (``_signature``) bottom-up, in one walk:
     once per trie node, instead of once per tensor per level while inserting, and without a second
     recursion for the signatures that collapsing layers needs (issue 15). Recursion depth is the
-    name depth (a dozen levels). ``bits`` caches each dtype's bits: a leaf's size is then
-    arithmetic, not two property calls. Returns the node's signature."""
+    name depth (a dozen levels). ``leaves`` caches, per ``(dtype, shape)`` of a plain leaf, its
+    (elements, bytes, signature): a model repeats a few dozen shapes thousands of times, so most
+    leaves cost one look-up. Returns the node's signature."""
     tensor = trie.tensor
     if tensor is not None:
         params, nbytes, count = tensor.numel, tensor.nbytes, 1
@@ -188,11 +189,10 @@ def _sum_totals(trie: _Trie, bits: dict[str, int]) -> int:
         params = nbytes = count = 0
         own = None
     shapes = trie.shapes
-    prod = math.prod
     below = []
     for key, child in trie.children.items():
         if type(child) is _Trie:
-            sig = _sum_totals(child, bits)
+            sig = _sum_totals(child, leaves)
             params += child.params
             nbytes += child.nbytes
             count += child.count
@@ -200,15 +200,18 @@ def _sum_totals(trie: _Trie, bits: dict[str, int]) -> int:
             if child.attrs:  # type: ignore[union-attr]  # quantised sizes live in attrs
                 params += child.numel  # type: ignore[union-attr]
                 nbytes += child.nbytes  # type: ignore[union-attr]
+                sig = shapes.setdefault(((child.dtype, child.shape), ()), len(shapes))  # type: ignore[union-attr]
             else:
-                dtype_bits = bits.get(child.dtype)  # type: ignore[union-attr]
-                if dtype_bits is None:
-                    dtype_bits = bits[child.dtype] = child.dtype_info.bits  # type: ignore[union-attr]
-                numel = prod(child.shape)  # type: ignore[union-attr]
-                params += numel
-                nbytes += (numel * dtype_bits + 7) // 8
+                facts = (child.dtype, child.shape)  # type: ignore[union-attr]
+                known = leaves.get(facts)
+                if known is None:
+                    numel = math.prod(child.shape)  # type: ignore[union-attr]
+                    known = leaves[facts] = (numel, (numel * child.dtype_info.bits + 7) // 8,  # type: ignore[union-attr]
+                                             shapes.setdefault((facts, ()), len(shapes)))
+                params += known[0]
+                nbytes += known[1]
+                sig = known[2]
             count += 1
-            sig = shapes.setdefault(((child.dtype, child.shape), ()), len(shapes))  # type: ignore[union-attr]
         below.append((key, sig))
     trie.params, trie.nbytes, trie.count = params, nbytes, count
     below.sort()
