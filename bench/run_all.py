@@ -40,7 +40,7 @@ import rows_rename_diff  # noqa: E402
 import rows_timeline  # noqa: E402
 import rows_torchrun  # noqa: E402
 import rows_tui  # noqa: E402
-from abab import BENCH, Config, Row  # noqa: E402
+from abab import BASELINE_SPREAD, BENCH, Config, Row, flag_slow_baselines  # noqa: E402
 
 GROUPS = {"1": rows_inspect.row1, "2": rows_inspect.row2, "2-lin": rows_inspect.row2_linearity,
           "3": rows_inspect.row3, "4": rows_convert.row4, "5": rows_convert.row5, "6": rows_convert.row6,
@@ -62,15 +62,29 @@ def _disk_gb(gb: float, work_parent: Path) -> float:
 
 
 def _result(row: Row) -> str:
-    """PASS / FAIL against the target; ERROR, skip, or info for a measured row without a target."""
+    """PASS / FAIL against the target; UNSTABLE when the baseline itself swung (``BASELINE_SPREAD``);
+    ERROR, skip, or info for a measured row without a target."""
+    if row.unstable and not row.error:
+        return "UNSTABLE"
     if row.passed is not None:
         return "PASS" if row.passed else "FAIL"
     return "ERROR" if row.error else "skip" if row.skipped or not row.values else "info"
 
 
+def _unstable_note(row: Row) -> str:
+    if not row.unstable:
+        return ""
+    if row.baseline_suspect:
+        return f"UNSTABLE: {row.baseline_suspect}; the machine, not the tool, set this ratio: rerun the row"
+    times = [p["b_s"] for p in row.raw]
+    return (f"UNSTABLE: the baseline took {min(times):.2f}-{max(times):.2f} s for the same bytes, more than "
+            f"{BASELINE_SPREAD:g}x apart; the machine, not the tool, set this ratio: rerun the row")
+
+
 def _table(rows: list[Row], width: int = 72) -> str:
     head = ("row", "what", "measured median [min-max]", "target", "result")
-    body = [(r.id, r.what + "".join(f" ({t})" for t in (r.note, r.skipped, r.error.splitlines()[0] if r.error else "")
+    body = [(r.id, r.what + "".join(f" ({t})" for t in (r.note, r.skipped, r.error.splitlines()[0] if r.error else "",
+                                                        _unstable_note(r))
                                     if t),
              r.measured_text(), r.target_text(), _result(r)) for r in rows]
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
@@ -132,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"data kept in {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
+    flag_slow_baselines(rows)
     elapsed = time.time() - started
     print(f"\n{n_pairs} A/B pairs per ratio row (ABAB, fresh processes, warm page cache, sync before writes); "
           f"models {gb} GB; load average {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
