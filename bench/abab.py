@@ -185,8 +185,9 @@ class CpuHog:
 BASELINE_SPREAD = 2.0
 """A ratio row whose baseline (B) took more than this many times as long in one pair as in another
 measured the machine, not the tool: in one run `cp -r` copied the same 1.5 GB from a warm cache in
-0.4 s in some pairs and 3.5 s in others (write-back stalls on the shared disk), and a ckptscope that
-took 0.5 s read as 0.16x of `cp`. Such a row is UNSTABLE: neither pass nor fail; rerun it."""
+0.4 s in some pairs and 3.5 s in others (write-back stalls on the shared disk, mounted with
+``discard``), and a ckptscope that took 0.5 s read as 0.16x of `cp`. A row with more than one such
+pair is UNSTABLE: neither pass nor fail; rerun it."""
 
 
 @dataclass
@@ -230,11 +231,19 @@ class Row:
         return max(times) / min(times)
 
     @property
+    def stalled_pairs(self) -> int:
+        """Pairs whose baseline took over ``BASELINE_SPREAD`` times the row's fastest baseline."""
+        times = [p["b_s"] for p in self.raw if isinstance(p, dict) and "b_s" in p]
+        if self.kind != "ratio" or len(times) < 2 or min(times) <= 0:
+            return 0
+        return sum(t > BASELINE_SPREAD * min(times) for t in times)
+
+    @property
     def unstable(self) -> bool:
-        """The baseline itself swung by more than ``BASELINE_SPREAD`` (see there), or was far slower
-        than the same baseline in another row (``flag_slow_baselines``)."""
-        spread = self.baseline_spread
-        return bool(self.baseline_suspect) or (spread is not None and spread > BASELINE_SPREAD)
+        """The baseline itself swung by more than ``BASELINE_SPREAD`` (see there) in more than one
+        pair (one stalled pair is what the median is for), or was far slower than the same
+        baseline in another row (``flag_slow_baselines``)."""
+        return bool(self.baseline_suspect) or self.stalled_pairs > 1
 
     @property
     def baseline_median(self) -> float | None:

@@ -77,8 +77,9 @@ def _unstable_note(row: Row) -> str:
     if row.baseline_suspect:
         return f"UNSTABLE: {row.baseline_suspect}; the machine, not the tool, set this ratio: rerun the row"
     times = [p["b_s"] for p in row.raw]
-    return (f"UNSTABLE: the baseline took {min(times):.2f}-{max(times):.2f} s for the same bytes, more than "
-            f"{BASELINE_SPREAD:g}x apart; the machine, not the tool, set this ratio: rerun the row")
+    return (f"UNSTABLE: the baseline took {min(times):.2f}-{max(times):.2f} s for the same bytes, over "
+            f"{BASELINE_SPREAD:g}x its fastest in {row.stalled_pairs} pairs; the machine, not the tool, set this "
+            "ratio: rerun the row")
 
 
 def _table(rows: list[Row], width: int = 72) -> str:
