@@ -275,7 +275,7 @@ class BrowseScreen(RenameActions, Screen[None]):
             tree.focus()
         if self._panes_ready:
             self._fill_panes()
-        else:  # once the tree has drawn these rows (``_tree_painted``); a tree with no room to draw waits less
+        else:  # once the tree has drawn these rows (``_tree_painted``), at the latest after PANES_AT_THE_LATEST
             self.set_timer(PANES_AT_THE_LATEST, self._mount_panes)
         if not message.index.tensors:
             self.notify("This checkpoint holds no tensors.", severity="warning")
