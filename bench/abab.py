@@ -223,18 +223,25 @@ class Row:
         return statistics.median(self.values)
 
     @property
+    def baseline_times(self) -> list[float]:
+        """Seconds of every timed baseline (B) run of a ratio row; empty for other rows."""
+        if self.kind != "ratio":
+            return []
+        return [p["b_s"] for p in self.raw if isinstance(p, dict) and "b_s" in p]
+
+    @property
     def baseline_spread(self) -> float | None:
         """Slowest over fastest baseline run of a ratio row (None for other rows)."""
-        times = [p["b_s"] for p in self.raw if isinstance(p, dict) and "b_s" in p]
-        if self.kind != "ratio" or len(times) < 2 or min(times) <= 0:
+        times = self.baseline_times
+        if len(times) < 2 or min(times) <= 0:
             return None
         return max(times) / min(times)
 
     @property
     def stalled_pairs(self) -> int:
         """Pairs whose baseline took over ``BASELINE_SPREAD`` times the row's fastest baseline."""
-        times = [p["b_s"] for p in self.raw if isinstance(p, dict) and "b_s" in p]
-        if self.kind != "ratio" or len(times) < 2 or min(times) <= 0:
+        times = self.baseline_times
+        if len(times) < 2 or min(times) <= 0:
             return 0
         return sum(t > BASELINE_SPREAD * min(times) for t in times)
 
@@ -247,8 +254,8 @@ class Row:
 
     @property
     def baseline_median(self) -> float | None:
-        times = [p["b_s"] for p in self.raw if isinstance(p, dict) and "b_s" in p]
-        return statistics.median(times) if self.kind == "ratio" and times else None
+        times = self.baseline_times
+        return statistics.median(times) if times else None
 
 
     @property

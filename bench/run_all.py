@@ -76,7 +76,7 @@ def _unstable_note(row: Row) -> str:
         return ""
     if row.baseline_suspect:
         return f"UNSTABLE: {row.baseline_suspect}; the machine, not the tool, set this ratio: rerun the row"
-    times = [p["b_s"] for p in row.raw]
+    times = row.baseline_times
     return (f"UNSTABLE: the baseline took {min(times):.2f}-{max(times):.2f} s for the same bytes, over "
             f"{BASELINE_SPREAD:g}x its fastest in {row.stalled_pairs} pairs; the machine, not the tool, set this "
             "ratio: rerun the row")

@@ -151,6 +151,11 @@ class CheckpointIndex:
     ``decoder.layers.{i}.mlp.linear_fc2.weight`` ``[H, F]``. Views are never in ``tensors``: counts
     and bytes stay those of what is stored. ``CheckpointReader.meta``/``read`` accept view names."""
 
+    @property
+    def saved_config(self) -> dict[str, Any] | None:
+        """The ``config.json`` saved with the weights, as the reader kept it (object ``config``), if any."""
+        return next((o.value for o in self.objects if o.name == "config" and isinstance(o.value, dict)), None)
+
     def add_issue(self, kind: str, detail: str, *, file: str | None = None, tensors: tuple[str, ...] = (),
                   warning: str | None = None) -> None:
         """Record damage: an ``Issue`` for ``check`` and a warning line (``warning``, or one made

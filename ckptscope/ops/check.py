@@ -510,7 +510,7 @@ def inferred_shape_problems(index: CheckpointIndex) -> list[Problem]:
     shape rules for is not judged."""
     if INFERRED_SHAPES not in index.metadata:
         return []
-    config = next((o.value for o in index.objects if o.name == "config" and isinstance(o.value, dict)), None)
+    config = index.saved_config
     if config is None:
         return []
     from ckptscope.mappings.config import hf_shape_problems
@@ -535,7 +535,7 @@ def config_problems(index: CheckpointIndex) -> list[Problem]:
     from ckptscope.mappings.config import check_hf_config_types, check_model_sizes
     from ckptscope.mappings.resolve import config_from_index
 
-    config = next((o.value for o in index.objects if o.name == "config" and isinstance(o.value, dict)), None)
+    config = index.saved_config
     config_file = next((f.path for f in index.files if f.role == "config" and Path(f.path).name == "config.json"),
                        None)
     if config is not None:

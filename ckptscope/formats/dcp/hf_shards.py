@@ -85,7 +85,7 @@ class DcpSafetensorsShardsReader(CheckpointReader):
         # there; convert and check read it as the model's config), tokenizer, index.
         add_side_files(index, self.path)
         index.metadata[INFERRED_SHAPES] = "the largest offset + size of the pieces found (the writer stores none)"
-        config = next((o.value for o in index.objects if o.name == "config" and isinstance(o.value, dict)), None)
+        config = index.saved_config
         mark_config_tie(index, config)
         return index
 

@@ -157,7 +157,7 @@ class HFDirReader(CheckpointReader):
                 self._note_more_models(index, "pytorch_model.bin", more)
             self._index_bins(index, bin_index, bins)
         self._add_side_files(index)
-        config = next((o.value for o in index.objects if o.name == "config" and isinstance(o.value, dict)), None)
+        config = index.saved_config
         mark_config_tie(index, config)
         quantised = unhandled_quantization(config, ())  # by config only: no per-name pass on 100k-tensor indexes
         if quantised:

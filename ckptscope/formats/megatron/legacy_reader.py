@@ -33,9 +33,9 @@ from typing import Any
 
 from ckptscope.core.dtypes import DType
 from ckptscope.core.errors import CkptError
-from ckptscope.core.units import plural
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
 from ckptscope.core.tensor import Chunk, TensorMeta
+from ckptscope.core.units import plural
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.dcp.reader import group_summary
 from ckptscope.formats.megatron.legacy_layout import (

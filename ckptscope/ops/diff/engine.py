@@ -683,8 +683,7 @@ def _config_results(plan: DiffPlan, notes: list[str]) -> list[PairResult]:
     (``ops.config_check.fact_differences``): equal tensors under another activation, RoPE base or
     window are another model, and a diff of two HF dirs said identical. Only when both sides carry an
     HF config (a Megatron side's args are not compared here)."""
-    configs = [next((o.value for o in side.reader.index().objects if o.name == "config" and isinstance(o.value, dict)),
-                    None) for side in (plan.a, plan.b)]
+    configs = [side.reader.index().saved_config for side in (plan.a, plan.b)]
     if configs[0] is None or configs[1] is None:
         return []
     from ckptscope.mappings.config import check_hf_config_types
