@@ -2,7 +2,8 @@
 
 Well-formed files come from safetensors' own writer; the damaged ones are its output with the header
 edited by hand (the only way to get a header the writer refuses to produce), each checked for the one
-clear error or warning the reader gives.
+clear error or warning the reader gives. Every test runs twice: with the compiled scan (``_scan.c``,
+where it was built) and with the Python parser alone (``CKPTSCOPE_PURE_PYTHON=1``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,20 @@ from safetensors.numpy import save_file
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
+from ckptscope.formats.safetensors import reader
+from ckptscope.formats.safetensors.compiled import PURE_ENV
 from ckptscope.formats.safetensors.reader import parse_safetensors_header
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def parser(request, monkeypatch) -> str:
+    """Both header parsers, in this process and in the CLI's."""
+    if request.param == "python":
+        monkeypatch.setattr(reader, "_compiled_scan", None)
+        monkeypatch.setenv(PURE_ENV, "1")
+    elif reader._compiled_scan is None:
+        pytest.skip("the compiled scan was not built here (no C compiler at install)")
+    return request.param
 
 
 def _write(path: Path, header: dict, data: bytes) -> Path:

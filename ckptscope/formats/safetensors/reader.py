@@ -20,10 +20,13 @@ from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo
 from ckptscope.core.tensor import TensorMeta, raw_tensor
 from ckptscope.formats.base import CheckpointReader
+from ckptscope.formats.safetensors.compiled import load_scan
 from ckptscope.formats.registry import register_reader
 
 MAX_HEADER_SIZE = 100_000_000
 """The reference implementation's cap (safetensors ``tensor.rs``); also our sniffing sanity check."""
+
+_compiled_scan = load_scan()
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,19 +84,25 @@ def parse_safetensors_header(path: Path, rel_name: str, *, allow_truncated: bool
             raw = handle.read(length)
     except OSError as exc:
         raise CkptError(f"cannot read: {exc.strerror or exc}", path) from None
-    try:
-        header = json.loads(raw.decode("utf-8").rstrip(" \x00"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # (ValueError: JSONDecodeError, a 5,000-digit int)
-        raise CkptError(f"bad safetensors header JSON: {str(exc)[:200]}", path) from None
-    if not isinstance(header, dict):
-        raise CkptError("bad safetensors header: the JSON is not an object", path)
-
     data_start = 8 + length
     data_size = file_size - data_start
-    metadata = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict):
-        raise CkptError("bad safetensors header: __metadata__ is not an object", path)
-    tensors, truncated, warnings = _parse_entries(path, header, data_start, data_size, rel_name, allow_truncated)
+    scanned = _compiled_scan(raw, data_start, rel_name) if _compiled_scan is not None else None
+    if scanned is not None:  # the common header, read by the compiled scan (_scan.c)
+        tensors, metadata, in_order, covered, previous_end = scanned
+        metadata = metadata or {}
+    else:
+        try:
+            header = json.loads(raw.decode("utf-8").rstrip(" \x00"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # (ValueError: JSONDecodeError, a 5,000-digit int)
+            raise CkptError(f"bad safetensors header JSON: {str(exc)[:200]}", path) from None
+        if not isinstance(header, dict):
+            raise CkptError("bad safetensors header: the JSON is not an object", path)
+        metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(metadata, dict):
+            raise CkptError("bad safetensors header: __metadata__ is not an object", path)
+        tensors, in_order, covered, previous_end = _parse_entries(path, header, data_start, rel_name)
+    truncated, warnings = _check_extent(path, tensors, in_order, covered, previous_end, data_start, data_size,
+                                        allow_truncated)
     unloadable = warnings[0] if warnings and not truncated and UNCOVERED in warnings[0] else None
     return SafetensorsHeader(tensors, {str(k): str(v) for k, v in metadata.items()}, data_start, file_size,
                              tuple(warnings), tuple(truncated), unloadable)
@@ -113,10 +122,10 @@ def note_header(index: CheckpointIndex, header: SafetensorsHeader, rel_name: str
     index.warnings.extend(w for w in header.warnings if w != header.unloadable)
 
 
-def _parse_entries(path: Path, header: dict[str, Any], data_start: int, data_size: int, rel_name: str,
-                   allow_truncated: bool) -> tuple[dict[str, TensorMeta], list[str], list[str]]:
-    """Every header entry, validated: the metas by name, the names past the end of the data (only with
-    ``allow_truncated``; otherwise that is an error) and the layout warnings (``_check_layout``).
+def _parse_entries(path: Path, header: dict[str, Any], data_start: int,
+                   rel_name: str) -> tuple[dict[str, TensorMeta], bool, int, int]:
+    """Every header entry, validated: the metas by name, whether they lie in header order, the bytes
+    they cover and the end of the last one (``_check_extent`` takes it from there).
 
     This loop runs once per tensor and is most of the time a huge header costs (issue 15), so it
     keeps the well-formed case to a few C-level steps (dtype facts cached per code, ``raw_tensor``)
@@ -151,6 +160,13 @@ def _parse_entries(path: Path, header: dict[str, Any], data_start: int, data_siz
         previous_end = end
         covered += end - begin
         tensors[name] = meta
+    return tensors, in_order, covered, previous_end
+
+
+def _check_extent(path: Path, tensors: dict[str, TensorMeta], in_order: bool, covered: int, previous_end: int,
+                  data_start: int, data_size: int, allow_truncated: bool) -> tuple[list[str], list[str]]:
+    """The names past the end of the data (only with ``allow_truncated``; otherwise that is an error)
+    and the layout warnings (``_check_layout``) of a parsed header."""
     spans = None if in_order else _spans(tensors, data_start)
     if spans is not None:
         _check_layout(path, spans)
@@ -165,11 +181,11 @@ def _parse_entries(path: Path, header: dict[str, Any], data_start: int, data_siz
             raise CkptError(f"truncated safetensors file: tensor {name!r} ends at byte "
                             f"{chunk.byte_offset + chunk.byte_length}, file has {file_size}", path)
         # the layout warning would count the missing bytes as negative free space
-        return tensors, truncated, [f"{path.name}: truncated: the header places data up to byte {data_start + last}, "
+        return truncated, [f"{path.name}: truncated: the header places data up to byte {data_start + last}, "
                                     f"the file has {file_size}"]
     if covered != data_size:
-        return tensors, truncated, [f"{path.name}: {data_size - covered} bytes of the data buffer {UNCOVERED}"]
-    return tensors, truncated, []
+        return truncated, [f"{path.name}: {data_size - covered} bytes of the data buffer {UNCOVERED}"]
+    return truncated, []
 
 
 def _spans(tensors: dict[str, TensorMeta], data_start: int) -> list[tuple[int, int, str]]:
