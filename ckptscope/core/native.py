@@ -1,0 +1,25 @@
+"""Compiled parts (C extensions built by ``pip install``, optional) and the switch that turns them off.
+
+A compiled module does one hot loop of issue 15 (today one: the safetensors header scan) and gives
+exactly what the Python code beside it gives; where the install had no C compiler it is absent and the
+Python code runs. ``CKPTSCOPE_PURE_PYTHON=1`` turns them off: the tests compare both paths, and the
+bench times one against the other.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+PURE_ENV = "CKPTSCOPE_PURE_PYTHON"
+
+
+def compiled_module(name: str) -> ModuleType | None:
+    """The extension module ``name`` (dotted), or None when it was not built or ``CKPTSCOPE_PURE_PYTHON`` is set."""
+    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+        return None
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
