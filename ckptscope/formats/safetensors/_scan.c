@@ -8,7 +8,7 @@
  * an object of strings, a dtype code it was not given, sizes that disagree, trailing bytes other than
  * whitespace and NUL padding. The Python parser then reads the header and, where it is bad, names the
  * problem. So nothing here ever decides that a header is bad, and what it accepts it reads exactly as
- * the Python parser would (tests/test_scan_native.py compares the two on every header shape we know
+ * the Python parser would (tests/test_compiled_scan.py compares the two on every header shape we know
  * and on mutated ones). Built when a C compiler is there (setup.py: optional); ckptscope works without.
  */
 #define PY_SSIZE_T_CLEAN

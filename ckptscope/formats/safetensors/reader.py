@@ -1,7 +1,9 @@
 """A single ``.safetensors`` file: an 8-byte length, a JSON header, then raw tensor bytes.
 
 The header is parsed and validated by hand (FORMATS.md §1.1-§1.4) so listing a file costs one
-small read and no safetensors/torch import; values are memory-mapped on demand.
+small read and no safetensors/torch import; values are memory-mapped on demand. The common header
+(plain names and integers) is read by a compiled scan where the install built one (``_scan.c``);
+anything else, and every bad header, by the Python parser here.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ MAX_HEADER_SIZE = 100_000_000
 """The reference implementation's cap (safetensors ``tensor.rs``); also our sniffing sanity check."""
 
 _compiled_scan = load_scan()
+"""The compiled scan of the common header (``compiled.py``), or None: then every header is parsed here."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +185,7 @@ def _check_extent(path: Path, tensors: dict[str, TensorMeta], in_order: bool, co
                             f"{chunk.byte_offset + chunk.byte_length}, file has {file_size}", path)
         # the layout warning would count the missing bytes as negative free space
         return truncated, [f"{path.name}: truncated: the header places data up to byte {data_start + last}, "
-                                    f"the file has {file_size}"]
+                           f"the file has {file_size}"]
     if covered != data_size:
         return truncated, [f"{path.name}: {data_size - covered} bytes of the data buffer {UNCOVERED}"]
     return truncated, []
