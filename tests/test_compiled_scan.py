@@ -212,3 +212,19 @@ def test_inspect_json_is_the_same_with_and_without_the_scan():
         fast = run_cli("inspect", "--json", path, env=env)
         slow = run_cli("inspect", "--json", path, env={**env, PURE_ENV: "1"})
         assert fast.code == slow.code == 0 and fast.out == slow.out, (fast.err, slow.err)
+
+
+def test_version_says_whether_the_scan_is_compiled(monkeypatch):
+    """A user who finds a huge header slow can see why: compiled, switched off, or never built."""
+    from ckptscope.core import native
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", PURE_ENV)}
+    shown = run_cli("--version", env=env)
+    assert shown.code == 0 and shown.out.startswith("ckptscope, version")
+    assert ("safetensors header scan: compiled" in shown.out) == built, shown.out
+    off = run_cli("--version", env={**env, PURE_ENV: "1"})
+    assert off.code == 0 and f"safetensors header scan: Python ({PURE_ENV} is set)" in off.out
+    monkeypatch.delenv(PURE_ENV, raising=False)
+    monkeypatch.setattr(native, "COMPILED_PARTS", {"ckptscope.formats.safetensors._absent": "a part"})
+    assert native.compiled_status() == [("a part", "Python (not built: the install found no C compiler; "
+                                                    "reinstall where one is)")]

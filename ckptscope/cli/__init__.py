@@ -84,8 +84,22 @@ def _usage_line(exc: click.UsageError) -> str:
     return message
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """The version, and whether each compiled part (``core.native``) is in use: a huge header reads
+    several times slower without the compiled scan, and this is where a user can see why."""
+    if not value or ctx.resilient_parsing:
+        return
+    from ckptscope.core.native import compiled_status
+
+    click.echo(f"ckptscope, version {__version__}")
+    for what, state in compiled_status():
+        click.echo(f"{what}: {state}")
+    ctx.exit()
+
+
 @click.group(cls=PathDefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="ckptscope")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version (and whether the compiled parts are in use) and exit.")
 def cli() -> None:
     """See inside training checkpoints (safetensors, HF dirs, torch files, ...).
 

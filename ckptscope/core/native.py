@@ -23,3 +23,22 @@ def compiled_module(name: str) -> ModuleType | None:
         return importlib.import_module(name)
     except ImportError:
         return None
+
+
+COMPILED_PARTS = {"ckptscope.formats.safetensors._scan": "safetensors header scan"}
+"""Every compiled module, by what it does for a user (``ckptscope --version`` lists them)."""
+
+
+def compiled_status() -> list[tuple[str, str]]:
+    """(what, state) of each compiled part: ``compiled``, or why the Python code runs instead. A user who
+    finds ``inspect`` slow on a huge header can see whether the install built the scan."""
+    out = []
+    for name, what in COMPILED_PARTS.items():
+        if compiled_module(name) is not None:
+            state = "compiled"
+        elif os.environ.get(PURE_ENV, "") not in ("", "0"):
+            state = f"Python ({PURE_ENV} is set)"
+        else:
+            state = "Python (not built: the install found no C compiler; reinstall where one is)"
+        out.append((what, state))
+    return out
