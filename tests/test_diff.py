@@ -300,6 +300,70 @@ def test_configs_that_describe_another_model_make_the_diff_differ(tmp_path):
     assert picked.code == 0, picked.out + picked.err
 
 
+def _mcore_copy(tmp_path, name: str, **changes):
+    """``mcore_llama_gqa`` (megatron-core's own save) with its training args edited as a run with other
+    flags would have written them (``common.pt``: the pickled ``argparse.Namespace``)."""
+    from tests.conftest import REPO
+
+    out = tmp_path / name
+    shutil.copytree(REPO / "sample_ckpts" / "mcore_llama_gqa", out)
+    common = out / "iter_0000000" / "common.pt"
+    state = torch.load(common, weights_only=False)
+    for key, value in changes.items():
+        setattr(state["args"], key, value)
+    torch.save(state, common)
+    return out
+
+
+def _facts(result) -> dict:
+    report = json.loads(result.out)
+    return {t["name"]: (t["a"], t["b"]) for t in report["tensors"] if t["name"].startswith(("config.json", "Megatron"))}
+
+
+def test_megatron_saves_whose_args_describe_another_model_make_the_diff_differ(tmp_path):
+    """Two Megatron saves of equal tensors whose args say another RoPE base or activation are another
+    model: the diff said identical (exit 0), as it did for an HF dir beside a Megatron save with those
+    args. The args are compared as convert reads them; the HF side by the rules convert refuses a
+    mismatched ``--hf-config`` with."""
+    from tests.conftest import REPO, run_cli
+
+    base = REPO / "sample_ckpts" / "mcore_llama_gqa"
+    other = _mcore_copy(tmp_path, "other", rotary_base=500000, swiglu=False)
+    result = run_cli("diff", "--json", str(base), str(other))
+    assert result.code == 1, result.err
+    assert _facts(result) == {"Megatron args: rotary_base": ("10000", "500000"), "Megatron args: swiglu": ("true", "false")}
+    hf = run_cli("diff", "--json", str(REPO / "sample_ckpts" / "hf_llama_gqa"), str(other))
+    assert hf.code == 1, hf.err
+    assert _facts(hf) == {"Megatron args: rotary_base": ("10000.0", "500000"),
+                          "Megatron args: swiglu": ('"silu"', '"gelu"')}
+    assert run_cli("diff", str(base), str(other), "--include", "decoder.final_layernorm.*").code == 0
+
+
+def test_the_same_model_in_another_megatron_layout_has_no_args_differences(tmp_path):
+    """megatron-core's own save against ckptscope's TP=2 per-rank conversion of the same HF model (other
+    TP size, padded vocabulary and format in the args): identical, exit 0, no fact listed; so is the HF
+    dir against either."""
+    from tests.conftest import REPO, run_cli
+
+    hf, mcore = REPO / "sample_ckpts" / "hf_llama_gqa", REPO / "sample_ckpts" / "mcore_llama_gqa"
+    tp2 = tmp_path / "tp2"
+    assert run_cli("convert", str(hf), str(tp2), "--to", "mcore", "--tp", "2", "--ckpt-format", "torch").code == 0
+    for a, b in ((mcore, tp2), (hf, mcore), (hf, tp2)):
+        result = run_cli("diff", "--json", str(a), str(b))
+        assert result.code == 0 and _facts(result) == {}, (a, b, result.out[-2000:], result.err)
+
+
+def test_args_of_unexpected_types_are_compared_or_noted_never_a_traceback(tmp_path):
+    from tests.conftest import REPO, run_cli
+
+    base = REPO / "sample_ckpts" / "mcore_llama_gqa"
+    odd = _mcore_copy(tmp_path, "odd", rotary_base="abc", num_query_groups=[2], hf_config_extra={"rope_theta": []})
+    result = run_cli("diff", "--json", str(base), str(odd))
+    assert result.code == 1 and "Traceback" not in result.err, result.err
+    assert _facts(result) == {"Megatron args: rotary_base": ("10000", '"abc"'),
+                              "Megatron args: num_query_groups": ("2", "[2]")}
+
+
 def test_a_config_transformers_rewrote_in_its_own_spelling_is_the_same_model(tmp_path):
     """transformers' own save of the same config (its defaults spelled out, ``rope_theta`` as
     ``rope_parameters``, ``dtype`` for ``torch_dtype``) is not a difference."""

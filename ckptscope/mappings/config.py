@@ -549,6 +549,25 @@ def hf_config_conflicts(args_cfg: ModelConfig, hf_config: dict[str, Any]) -> lis
     the Megatron args, one line each. The HF config's values are what the export writes, so a run
     trained with another RoPE base, norm epsilon, top-k or scaling would come out another model with
     exit 0 (a probe measured logits off by 0.005-2.6)."""
+    return [c.line for c in config_conflicts(args_cfg, hf_config)]
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """One fact an HF config and the Megatron args state otherwise (``config_conflicts``)."""
+
+    fact: str
+    """The Megatron spelling of what differs (``rotary_base``, ``swiglu``)."""
+    hf: Any
+    """What the HF config says (its own spelling's value)."""
+    args: Any
+    """What the Megatron args say."""
+    line: str
+    """The whole sentence, as convert refuses with it."""
+
+
+def config_conflicts(args_cfg: ModelConfig, hf_config: dict[str, Any]) -> list[Conflict]:
+    """``hf_config_conflicts``, each with the two values apart (``diff`` shows them side by side)."""
     hf = from_hf_config(hf_config)
     problems = []
     for name, hf_name, megatron_name in _AGREEING_FIELDS:
@@ -560,19 +579,21 @@ def hf_config_conflicts(args_cfg: ModelConfig, hf_config: dict[str, Any]) -> lis
         if isinstance(ours, float) or isinstance(theirs, float):
             if not all(_is_number(v) for v in (ours, theirs)):
                 # (the HF side is type-checked on reading; a probe set the args' norm_epsilon to [] or "")
-                problems.append(f"the Megatron args' {megatron_name} is {ours!r}, not a number")
+                problems.append(Conflict(megatron_name, theirs, ours,
+                                         f"the Megatron args' {megatron_name} is {ours!r}, not a number"))
                 continue
             same = math.isclose(float(ours), float(theirs), rel_tol=1e-9)
         else:
             same = ours == theirs
         if not same:
-            problems.append(f"{hf_name} {theirs!r} where the Megatron args say {megatron_name} {ours!r}")
+            problems.append(Conflict(megatron_name, theirs, ours,
+                                     f"{hf_name} {theirs!r} where the Megatron args say {megatron_name} {ours!r}"))
     facts = args_cfg.megatron_facts or {}
     if hf.arch and not _carries_own_window(hf.arch):  # (Gemma and GPT-OSS carry their own activation)
         act = megatron_activation(args_cfg) if "swiglu" in facts else None
         if act is not None and hf.hidden_act is not None and act != hf.hidden_act:
-            problems.append(f"hidden_act {hf.hidden_act!r} where the Megatron args compute {act} "
-                            f"(swiglu={facts.get('swiglu')})")
+            problems.append(Conflict("swiglu", hf.hidden_act, act, f"hidden_act {hf.hidden_act!r} where the Megatron "
+                                     f"args compute {act} (swiglu={facts.get('swiglu')})"))
     text = hf_config.get("text_config") if isinstance(hf_config.get("text_config"), dict) else hf_config
     if (hf.arch in MLA_ARCHS or hf.arch == "glm4_moe") and hf.is_moe:
         for key, hf_key, default in _AGREEING_FACTS:
@@ -580,23 +601,73 @@ def hf_config_conflicts(args_cfg: ModelConfig, hf_config: dict[str, Any]) -> lis
             if ours is None or theirs is None:
                 continue
             if not _is_number(ours):  # (a probe set moe_router_group_topk to [])
-                problems.append(f"the Megatron args' {key} is {ours!r}, not a number")
+                problems.append(Conflict(key, theirs, ours, f"the Megatron args' {key} is {ours!r}, not a number"))
                 continue
             if not _is_number(theirs):
-                problems.append(f"config.json: {hf_key} is {theirs!r}, not a number")
+                problems.append(Conflict(key, theirs, ours, f"config.json: {hf_key} is {theirs!r}, not a number"))
                 continue
             if not math.isclose(float(ours), float(theirs), rel_tol=1e-9):
-                problems.append(f"{hf_key} {theirs!r} where the Megatron args say {key} {ours!r}")
+                problems.append(Conflict(key, theirs, ours, f"{hf_key} {theirs!r} where the Megatron args say {key} {ours!r}"))
         score = facts.get("moe_router_score_function")
         if score not in (None, "sigmoid"):
-            problems.append(f"a sigmoid router where the Megatron args say moe_router_score_function {score!r}")
+            problems.append(Conflict("moe_router_score_function", "sigmoid", score, f"a sigmoid router where the "
+                                     f"Megatron args say moe_router_score_function {score!r}"))
     window = facts.get("window_size")
     sliding = text.get("sliding_window")
     if hf.arch == "gpt_oss" and isinstance(window, (list, tuple)) and len(window) == 2 and isinstance(sliding, int):
         if window[0] + 1 != sliding:
-            problems.append(f"sliding_window {sliding} where the Megatron args say window_size {list(window)} "
-                            f"(a window of {window[0] + 1})")
+            problems.append(Conflict("window_size", sliding, list(window), f"sliding_window {sliding} where the "
+                                     f"Megatron args say window_size {list(window)} (a window of {window[0] + 1})"))
     return problems
+
+
+_ARGS_FIELDS = (("num_layers", "num_layers"), ("hidden_size", "hidden_size"), ("ffn_hidden_size", "ffn_hidden_size"),
+                ("num_attention_heads", "num_attention_heads"), ("num_kv_heads", "num_query_groups"),
+                ("head_dim", "kv_channels"), ("vocab_size", "vocab_size"), ("qkv_bias", "add_qkv_bias"),
+                ("linear_bias", "add_bias_linear"), ("qk_norm", "qk_layernorm"), ("swiglu", "swiglu"),
+                ("num_experts", "num_experts"), ("moe_ffn_hidden_size", "moe_ffn_hidden_size"),
+                ("shared_expert_ffn_hidden_size", "moe_shared_expert_intermediate_size"),
+                ("moe_router_topk", "moe_router_topk"), ("moe_layer_freq", "moe_layer_freq"),
+                ("norm_epsilon", "norm_epsilon"), ("rope_theta", "rotary_base"),
+                ("zero_centered_norm", "apply_layernorm_1p"), ("mtp_num_layers", "mtp_num_layers"),
+                ("megatron_rope", "rope_scaling"), ("arch", "hf_config_extra.model_type"))
+"""(ModelConfig field, the Megatron arg a user knows it by) of what two saves' args say the model computes:
+its shape, biases, norms, RoPE, MoE routing. Not the parallel layout (TP, PP, EP, the padded vocabulary),
+which two saves of one model may differ in."""
+
+
+def args_differences(cfg_a: ModelConfig, cfg_b: ModelConfig) -> list[tuple[str, Any, Any]]:
+    """``(arg, A's, B's)`` for every fact two saves' Megatron args (``from_megatron_args``) state otherwise
+    (``diff``): equal tensors under another RoPE base, activation or router are another model. A fact
+    one side does not state (an older Megatron's args lack it) is not a difference; neither is a number
+    spelt as an int on one side and a float on the other."""
+    out: list[tuple[str, Any, Any]] = []
+
+    def differ(a: Any, b: Any) -> bool:
+        if _is_number(a) and _is_number(b):
+            return not math.isclose(float(a), float(b), rel_tol=1e-9)
+        return a != b
+
+    for name, arg in _ARGS_FIELDS:
+        a, b = getattr(cfg_a, name), getattr(cfg_b, name)
+        if a is not None and b is not None and differ(a, b):
+            out.append((arg, a, b))
+    if cfg_a.tie_word_embeddings is not None and cfg_b.tie_word_embeddings is not None \
+            and cfg_a.tie_word_embeddings != cfg_b.tie_word_embeddings:
+        out.append(("untie_embeddings_and_output_weights", not cfg_a.tie_word_embeddings, not cfg_b.tie_word_embeddings))
+    if cfg_a.norm_topk_prob is not None and cfg_b.norm_topk_prob is not None \
+            and cfg_a.norm_topk_prob != cfg_b.norm_topk_prob:
+        out.append(("moe_router_pre_softmax", not cfg_a.norm_topk_prob, not cfg_b.norm_topk_prob))
+    facts_a, facts_b = cfg_a.megatron_facts or {}, cfg_b.megatron_facts or {}
+    for key in MEGATRON_FACT_KEYS:
+        if key in facts_a and key in facts_b and key not in ("swiglu", "add_bias_linear", "moe_layer_freq") \
+                and differ(facts_a[key], facts_b[key]):
+            out.append((key, facts_a[key], facts_b[key]))
+    extra_a, extra_b = cfg_a.hf_extra or {}, cfg_b.hf_extra or {}
+    for key in [*extra_a, *(k for k in extra_b if k not in extra_a)]:
+        if key != "model_type" and key in extra_a and key in extra_b and differ(extra_a[key], extra_b[key]):
+            out.append((f"hf_config_extra.{key}", extra_a[key], extra_b[key]))
+    return out
 
 
 def padded_vocab(vocab: int, divisible_by: int = 128, tp: int = 1) -> int:

@@ -430,3 +430,29 @@ async def test_a_config_fact_the_dirs_disagree_on_is_a_row_with_both_values(tmp_
         shown = " ".join(text_of(screen.query_one(PairDetailView)).split())
         assert 'The config.json files disagree on activation: A says "silu", B says "gelu".' in shown
         assert "1 different" in text_of(screen.query_one("#diff-header"))
+
+
+@sync
+async def test_a_megatron_arg_the_saves_disagree_on_is_a_row_with_both_values(tmp_path, monkeypatch):
+    """Two Megatron saves of equal tensors whose args say another RoPE base (``common.pt`` edited as a run
+    with ``--rotary-base 500000`` writes it): the screen lists the arg as a row, as the CLI does."""
+    import shutil
+
+    for name in ("base", "tuned"):
+        shutil.copytree(REPO / "sample_ckpts" / "mcore_llama_gqa", tmp_path / name)
+    common = tmp_path / "tuned" / "iter_0000000" / "common.pt"
+    state = torch.load(common, weights_only=False)
+    state["args"].rotary_base = 500000
+    torch.save(state, common)
+    monkeypatch.chdir(tmp_path)
+    app = diff_app()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await finished(pilot)
+        fact = "Megatron args: rotary_base"
+        assert [n for n, r in screen.results.items() if r.status != "equal"] == [fact]
+        assert fact in rows(screen)
+        screen._select(fact)
+        await settle(pilot)
+        shown = " ".join(text_of(screen.query_one(PairDetailView)).split())
+        assert "disagree on the Megatron arg rotary_base: A says 10000, B says 500000." in shown
+        assert "1 different" in text_of(screen.query_one("#diff-header"))

@@ -676,16 +676,27 @@ def _object_results(label: str, plan: DiffPlan) -> list[PairResult]:
 CONFIG_FACT = "config.json: "
 """The name prefix of a result that is a fact the two config.json files disagree on (its ``a`` / ``b``
 are the two values as JSON), not a tensor pair."""
+ARGS_FACT = "Megatron args: "
+"""The same for a fact two Megatron saves' args disagree on, or that one side's config.json and the other's
+Megatron args state otherwise (named by the Megatron arg)."""
+FACT_PREFIXES = (CONFIG_FACT, ARGS_FACT)
+
+
+def is_fact(name: str) -> bool:
+    """Whether a result is a config fact (``CONFIG_FACT``, ``ARGS_FACT``), not a tensor pair."""
+    return name.startswith(FACT_PREFIXES)
 
 
 def _config_results(plan: DiffPlan, notes: list[str]) -> list[PairResult]:
-    """One ``different`` result per fact the two sides' config.json files say otherwise
-    (``ops.config_check.fact_differences``): equal tensors under another activation, RoPE base or
-    window are another model, and a diff of two HF dirs said identical. Only when both sides carry an
-    HF config (a Megatron side's args are not compared here)."""
-    configs = [side.reader.index().saved_config for side in (plan.a, plan.b)]
+    """One ``different`` result per fact the two sides' configs state otherwise: equal tensors under another
+    activation, RoPE base or window are another model, and such a diff said identical. Two config.json
+    files are compared fact by fact (``ops.config_check.fact_differences``); two Megatron saves by their
+    args (``mappings.config.args_differences``); a config.json and a Megatron save by the rules convert
+    refuses a mismatched ``--hf-config`` with (``mappings.config.config_conflicts``)."""
+    indexes = [side.reader.index() for side in (plan.a, plan.b)]
+    configs = [index.saved_config for index in indexes]
     if configs[0] is None or configs[1] is None:
-        return []
+        return _args_results(indexes, configs, notes)
     from ckptscope.mappings.config import check_hf_config_types
     from ckptscope.ops.config_check import fact_differences
 
@@ -701,6 +712,38 @@ def _config_results(plan: DiffPlan, notes: list[str]) -> list[PairResult]:
         notes.append(f"the config.json files were not compared: {type(exc).__name__}: {exc}")
         return []
     return [PairResult(f"{CONFIG_FACT}{fact}", json.dumps(a, default=repr), json.dumps(b, default=repr), "different")
+            for fact, a, b in found]
+
+
+def _args_results(indexes: list, configs: list, notes: list[str]) -> list[PairResult]:
+    """``_config_results`` where a side has no config.json: its Megatron args (or Megatron-Bridge's
+    ``run_config.yaml``, verl's ``transformer_config.json``) against the other side's args or config.json."""
+    from ckptscope.mappings.config import args_differences, check_hf_config_types, config_conflicts
+    from ckptscope.mappings.resolve import megatron_config_from_index
+
+    try:
+        args = [megatron_config_from_index(index) if config is None else None
+                for index, config in zip(indexes, configs)]
+    except (CkptError, TypeError, ValueError, AttributeError) as exc:  # args of types no reading expects
+        notes.append(f"the Megatron args were not compared: {exc}")
+        return []
+    found: list[tuple[str, object, object]] = []
+    try:
+        if args[0] is not None and args[1] is not None:
+            found = args_differences(args[0], args[1])
+        elif (args[0] is None) != (args[1] is None):
+            hf_side = 0 if args[0] is None else 1
+            config = configs[hf_side]
+            if config is None:
+                return []
+            check_hf_config_types(config)
+            for c in config_conflicts(args[1 - hf_side], config):
+                pair = (c.hf, c.args) if hf_side == 0 else (c.args, c.hf)
+                found.append((c.fact, *pair))
+    except (CkptError, TypeError, ValueError, ZeroDivisionError, AttributeError) as exc:
+        notes.append(f"the Megatron args were not compared: {getattr(exc, 'problem', None) or exc}")
+        return []
+    return [PairResult(f"{ARGS_FACT}{fact}", json.dumps(a, default=repr), json.dumps(b, default=repr), "different")
             for fact, a, b in found]
 
 

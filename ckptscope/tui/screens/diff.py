@@ -26,7 +26,7 @@ from textual.widgets import DataTable, Input, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from ckptscope.core.errors import CkptError
-from ckptscope.ops.diff.engine import CONFIG_FACT
+from ckptscope.ops.diff.engine import CONFIG_FACT, is_fact
 from ckptscope.tui.diff_rows import COLUMN_BY_KEY, COLUMNS, STATUS_FILTERS, STATUS_LABELS, keeps, sort_key
 from ckptscope.tui.messages import DiffDetailComputed, DiffFailed, DiffFinished, DiffPlanned, PairsCompared
 from ckptscope.tui.widgets.diff_header import DiffHeader, DiffProgress
@@ -256,7 +256,7 @@ class DiffScreen(Screen[None]):
             p.counts["renamed"] = p.counts.get("renamed", 0) + 1
         if renamed:
             p.total -= len(renamed)  # the plan counted each renamed tensor twice (only in A, only in B)
-        facts = [r for r in message.report.results if r.name.startswith(CONFIG_FACT) and r.name not in self.results]
+        facts = [r for r in message.report.results if is_fact(r.name) and r.name not in self.results]
         for result in facts:  # found after every pair: what the two config.json files say otherwise
             self.results[result.name] = result
             p.counts[result.status] = p.counts.get(result.status, 0) + 1
@@ -374,9 +374,11 @@ class DiffScreen(Screen[None]):
         view = self.query_one(PairDetailView)
         if self._detail_timer is not None:
             self._detail_timer.stop()
-        if name.startswith(CONFIG_FACT):
-            view.show(result, note=f"The config.json files disagree on {name.removeprefix(CONFIG_FACT)}: "
-                                   f"A says {result.a}, B says {result.b}. Equal tensors under it are another model.")
+        if is_fact(name):
+            what = (f"The config.json files disagree on {name.removeprefix(CONFIG_FACT)}" if name.startswith(CONFIG_FACT)
+                    else f"The two sides' model configs disagree on the Megatron arg {name.split(': ', 1)[1]}")
+            view.show(result, note=f"{what}: A says {result.a}, B says {result.b}. Equal tensors under it are "
+                                   f"another model.")
             return
         if result.status == "dtype_mismatch" and result.metrics.get("num_diff") == 0:
             view.show(result, note="Only the dtype differs: every value is equal after upcasting.")
