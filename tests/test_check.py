@@ -526,3 +526,27 @@ def test_megatron_args_no_model_has_are_a_problem(tmp_path):
     assert result.code == 1, result.out + result.err
     assert "bad-config: -: the Megatron args' num_key_value_heads is [2], not a positive integer" in result.out
     assert run_cli("check", str(SAMPLES / "megatron_torch_dist")).code == 0
+
+
+def test_a_megatron_flag_that_is_no_boolean_is_a_problem(tmp_path):
+    """``untie_embeddings_and_output_weights: "abc"`` read as set (untied) with check ok; convert refuses it
+    (tests/test_errors.py), and check now says so. A flag stored as True/False or 0/1 is fine."""
+    import shutil
+
+    import torch
+
+    from tests.conftest import REPO, run_cli
+
+    for name, value in (("odd", "abc"), ("zero", 0)):
+        src = tmp_path / name
+        shutil.copytree(REPO / "sample_ckpts" / "mcore_llama_gqa", src)
+        common = src / "iter_0000000" / "common.pt"
+        state = torch.load(common, weights_only=False)
+        state["args"].untie_embeddings_and_output_weights = value
+        torch.save(state, common)
+        result = run_cli("check", str(src))
+        if value == "abc":
+            assert result.code == 1 and "bad-config: -: the Megatron args' untie_embeddings_and_output_weights is " \
+                "'abc', not true or false" in result.out, result.out
+        else:
+            assert result.code == 0, result.out

@@ -590,7 +590,12 @@ def test_config_values_of_the_wrong_type_are_one_line(tmp_path, key, value, said
                                                # (a probe: "internal error: ... format string passed to dict")
                                                ("rotary_percent", {"a": 1}, "rotary_percent is {'a': 1}, not a number"),
                                                ("rotary_percent", "abc", "rotary_percent is 'abc', not a number"),
-                                               ("rotary_percent", [], "rotary_percent is [], not a number")])
+                                               ("rotary_percent", [], "rotary_percent is [], not a number"),
+                                               # (read as set: a tied head exported untied, exit 0)
+                                               ("untie_embeddings_and_output_weights", "abc",
+                                                "untie_embeddings_and_output_weights is 'abc', not true or false"),
+                                               ("swiglu", "False", "swiglu is 'False', not true or false"),
+                                               ("add_qkv_bias", [], "add_qkv_bias is [], not true or false")])
 def test_megatron_args_of_the_wrong_type_are_one_line(tmp_path, attr, value, said):
     """A probe set a torch_dist save's args.hidden_size to a dict or a string: convert said "internal error:
     TypeError" (the head size was derived before the shapes were checked); a norm_epsilon of [] failed where the

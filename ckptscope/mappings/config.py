@@ -258,6 +258,10 @@ class ModelConfig:
     ``moe_router_pre_softmax``). Qwen2/3-MoE configs say it; transformers' default is False."""
     hf_model_type: str | None = None
     """The config.json's own ``model_type``, mapped or not: one no rule maps is refused, never guessed."""
+    megatron_flags: dict[str, Any] | None = None
+    """The Megatron args' on/off flags this config was read from, as stored (``MEGATRON_FLAGS``): a flag that
+    is no boolean (``untie_embeddings_and_output_weights: "abc"``) would read as set; ``check_model_sizes``
+    refuses it."""
 
     def merged(self, other: "ModelConfig") -> "ModelConfig":
         """Fill this config's unknowns from ``other`` (this side wins where both know)."""
@@ -327,10 +331,21 @@ MODEL_SIZES = (("num_layers", "num_hidden_layers / num_layers", MAX_LAYERS), ("h
 """Sizes the exports loop over or multiply: (field, how configs spell it, a bound no real model reaches)."""
 
 
+MEGATRON_FLAGS = ("untie_embeddings_and_output_weights", "group_query_attention", "add_qkv_bias", "add_bias_linear",
+                  "qk_layernorm", "swiglu", "gated_linear_unit", "moe_router_pre_softmax", "apply_layernorm_1p",
+                  "layernorm_zero_centered_gamma", "rotary_interleaved", "qk_l2_norm", "openai_gelu", "squared_relu",
+                  "quick_geglu", "bf16", "fp16")
+"""Megatron's store_true args that ``from_megatron_args`` reads as on/off: argparse stores True or False."""
+
+
 def check_model_sizes(cfg: ModelConfig, path: str | Path | None = None) -> None:
     """Refuse, in one line, a model config (from config.json or Megatron args) whose sizes no model has:
     not a positive integer (``"4"``, ``[2]``), beyond any real model (10**15 layers), or a top-k routing
-    to more experts than there are (a probe: top-k 2**63 of 4 experts exported with exit 0)."""
+    to more experts than there are (a probe: top-k 2**63 of 4 experts exported with exit 0); or a
+    Megatron flag that is no boolean (``"abc"`` read as set: a tied head exported untied, exit 0)."""
+    for flag, value in (cfg.megatron_flags or {}).items():
+        if value is not None and not isinstance(value, bool) and value not in (0, 1):
+            raise CkptError(f"the model config's {flag} is {value!r}, not true or false", path)
     for name, spelled, bound in MODEL_SIZES:
         value = getattr(cfg, name)
         if value is None or (name == "moe_router_topk" and not cfg.num_experts):  # (a dense model's is unused)
@@ -518,6 +533,7 @@ def from_megatron_args(args: dict[str, Any]) -> ModelConfig:
         hf_extra=dict(extra) if extra else None,
         mtp_num_layers=args.get("mtp_num_layers"),
         megatron_facts={k: args[k] for k in MEGATRON_FACT_KEYS if k in args} or None,
+        megatron_flags={k: args[k] for k in MEGATRON_FLAGS if k in args} or None,
         rope_scaling=_rope.scaling_of(extra) if extra and _rope.hf_rope(extra) else None,
         megatron_rope=_rope.from_megatron_args(args),
     )
