@@ -52,7 +52,8 @@ _TRAINING_ROOTS: dict[str, str] = {
                      "checkpoint_version", "ntokens_seen", "log_steps",
                      # Lightning's callback states and fit loops; nanoGPT's iteration and best loss
                      "callbacks", "loops", "iter_num", "best_val_loss"), "train_state"),
-    **dict.fromkeys(("args", "config", "training_args", "run_config", "hyper_parameters", "hparams"), "args"),
+    **dict.fromkeys(("args", "config", "training_args", "run_config", "nemo_model", "hyper_parameters", "hparams"),
+                    "args"),
     **dict.fromkeys(("iteration",), "iteration"),
 }
 _CHAINED = re.compile(r"chained_\d+\Z")

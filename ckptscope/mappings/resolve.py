@@ -80,6 +80,8 @@ def megatron_config_from_index(index: CheckpointIndex) -> ModelConfig | None:
             found = from_megatron_args(value)
         elif obj.name == "run_config" and is_run_config(value):
             found = from_run_config(value)  # Megatron-Bridge: the model section of run_config.yaml
+        elif obj.name == "nemo_model" and is_run_config({"model": value.get("config")}):
+            found = from_run_config({"model": value["config"]})  # NeMo 2.0: context/model.yaml's GPTConfig
         elif obj.name == "transformer_config" and "num_layers" in value and "hidden_size" in value:
             # verl's Megatron saves: its TransformerConfig as JSON (transformer_config.json), the fields a
             # Bridge model section has; a wrong --hf-config was exported with exit 0 (a probe with verl 0.9.1)

@@ -30,7 +30,7 @@ from ckptscope.core.tensor import TensorMeta
 from ckptscope.formats.dcp.reader import METADATA_FILE, DcpContents, DcpReader, group_summary
 from ckptscope.formats.pickles.safe import TensorRef, to_plain, type_name
 from ckptscope.formats.megatron.dcp_layout import fuse_split_fc1
-from ckptscope.formats.megatron.run_config import add_run_config
+from ckptscope.formats.megatron.run_config import add_nemo_context, add_run_config
 from ckptscope.formats.pickles.torch_file import flatten, read_torch_zip, tensor_meta
 from ckptscope.formats.registry import register_reader
 
@@ -151,6 +151,7 @@ class MegatronDistReader(DcpReader):
                             "sharded_backend): the save may not have finished; read as torch_dist", file=MARKER_FILE)
         self._add_common(index, contents)
         add_run_config(index, self.path)  # Megatron-Bridge's saves: the model config (no args in common.pt)
+        add_nemo_context(index, self.path)  # NeMo 2.0's weights/: the model config is in ../context/model.yaml
         if "iteration" not in index.metadata and (iteration := iteration_of_dir(self.path)) is not None:
             index.metadata["iteration"] = iteration
         if contents is not None:

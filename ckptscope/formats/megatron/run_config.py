@@ -30,15 +30,16 @@ MAX_BYTES = 16 << 20
 """A run config is a few hundred KiB at most; anything far larger is not one and is not parsed."""
 
 
-def read_run_config(path: Path) -> dict[str, Any]:
-    """The parsed ``run_config.yaml`` at ``path``; ValueError (with the reason) when it cannot be used."""
+def read_run_config(path: Path, what: str = "Megatron-Bridge run config") -> dict[str, Any]:
+    """The parsed ``run_config.yaml`` (or another config YAML of the same kind, ``what``) at ``path``;
+    ValueError (with the reason) when it cannot be used."""
     try:
         import yaml
     except ImportError as exc:  # PyYAML is not a ckptscope dependency; transformers and Megatron-Bridge bring it
         raise ValueError("PyYAML is not installed (pip install pyyaml), so the run config cannot be read") from exc
     size = path.stat().st_size
     if size > MAX_BYTES:
-        raise ValueError(f"{size} bytes: too large for a Megatron-Bridge run config")
+        raise ValueError(f"{size} bytes: too large for a {what}")
     try:
         with path.open("r", encoding="utf-8") as handle:
             data = yaml.safe_load(handle)
@@ -62,3 +63,30 @@ def add_run_config(index: CheckpointIndex, iter_dir: Path) -> None:
         index.add_issue("unreadable-file", f"{exc}; the model config it holds is unknown", file=RUN_CONFIG_FILE)
         return
     index.objects.append(ObjectEntry(OBJECT_NAME, "dict", data))
+
+
+NEMO_WEIGHTS, NEMO_CONTEXT, NEMO_MODEL_FILE = "weights", "context", "model.yaml"
+NEMO_OBJECT = "nemo_model"
+"""The index object holding a NeMo 2.0 checkpoint's parsed ``context/model.yaml``."""
+
+
+def add_nemo_context(index: CheckpointIndex, weights_dir: Path) -> None:
+    """A NeMo 2.0 checkpoint (``<ckpt>/weights/`` torch_dist beside ``<ckpt>/context/``): its model config.
+
+    NeMo keeps no Megatron ``args`` in ``common.pt``. ``IOMixin.io_dump`` (``nemo/lightning/io/mixin.py``)
+    writes the model's construction as ``context/io.json`` (fiddle) and, through nemo_run's YAML serialiser,
+    as ``context/model.yaml``: ``_target_`` the model class, ``config`` its ``GPTConfig`` (a megatron-core
+    ``TransformerConfig``) with every field, defaults included, functions and dtypes as ``{_target_, _call_}``
+    mappings, as Megatron-Bridge's ``run_config.yaml`` writes its model section. It is read the same way
+    (``yaml.safe_load``, nothing imported or called) into the ``nemo_model`` object; its ``vocab_size`` is
+    usually null (NeMo takes it from the tokenizer when the model is built)."""
+    path = weights_dir.parent / NEMO_CONTEXT / NEMO_MODEL_FILE
+    if weights_dir.name != NEMO_WEIGHTS or not path.is_file():
+        return
+    where = f"{NEMO_CONTEXT}/{NEMO_MODEL_FILE}"
+    try:
+        data = read_run_config(path, "NeMo model.yaml")
+    except (OSError, ValueError) as exc:
+        index.warnings.append(f"{where} (beside weights/): {exc}; the model config it holds is unknown")
+        return
+    index.objects.append(ObjectEntry(NEMO_OBJECT, "dict", data))

@@ -619,13 +619,18 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
             problems = hf_export_problems(cfg, view.arch)
             if problems:  # the args describe a model the HF config would not compute
                 raise CkptError(f"this Megatron model would not compute {view.arch}: " + "; ".join(problems), src_path)
-        if hf_cfg_dict is None and cfg.vocab_size is None and cfg.padded_vocab_size:
-            cfg = ModelConfig(**{**cfg.to_dict(), "vocab_size": cfg.padded_vocab_size})
+        embedding = shapes.get("embedding.word_embeddings.weight") if family == "mcore" else None
+        stored_rows = embedding.shape[0] if embedding is not None and embedding.shape else None
+        if hf_cfg_dict is None and cfg.vocab_size is None and (cfg.padded_vocab_size or stored_rows):
+            # (NeMo 2.0's model.yaml leaves vocab_size null: NeMo takes it from the tokenizer at build time)
+            said = "the Megatron args have only padded_vocab_size" if cfg.padded_vocab_size else \
+                "the model config does not say it; the embedding has that many rows"
+            cfg = ModelConfig(**{**cfg.to_dict(), "vocab_size": cfg.padded_vocab_size or stored_rows})
             # said on stderr, not only in --dry-run: the padding rows become tokens the model can emit (Megatron-LM
             # records vocab_size None when the tokenizer gives it; a probe's export said nothing)
             warned = warned + [
-                f"the true vocabulary size is unknown (the Megatron args have only padded_vocab_size): all "
-                f"{cfg.padded_vocab_size} rows kept, padding included; pass --hf-config DIR to strip the padding"]
+                f"the true vocabulary size is unknown ({said}): all {cfg.vocab_size} rows kept, padding included; "
+                f"pass --hf-config DIR to strip the padding"]
         config_source = "--hf-config" if hf_config else "the HF config it carries"
         if hf_cfg_dict is None:
             if cfg.num_attention_heads and cfg.hidden_size and cfg.num_layers and cfg.vocab_size:
