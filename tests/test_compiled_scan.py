@@ -189,8 +189,8 @@ def test_layout_problems_found_after_the_scan_are_the_same(written, tmp_path):
     blob = written.read_bytes()
     (length,) = struct.unpack("<Q", blob[:8])
     header, data = json.loads(blob[8:8 + length]), blob[8 + length:]
-    names = sorted((n for n in header if n != "__metadata__" and header[n]["data_offsets"][1] > header[n]["data_offsets"][0]),
-                   key=lambda n: header[n]["data_offsets"][0])
+    spans = {n: header[n]["data_offsets"] for n in header if n != "__metadata__"}
+    names = sorted((n for n, (b, e) in spans.items() if e > b), key=lambda n: spans[n][0])
     reversed_order = dict(reversed(list(header.items())))
     overlap = json.loads(json.dumps(header))
     b, e = overlap[names[1]]["data_offsets"]

@@ -331,7 +331,8 @@ def test_megatron_saves_whose_args_describe_another_model_make_the_diff_differ(t
     other = _mcore_copy(tmp_path, "other", rotary_base=500000, swiglu=False)
     result = run_cli("diff", "--json", str(base), str(other))
     assert result.code == 1, result.err
-    assert _facts(result) == {"Megatron args: rotary_base": ("10000", "500000"), "Megatron args: swiglu": ("true", "false")}
+    assert _facts(result) == {"Megatron args: rotary_base": ("10000", "500000"),
+                              "Megatron args: swiglu": ("true", "false")}
     hf = run_cli("diff", "--json", str(REPO / "sample_ckpts" / "hf_llama_gqa"), str(other))
     assert hf.code == 1, hf.err
     assert _facts(hf) == {"Megatron args: rotary_base": ("10000.0", "500000"),

@@ -623,7 +623,8 @@ def config_conflicts(args_cfg: ModelConfig, hf_config: dict[str, Any]) -> list[C
                 problems.append(Conflict(key, theirs, ours, f"config.json: {hf_key} is {theirs!r}, not a number"))
                 continue
             if not math.isclose(float(ours), float(theirs), rel_tol=1e-9):
-                problems.append(Conflict(key, theirs, ours, f"{hf_key} {theirs!r} where the Megatron args say {key} {ours!r}"))
+                problems.append(Conflict(key, theirs, ours,
+                                         f"{hf_key} {theirs!r} where the Megatron args say {key} {ours!r}"))
         score = facts.get("moe_router_score_function")
         if score not in (None, "sigmoid"):
             problems.append(Conflict("moe_router_score_function", "sigmoid", score, f"a sigmoid router where the "

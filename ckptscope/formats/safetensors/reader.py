@@ -96,7 +96,7 @@ def parse_safetensors_header(path: Path, rel_name: str, *, allow_truncated: bool
     else:
         try:
             header = json.loads(raw.decode("utf-8").rstrip(" \x00"))
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # (ValueError: JSONDecodeError, a 5,000-digit int)
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # (ValueError: bad JSON, a 5,000-digit int)
             raise CkptError(f"bad safetensors header JSON: {str(exc)[:200]}", path) from None
         if not isinstance(header, dict):
             raise CkptError("bad safetensors header: the JSON is not an object", path)
