@@ -359,14 +359,18 @@ class CheckpointReader(ABC):
 
     def _read_chunk(self, meta: TensorMeta, chunk: Chunk, local: tuple[tuple[int, int], ...]) -> "np.ndarray":
         """Read the box ``local`` (chunk-relative bounds) of one chunk into a fresh array."""
-        import numpy as np
-
         if chunk.encoding not in (Encoding.RAW, Encoding.STRIDED):
             raise CkptError(f"{meta.name}: {chunk.encoding.value} chunks are not readable by {self.format_name}")
+        return self._read_box(meta, chunk, local, self._buffer(chunk.file))
+
+    def _read_box(self, meta: TensorMeta, chunk: Chunk, local: tuple[tuple[int, int], ...], buf: Any) -> "np.ndarray":
+        """``_read_chunk`` of a raw or strided chunk whose bytes are ``buf`` (its file's map, or bytes a
+        reader decoded into memory), into a fresh array."""
+        import numpy as np
+
         dtype = meta.dtype_info.numpy()
         if chunk.big_endian:
             dtype = dtype.newbyteorder(">")
-        buf = self._buffer(chunk.file)
         strides = None
         if chunk.encoding is Encoding.STRIDED and chunk.strides is not None:
             strides = tuple(s * dtype.itemsize for s in chunk.strides)

@@ -34,6 +34,7 @@ from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
 from ckptscope.core.tensor import STORAGE_TRANSFORMS, Chunk, Encoding, TensorMeta
 from ckptscope.formats.base import CheckpointReader
 from ckptscope.formats.dcp.metadata import DcpMetadata, DcpTensor, load_dcp_metadata
+from ckptscope.formats.dcp.transforms import OVERHEAD, decode_item, transform_warnings
 from ckptscope.formats.pickles.safe import PickleStub, TensorRef, safe_loads, to_plain, type_name
 from ckptscope.formats.pickles.torch_file import ZIP_MAGIC, StoragePlacement, read_torch_zip, tensor_meta
 from ckptscope.formats.registry import register_reader
@@ -203,6 +204,8 @@ class DcpReader(CheckpointReader):
     def __init__(self, path: Path, *, trust_pickle: bool = False) -> None:
         super().__init__(path, trust_pickle=trust_pickle)
         self._items: dict[tuple[str, int], Chunk] = {}
+        self._last_decoded: tuple[tuple[str, int], Chunk, bytes] | None = None
+        """(file, offset) of the last item ``_decoded_item`` inflated, its inner chunk and its bytes."""
 
     @classmethod
     def supports(cls, path: Path) -> bool:
@@ -309,9 +312,9 @@ class DcpReader(CheckpointReader):
                 detail = f".metadata places data up to byte {needed[rel]}, the file has {size}"
                 index.add_issue("truncated", detail, file=rel, warning=f"{rel}: truncated: {detail}",
                                 tensors=tuple(dict.fromkeys(n for n, end in held if end > size)))
-        if any(info.transforms for _, info in items):
-            index.warnings.append("some items were written through storage transforms (e.g. compression); "
-                                  "ckptscope cannot read those chunks")
+        chains = {", ".join(info.transforms) for _, info in items if info.transforms}
+        if chains:
+            index.warnings.extend(transform_warnings(chains))
 
     def _sniff_serialization(self, meta: DcpMetadata, files: _Files) -> str:
         """``torch_save`` (every item is an embedded zip) or ``safetensors`` (FORMATS.md §5.4)."""
@@ -412,14 +415,40 @@ class DcpReader(CheckpointReader):
     # --- reading -----------------------------------------------------------------------------
 
     def _read_chunk(self, meta: TensorMeta, chunk: Chunk, local: tuple[tuple[int, int], ...]) -> Any:
+        transforms = meta.attr(STORAGE_TRANSFORMS) if meta.attrs else None
+        if transforms:  # ("corrupt torch zip file" was said before: it read like damage)
+            inner, data = self._decoded_item(meta, chunk, transforms)
+            return self._read_box(meta, inner, local, data)
         return super()._read_chunk(meta, self._raw_chunk(meta, chunk), local)
 
     def _raw_chunk(self, meta: TensorMeta, chunk: Chunk) -> Chunk:
-        transforms = meta.attr(STORAGE_TRANSFORMS) if meta.attrs else None
-        if transforms:  # "corrupt torch zip file" said before: it reads like damage
-            raise CkptError(f"{meta.name}: written through DCP storage transforms ({transforms}: compressed), "
-                            "which ckptscope does not decode; save without _extensions to read it", self.path)
+        """The chunk's bytes in its file (inside its item's container); a compressed item's stay a
+        container chunk, whose bytes no file range holds (``byte_span`` then says None)."""
+        if meta.attrs and meta.attr(STORAGE_TRANSFORMS):
+            return chunk
         return self._zip_item_chunk(meta, chunk) if chunk.encoding is Encoding.TORCH_ZIP_ITEM else chunk
+
+    def _decoded_item(self, meta: TensorMeta, chunk: Chunk, transforms: str) -> tuple[Chunk, bytes]:
+        """An item written through storage transforms (``dcp.transforms``: zstd), decoded into memory: the
+        raw or strided chunk inside its ``torch.save`` container, and the container's bytes. The last one
+        decoded is kept, so a tensor read block by block (diff, convert) is inflated once."""
+        key = (chunk.file, chunk.byte_offset)
+        with self._lock:
+            if self._last_decoded is not None and self._last_decoded[0] == key:
+                return self._last_decoded[1], self._last_decoded[2]
+        path = self._file_path(chunk.file)
+        buf = self._buffer(chunk.file)
+        end = chunk.byte_offset + chunk.byte_length
+        where = f"{meta.name}: chunk at {list(chunk.offsets)} (bytes {chunk.byte_offset}-{end})"
+        if end > len(buf):
+            raise CkptError(f"{where} lies beyond the end of the file ({len(buf)} bytes); the file is truncated",
+                            path)
+        data = decode_item(bytes(buf[chunk.byte_offset:end]), transforms,
+                           meta.dtype_info.nbytes(chunk.numel) + OVERHEAD, where, path)
+        inner = self._container_chunk(meta, chunk, io.BytesIO(data), 0, where, path)
+        with self._lock:
+            self._last_decoded = (key, inner, data)
+        return inner, data
 
     def _zip_item_chunk(self, meta: TensorMeta, chunk: Chunk) -> Chunk:
         """The raw/strided chunk inside an embedded torch.save zip (parsed once, then cached)."""
@@ -436,11 +465,20 @@ class DcpReader(CheckpointReader):
                             path)
         view = RangeIO(buf, chunk.byte_offset, chunk.byte_length)
         try:
-            parsed = read_torch_zip(path, file=view)
-        except CkptError as exc:
-            raise CkptError(f"{where}: {exc.problem}", path) from None
+            resolved = self._container_chunk(meta, chunk, view, chunk.byte_offset, where, path)
         finally:
             view.close()
+        self._items[key] = resolved
+        return resolved
+
+    def _container_chunk(self, meta: TensorMeta, chunk: Chunk, container: IO[bytes], start: int, where: str,
+                         path: Path) -> Chunk:
+        """The raw/strided chunk a ``torch.save`` container (one DCP item, read through ``container``, which
+        begins at byte ``start`` of the chunk's file or of decoded bytes) holds, checked against ``.metadata``."""
+        try:
+            parsed = read_torch_zip(path, file=container)
+        except CkptError as exc:
+            raise CkptError(f"{where}: {exc.problem}", path) from None
         ref = parsed.obj
         if not isinstance(ref, TensorRef) or ref.storage is None:
             raise CkptError(f"{where}: the item does not hold a tensor", path)
@@ -449,9 +487,7 @@ class DcpReader(CheckpointReader):
                             f"{meta.dtype}{list(chunk.shape)}", path)
         placement = parsed.storages.get(ref.storage.key)
         if placement is not None:
-            placement = StoragePlacement(chunk.byte_offset + placement.offset, placement.length)
+            placement = StoragePlacement(start + placement.offset, placement.length)
         inner = tensor_meta(meta.name, ref, chunk.file, placement, big_endian=parsed.big_endian, path=path)
-        resolved = replace(inner.chunks[0], offsets=chunk.offsets)
-        self._items[key] = resolved
-        return resolved
+        return replace(inner.chunks[0], offsets=chunk.offsets)
 

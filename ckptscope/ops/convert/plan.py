@@ -620,7 +620,9 @@ def _plan_convert(src: str | Path, dst: str | Path, *, to: str, tp: int = 1, pp:
             if problems:  # the args describe a model the HF config would not compute
                 raise CkptError(f"this Megatron model would not compute {view.arch}: " + "; ".join(problems), src_path)
         embedding = shapes.get("embedding.word_embeddings.weight") if family == "mcore" else None
-        stored_rows = embedding.shape[0] if embedding is not None and embedding.shape else None
+        # The embedding's rows stand in for an unknown vocabulary only where the config says the rest (RoPE
+        # base included: NeMo's model.yaml does; verl's transformer_config.json does not, and stays refused)
+        stored_rows = embedding.shape[0] if embedding is not None and embedding.shape and cfg.rope_theta else None
         if hf_cfg_dict is None and cfg.vocab_size is None and (cfg.padded_vocab_size or stored_rows):
             # (NeMo 2.0's model.yaml leaves vocab_size null: NeMo takes it from the tokenizer at build time)
             said = "the Megatron args have only padded_vocab_size" if cfg.padded_vocab_size else \
