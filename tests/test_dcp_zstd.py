@@ -115,3 +115,14 @@ def test_inspect_json_lists_the_transform(compressed):
     assert result.code == 0, result.err
     report = json.loads(result.out)
     assert report["metadata"]["warnings"] == []
+
+
+def test_objects_are_decoded_too(tmp_path):
+    """Non-tensor entries (torch.save'd bytes items) go through the same extension: their values show."""
+    out = tmp_path / "objects"
+    with pytest.warns(UserWarning):
+        dcp.save({"w": torch.ones(3), "step": 7, "extra": {"lr": 0.1, "name": "adamw"}},
+                 storage_writer=FileSystemWriter(str(out), _extensions=[ZStandard()]))
+    with open_checkpoint(out) as reader:
+        objects = {o.name: o.value for o in reader.index().objects}
+    assert objects == {"step": 7, "extra.lr": 0.1, "extra.name": "adamw"}

@@ -404,6 +404,8 @@ class DcpReader(CheckpointReader):
                 index.objects.append(ObjectEntry(name, "bytes", f"<missing: {info.file} is missing or truncated>"))
                 continue
             try:
+                if info.transforms:  # compressed like the tensors (torch's ZStandard extension)
+                    data = decode_item(data, ", ".join(info.transforms), MAX_DECODED_OBJECT, name, self.path / info.file)
                 value = decode_object_bytes(data, self.path / info.file)
             except CkptError as exc:
                 index.objects.append(ObjectEntry(name, "bytes", f"<{info.length} bytes: {exc.problem}>"))
