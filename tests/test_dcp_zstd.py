@@ -126,3 +126,17 @@ def test_objects_are_decoded_too(tmp_path):
     with open_checkpoint(out) as reader:
         objects = {o.name: o.value for o in reader.index().objects}
     assert objects == {"step": 7, "extra.lr": 0.1, "extra.name": "adamw"}
+
+
+def test_a_stream_that_inflates_past_its_chunk_is_refused_without_inflating_it():
+    """A few KB that inflate to 200 MB (a damaged or hostile item) stop at the chunk's bound."""
+    import zstandard
+
+    from ckptscope.formats.dcp.transforms import ZSTD, decode_item
+
+    bomb = zstandard.ZstdCompressor().compress(b"\0" * (200 << 20))
+    assert len(bomb) < 100_000
+    with pytest.raises(CkptError, match="inflates to more than the 1,048,576 bytes"):
+        decode_item(bomb, ZSTD, 1 << 20, "w", Path("x.distcp"))
+    with pytest.raises(CkptError, match="does not decode"):
+        decode_item(bomb, "stream.zstd/1, other/1", 1 << 20, "w", Path("x.distcp"))

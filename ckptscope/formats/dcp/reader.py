@@ -405,7 +405,8 @@ class DcpReader(CheckpointReader):
                 continue
             try:
                 if info.transforms:  # compressed like the tensors (torch's ZStandard extension)
-                    data = decode_item(data, ", ".join(info.transforms), MAX_DECODED_OBJECT, name, self.path / info.file)
+                    data = decode_item(data, ", ".join(info.transforms), MAX_DECODED_OBJECT, name,
+                                       self.path / info.file)
                 value = decode_object_bytes(data, self.path / info.file)
             except CkptError as exc:
                 index.objects.append(ObjectEntry(name, "bytes", f"<{info.length} bytes: {exc.problem}>"))

@@ -12,6 +12,7 @@ writing it did.
 from __future__ import annotations
 
 import importlib.util
+import io
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -35,13 +36,14 @@ def decode_item(data: bytes, transforms: str, expected: int, name: str, path: Pa
     except ImportError:
         raise CkptError(f"{name}: compressed with zstd (DCP's ZStandard extension); reading it needs the zstandard "
                         f"package: pip install 'ckptscope[zstd]'", path) from None
-    try:
-        out = zstandard.ZstdDecompressor().decompressobj().decompress(data) if len(data) else b""
+    try:  # read at most one byte past the bound: a stream that says more is never inflated whole
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)) as stream:
+            out = stream.read(expected + 1)
     except zstandard.ZstdError as exc:
         raise CkptError(f"{name}: its zstd stream is damaged ({exc})", path) from None
     if len(out) > expected:
-        raise CkptError(f"{name}: its zstd stream inflates to {len(out):,} bytes, more than the "
-                        f"{expected:,} its chunk can take; the item is damaged", path)
+        raise CkptError(f"{name}: its zstd stream inflates to more than the {expected:,} bytes its chunk can take; "
+                        f"the item is damaged", path)
     return out
 
 
@@ -50,8 +52,8 @@ def transform_warnings(chains: Iterable[str]) -> list[str]:
     it cannot decode, or the missing ``zstandard`` package, otherwise."""
     others = sorted(set(chains) - {ZSTD})
     if others:
-        return [f"some items were written through storage transforms ckptscope does not decode ({', '.join(others)}); "
-                f"their chunks cannot be read"]
+        return [f"some items were written through storage transforms ckptscope does not decode "
+                f"({', '.join(others)}); their chunks cannot be read"]
     if importlib.util.find_spec("zstandard") is None:
         return ["items are compressed with zstd (DCP's ZStandard extension); reading them needs the zstandard "
                 "package: pip install 'ckptscope[zstd]'"]
