@@ -439,6 +439,17 @@ class DcpReader(CheckpointReader):
         with self._lock:
             if self._last_decoded is not None and self._last_decoded[0] == key:
                 return self._last_decoded[1], self._last_decoded[2]
+        path, buf, where = self._item_bytes(meta, chunk)
+        data = decode_item(bytes(buf[chunk.byte_offset:chunk.byte_offset + chunk.byte_length]), transforms,
+                           meta.dtype_info.nbytes(chunk.numel) + OVERHEAD, where, path)
+        inner = self._container_chunk(meta, chunk, io.BytesIO(data), 0, where, path)
+        with self._lock:
+            self._last_decoded = (key, inner, data)
+        return inner, data
+
+    def _item_bytes(self, meta: TensorMeta, chunk: Chunk) -> tuple[Path, Any, str]:
+        """The item's file, that file's map (the item's bytes are checked to lie inside it) and how errors
+        name the item."""
         path = self._file_path(chunk.file)
         buf = self._buffer(chunk.file)
         end = chunk.byte_offset + chunk.byte_length
@@ -446,12 +457,7 @@ class DcpReader(CheckpointReader):
         if end > len(buf):
             raise CkptError(f"{where} lies beyond the end of the file ({len(buf)} bytes); the file is truncated",
                             path)
-        data = decode_item(bytes(buf[chunk.byte_offset:end]), transforms,
-                           meta.dtype_info.nbytes(chunk.numel) + OVERHEAD, where, path)
-        inner = self._container_chunk(meta, chunk, io.BytesIO(data), 0, where, path)
-        with self._lock:
-            self._last_decoded = (key, inner, data)
-        return inner, data
+        return path, buf, where
 
     def _zip_item_chunk(self, meta: TensorMeta, chunk: Chunk) -> Chunk:
         """The raw/strided chunk inside an embedded torch.save zip (parsed once, then cached)."""
@@ -459,13 +465,7 @@ class DcpReader(CheckpointReader):
         cached = self._items.get(key)
         if cached is not None:
             return replace(cached, offsets=chunk.offsets)
-        path = self._file_path(chunk.file)
-        buf = self._buffer(chunk.file)
-        end = chunk.byte_offset + chunk.byte_length
-        where = f"{meta.name}: chunk at {list(chunk.offsets)} (bytes {chunk.byte_offset}-{end})"
-        if end > len(buf):
-            raise CkptError(f"{where} lies beyond the end of the file ({len(buf)} bytes); the file is truncated",
-                            path)
+        path, buf, where = self._item_bytes(meta, chunk)
         view = RangeIO(buf, chunk.byte_offset, chunk.byte_length)
         try:
             resolved = self._container_chunk(meta, chunk, view, chunk.byte_offset, where, path)
