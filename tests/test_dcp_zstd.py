@@ -39,15 +39,13 @@ def _state() -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def compressed(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("zstd") / "dcp"
-    with pytest.warns(UserWarning):  # torch: "assuming the intent is to save in a single process"
-        dcp.save(_state(), storage_writer=FileSystemWriter(str(out), _extensions=[ZStandard()]))
+    dcp.save(_state(), storage_writer=FileSystemWriter(str(out), _extensions=[ZStandard()]), no_dist=True)
     return out
 
 
 def _torch_loaded(path: Path) -> dict[str, torch.Tensor]:
     state = {k: torch.zeros_like(v.contiguous()) for k, v in _state().items()}
-    with pytest.warns(UserWarning):
-        dcp.load(state, checkpoint_id=str(path))
+    dcp.load(state, checkpoint_id=str(path), no_dist=True)
     return state
 
 
@@ -72,9 +70,8 @@ def test_diff_and_export_through_the_compressed_items(compressed, tmp_path):
     assert run_cli("diff", str(compressed), str(compressed)).code == 0  # both sides decoded, values compared
     out = tmp_path / "hf"
     only_model = tmp_path / "model_only"
-    with pytest.warns(UserWarning):
-        dcp.save(load_file(str(HF / "model.safetensors")),
-                 storage_writer=FileSystemWriter(str(only_model), _extensions=[ZStandard()]))
+    dcp.save(load_file(str(HF / "model.safetensors")),
+             storage_writer=FileSystemWriter(str(only_model), _extensions=[ZStandard()]), no_dist=True)
     result = run_cli("convert", str(only_model), str(out), "--to", "hf", "--hf-config", str(HF))
     assert result.code == 0, result.err
     model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
@@ -120,9 +117,8 @@ def test_inspect_json_lists_the_transform(compressed):
 def test_objects_are_decoded_too(tmp_path):
     """Non-tensor entries (torch.save'd bytes items) go through the same extension: their values show."""
     out = tmp_path / "objects"
-    with pytest.warns(UserWarning):
-        dcp.save({"w": torch.ones(3), "step": 7, "extra": {"lr": 0.1, "name": "adamw"}},
-                 storage_writer=FileSystemWriter(str(out), _extensions=[ZStandard()]))
+    dcp.save({"w": torch.ones(3), "step": 7, "extra": {"lr": 0.1, "name": "adamw"}},
+             storage_writer=FileSystemWriter(str(out), _extensions=[ZStandard()]), no_dist=True)
     with open_checkpoint(out) as reader:
         objects = {o.name: o.value for o in reader.index().objects}
     assert objects == {"step": 7, "extra.lr": 0.1, "extra.name": "adamw"}

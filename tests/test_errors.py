@@ -611,3 +611,23 @@ def test_megatron_args_of_the_wrong_type_are_one_line(tmp_path, attr, value, sai
     result = run_cli("convert", str(src), str(tmp_path / "out"), "--to", "hf")
     assert result.code == 2 and said in result.err and "internal error" not in result.err, result.err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_signal_the_moment_the_temp_dir_exists_leaves_nothing(tmp_path, monkeypatch):
+    """The SIGQUIT case above failed twice in CI: the signal (sent the moment ``.out.*.tmp`` appeared) landed
+    between the temp dir's creation and the ``try`` that removes it. Here the interrupt comes exactly then."""
+    import os
+
+    from ckptscope.ops.atomic import atomic_output
+
+    real_mkdir = os.mkdir
+
+    def mkdir_then_interrupted(path, mode=0o777, *args, **kwargs):
+        real_mkdir(path, mode, *args, **kwargs)
+        raise KeyboardInterrupt  # what the stopping signal's handler raises
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_interrupted)
+    with pytest.raises(KeyboardInterrupt), atomic_output(tmp_path / "out", directory=True):
+        pass
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []

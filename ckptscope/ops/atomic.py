@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 import shutil
 import tempfile
@@ -62,6 +63,22 @@ def owned_temp_dir(parent: Path, prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.", suffix=".tmp", dir=parent))
 
 
+def _make_owned(parent: Path, prefix: str) -> Iterator[Path]:
+    """``owned_temp_dir`` in two steps, so a caller can stand inside its ``try`` before the dir exists:
+    yields each name it is about to create, then creates it (a name taken is passed over). A stopping signal
+    that lands between the creation and the caller's ``try`` left the dir behind (a CI run: SIGQUIT sent the
+    moment the dir appeared); the caller removes the last name yielded, which only this process uses."""
+    _remove_stale(parent, prefix)
+    while True:
+        path = parent / f"{prefix}{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        yield path
+        try:
+            os.mkdir(path, 0o700)
+            return
+        except FileExistsError:
+            continue
+
+
 def _remove_stale(parent: Path, prefix: str) -> None:
     try:
         names = [e.name for e in os.scandir(parent) if e.name.startswith(prefix) and e.name.endswith(".tmp")]
@@ -90,9 +107,13 @@ def _running(pid: int) -> bool:
 def atomic_output(dst: Path, *, directory: bool, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary path next to ``dst``; on success it replaces ``dst`` in one rename."""
     parent = dst.parent
-    tmp_root = owned_temp_dir(parent, f".{dst.name}.")
-    # inside the try from here: a stopping signal landing while the staging dir is made left the temp dir (a CI run)
+    tmp_root: Path | None = None
+    # inside the try from here: a stopping signal landing while the temp dir or the staging dir is made left
+    # the temp dir behind (two CI runs)
     try:
+        for tmp_root in _make_owned(parent, f".{dst.name}."):
+            pass
+        assert tmp_root is not None
         staging = tmp_root / dst.name
         if directory:
             staging.mkdir()
@@ -104,7 +125,8 @@ def atomic_output(dst: Path, *, directory: bool, overwrite: bool = False) -> Ite
             os.replace(dst, old)
         os.replace(staging, dst)
     except BaseException:
-        shutil.rmtree(tmp_root, ignore_errors=True)
+        if tmp_root is not None:
+            shutil.rmtree(tmp_root, ignore_errors=True)
         raise
     shutil.rmtree(tmp_root, ignore_errors=True)
 
