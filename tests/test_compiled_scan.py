@@ -226,5 +226,5 @@ def test_version_says_whether_the_scan_is_compiled(monkeypatch):
     assert off.code == 0 and f"safetensors header scan: Python ({PURE_ENV} is set)" in off.out
     monkeypatch.delenv(PURE_ENV, raising=False)
     monkeypatch.setattr(native, "COMPILED_PARTS", {"ckptscope.formats.safetensors._absent": "a part"})
-    assert native.compiled_status() == [("a part", "Python (not built: the install found no C compiler; "
-                                                    "reinstall where one is)")]
+    assert native.compiled_status() == [("a part", "Python (not built: the install found no C compiler or Python "
+                                                    "headers; reinstall where it can)")]

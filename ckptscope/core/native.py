@@ -39,6 +39,6 @@ def compiled_status() -> list[tuple[str, str]]:
         elif os.environ.get(PURE_ENV, "") not in ("", "0"):
             state = f"Python ({PURE_ENV} is set)"
         else:
-            state = "Python (not built: the install found no C compiler; reinstall where one is)"
+            state = "Python (not built: the install found no C compiler or Python headers; reinstall where it can)"
         out.append((what, state))
     return out
