@@ -257,7 +257,6 @@ class Row:
         times = self.baseline_times
         return statistics.median(times) if times else None
 
-
     @property
     def passed(self) -> bool | None:
         if self.error or self.skipped or not self.values or self.target is None or self.unstable:
@@ -297,7 +296,6 @@ class Row:
         if self.skipped:
             out["skipped"] = self.skipped
         return out
-
 
 
 COPY_ROWS = ("4", "4-load", "5", "5-load", "6", "7", "7-load")

@@ -15,9 +15,13 @@ from types import ModuleType
 PURE_ENV = "CKPTSCOPE_PURE_PYTHON"
 
 
+def _pure_python() -> bool:
+    return os.environ.get(PURE_ENV, "") not in ("", "0")
+
+
 def compiled_module(name: str) -> ModuleType | None:
     """The extension module ``name`` (dotted), or None when it was not built or ``CKPTSCOPE_PURE_PYTHON`` is set."""
-    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+    if _pure_python():
         return None
     try:
         return importlib.import_module(name)
@@ -36,7 +40,7 @@ def compiled_status() -> list[tuple[str, str]]:
     for name, what in COMPILED_PARTS.items():
         if compiled_module(name) is not None:
             state = "compiled"
-        elif os.environ.get(PURE_ENV, "") not in ("", "0"):
+        elif _pure_python():
             state = f"Python ({PURE_ENV} is set)"
         else:
             state = "Python (not built: the install found no C compiler or Python headers; reinstall where it can)"

@@ -6,7 +6,6 @@ import os
 import secrets
 import stat
 import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,8 +58,9 @@ def owned_temp_dir(parent: Path, prefix: str) -> Path:
     that no longer runs left there (killed by SIGKILL, or by a signal before it could unwind: a probe found
     600 MB of them beside a destination after one kill and one rerun). The pid in the name tells whose
     it is; a live process's dir, or anything not named this way, is never touched."""
-    _remove_stale(parent, prefix)
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.", suffix=".tmp", dir=parent))
+    for path in _make_owned(parent, prefix):
+        pass
+    return path
 
 
 def _make_owned(parent: Path, prefix: str) -> Iterator[Path]:

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 
 from ckptscope.core.errors import CkptError
 from ckptscope.formats import detect_format
+from ckptscope.formats.megatron.nemo_context import NEMO_CONTEXT, NEMO_WEIGHTS
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptscope.core.index import CheckpointIndex
@@ -63,7 +64,6 @@ _NEMO = re.compile(r"-step=(\d+)(?:-|$)")
 _LIGHTNING = re.compile(r"^(?:.*[-_])?step=(\d+)(?:[-_].*)?\.ckpt$")
 """PyTorch Lightning ModelCheckpoint files (``epoch=1-step=400.ckpt``; its ``last.ckpt`` duplicates
 the newest one and is not listed)."""
-NEMO_WEIGHTS, NEMO_CONTEXT = "weights", "context"
 VERL_ROLES = ("actor", "critic")
 """The role dirs of a verl step, in the order opening prefers them."""
 KINDS = ("megatron", "verl", "torchtitan", "hf-trainer", "deepspeed", "accelerate", "nemo", "lightning")

@@ -30,7 +30,8 @@ from ckptscope.core.tensor import TensorMeta
 from ckptscope.formats.dcp.reader import METADATA_FILE, DcpContents, DcpReader, group_summary
 from ckptscope.formats.pickles.safe import TensorRef, to_plain, type_name
 from ckptscope.formats.megatron.dcp_layout import fuse_split_fc1
-from ckptscope.formats.megatron.run_config import add_nemo_context, add_run_config
+from ckptscope.formats.megatron.nemo_context import add_nemo_context
+from ckptscope.formats.megatron.run_config import add_run_config
 from ckptscope.formats.pickles.torch_file import flatten, read_torch_zip, tensor_meta
 from ckptscope.formats.registry import register_reader
 

@@ -64,29 +64,3 @@ def add_run_config(index: CheckpointIndex, iter_dir: Path) -> None:
         return
     index.objects.append(ObjectEntry(OBJECT_NAME, "dict", data))
 
-
-NEMO_WEIGHTS, NEMO_CONTEXT, NEMO_MODEL_FILE = "weights", "context", "model.yaml"
-NEMO_OBJECT = "nemo_model"
-"""The index object holding a NeMo 2.0 checkpoint's parsed ``context/model.yaml``."""
-
-
-def add_nemo_context(index: CheckpointIndex, weights_dir: Path) -> None:
-    """A NeMo 2.0 checkpoint (``<ckpt>/weights/`` torch_dist beside ``<ckpt>/context/``): its model config.
-
-    NeMo keeps no Megatron ``args`` in ``common.pt``. ``IOMixin.io_dump`` (``nemo/lightning/io/mixin.py``)
-    writes the model's construction as ``context/io.json`` (fiddle) and, through nemo_run's YAML serialiser,
-    as ``context/model.yaml``: ``_target_`` the model class, ``config`` its ``GPTConfig`` (a megatron-core
-    ``TransformerConfig``) with every field, defaults included, functions and dtypes as ``{_target_, _call_}``
-    mappings, as Megatron-Bridge's ``run_config.yaml`` writes its model section. It is read the same way
-    (``yaml.safe_load``, nothing imported or called) into the ``nemo_model`` object; its ``vocab_size`` is
-    usually null (NeMo takes it from the tokenizer when the model is built)."""
-    path = weights_dir.parent / NEMO_CONTEXT / NEMO_MODEL_FILE
-    if weights_dir.name != NEMO_WEIGHTS or not path.is_file():
-        return
-    where = f"{NEMO_CONTEXT}/{NEMO_MODEL_FILE}"
-    try:
-        data = read_run_config(path, "NeMo model.yaml")
-    except (OSError, ValueError) as exc:
-        index.warnings.append(f"{where} (beside weights/): {exc}; the model config it holds is unknown")
-        return
-    index.objects.append(ObjectEntry(NEMO_OBJECT, "dict", data))
