@@ -325,11 +325,26 @@ def _run_pipeline_rank(rank: int, world_size: int, out: str, init_file: str,
     dist.destroy_process_group()
 
 
+MOE_VARIANTS = {MOE_DIR: {"zero_optimization": {"stage": 0}},
+                "moe_bf16_zero0": {"bf16": {"enabled": True}, "zero_optimization": {"stage": 0}},
+                "moe_bf16_zero1": {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}}
+"""The MoE saves: fp32 and bf16 at ZeRO-0 (assembled: the module plus every expert file), and bf16 ZeRO-1
+(not assembled: the experts' fp32 masters are partitions of their own expert groups)."""
+
+
+def moe_oracle_path(save_dir: Path) -> Path:
+    """What DeepSpeed's engine holds after the save of an MoE sample: ``{name: module weight}`` with every
+    expert under its global id (rank ``r``'s local expert ``e`` is expert ``r * num_local + e``: the expert-
+    parallel group is the whole world here), gathered from both ranks."""
+    return save_dir.parent / f"{save_dir.name}.oracle.pt"
+
+
 def _run_moe_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
-    """``moe_zero0/``, a layout the reader does not assemble, saved by DeepSpeed's engine on 2 ranks:
-    ``deepspeed.moe.layer.MoE`` with 4 experts at ep_size=2 (fp32, ZeRO-0):
-    ``layer_0_expert_{0..3}_mp_rank_00_model_states.pt`` and ``expp_rank_{0,1}_mp_rank_00_optim_states.pt``
-    beside ``mp_rank_00_model_states.pt``. Its own spawn: DeepSpeed keeps the pipeline's groups."""
+    """``MOE_VARIANTS``, each saved by DeepSpeed's engine on 2 ranks after one step:
+    ``deepspeed.moe.layer.MoE`` with 4 experts at ep_size=2:
+    ``layer_0_expert_{0..3}_mp_rank_00_model_states.pt`` beside ``mp_rank_00_model_states.pt`` (and, at
+    ZeRO-0, ``expp_rank_{0,1}_mp_rank_00_optim_states.pt``). Its own spawn: DeepSpeed keeps the pipeline's
+    groups."""
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -358,32 +373,51 @@ def _run_moe_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
             hidden, aux, _ = self.moe(self.inp(x))
             return self.out(hidden), aux
 
-    torch.manual_seed(5)
-    net = WithExperts()
-    groups = split_params_into_different_moe_groups_for_optimizer({"params": list(net.parameters()), "name": "p"})
-    config = {**base, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
-              "zero_optimization": {"stage": 0}}
-    engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.AdamW(groups, lr=1e-2), config=config,
-                                      dist_init_required=False)
-    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(20 + rank))
-    out_, aux = engine(x)
-    engine.backward(out_.square().mean() + aux)
-    engine.step()
-    engine.save_checkpoint(str(Path(out) / MOE_DIR))
-    dist.barrier()
+    for name, extra in MOE_VARIANTS.items():
+        torch.manual_seed(5)
+        net = WithExperts()
+        groups = split_params_into_different_moe_groups_for_optimizer({"params": list(net.parameters()), "name": "p"})
+        config = {**base, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, **extra}
+        engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.AdamW(groups, lr=1e-2), config=config,
+                                          dist_init_required=False)
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(20 + rank))
+        out_, aux = engine(x.to(next(engine.module.parameters()).dtype))
+        engine.backward(out_.float().square().mean() + aux)
+        engine.step()
+        engine.save_checkpoint(str(Path(out) / name))
+        dist.barrier()
+        if extra["zero_optimization"]["stage"]:
+            continue  # not assembled: no oracle
+        local = net.moe.deepspeed_moe.num_local_experts
+        prefix = "moe.deepspeed_moe.experts.deepspeed_experts."
+        mine = {}
+        for key, value in engine.module.state_dict().items():
+            if key.startswith(prefix):
+                e, rest = key[len(prefix):].split(".", 1)
+                key = f"{prefix}{rank * local + int(e)}.{rest}"
+            mine[key] = value.detach().clone()
+        gathered = [None] * world_size
+        dist.all_gather_object(gathered, mine)
+        if rank == 0:
+            merged = {}
+            for part in gathered:
+                for key, value in part.items():
+                    merged.setdefault(key, value)
+            torch.save(merged, moe_oracle_path(Path(out) / name))
+        dist.barrier()
     dist.destroy_process_group()
 
 
 def write_pipeline_and_moe_samples(out: Path) -> tuple[Path, ...]:
-    """The pipeline samples (``PIPELINE_VARIANTS``, ``PIPELINE_DP2_VARIANTS``, with their oracles) and
-    ``out/moe_zero0``."""
+    """The pipeline samples (``PIPELINE_VARIANTS``, ``PIPELINE_DP2_VARIANTS``) and the MoE ones
+    (``MOE_VARIANTS``), with their oracles."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     _spawn(_run_pipeline_rank, out, world_size=2)
     _spawn(_run_pipeline_dp2_rank, out, world_size=4)
     _spawn(_run_moe_rank, out, world_size=2)
-    names = (*PIPELINE_VARIANTS, *PIPELINE_DP2_VARIANTS, MOE_DIR)
+    names = (*PIPELINE_VARIANTS, *PIPELINE_DP2_VARIANTS, *MOE_VARIANTS)
     for name in names:  # DeepSpeed's helper script is its code, not data
         for script in (out / name).glob("zero_to_*.py"):
             script.unlink()

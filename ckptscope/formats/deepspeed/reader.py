@@ -46,8 +46,10 @@ A ``PipelineModule`` save has one model/optim pair per stage (``mp_rank_{stage:0
 names (layer ids are global), then the layer files add the module weights (``lp_params.`` beside masters,
 the model without). AutoTP saves (``mp_rank_01`` ... without layer files, with an affine map) read each TP
 rank as above and place its shards in the whole tensors (``formats.deepspeed.autotp``). Other tensor-parallel
-saves (layer files of TP rank > 0, no affine map, a placement that is no box) and MoE expert files are not
-assembled: rank 00 only, each other file an ``unassembled-file`` issue.
+saves (layer files of TP rank > 0, no affine map, a placement that is no box) are not assembled: rank 00
+only, each other file an ``unassembled-file`` issue. MoE saves at ZeRO stage 0 add every expert file to the
+module (``formats.deepspeed.moe``); under ZeRO partitions or pipeline stages their expert files are not
+assembled either.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
 from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
 from ckptscope.formats.base import CheckpointReader, Region
+from ckptscope.formats.deepspeed import moe
 from ckptscope.formats.deepspeed.autotp import (
     Placement,
     Unplaceable,
@@ -96,9 +99,6 @@ OPTIM_STATES = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_stat
 LAYER_FILE = re.compile(r"^layer_(\d+)(?:-model_(\d+))?-model_states\.pt$")
 """``PipelineModule.save_state_dict``: one file per layer, ``layer_{idx:02d}[-model_{tp:02d}]-model_states.pt``
 (the ``-model_NN`` part when the topology has a model axis, as Megatron-DeepSpeed's has)."""
-UNASSEMBLED = re.compile(r"^(?:(?:layer_\d+_)?expert_\d+_mp_rank_\d+_model_states\.pt"  # MoE experts
-                         r"|expp_rank_\d+_mp_rank_\d+_optim_states\.pt)$")  # MoE expert-parallel optimizer
-"""DeepSpeed files of layouts this reader does not assemble (MoE saves)."""
 _STEP = re.compile(r"global_step(\d+)$")
 SHARED = "shares_storage_with"
 LP_PREFIX = "lp_params."
@@ -211,8 +211,12 @@ class DsLayout:
     layers: dict[int, str] = field(default_factory=dict)
     """PipelineModule layer files of tensor-parallel rank 0 (or of a topology without one): layer -> file."""
     unassembled: list[str] = field(default_factory=list)
-    """MoE expert files (``UNASSEMBLED``) and layer files of tensor-parallel ranks other than 0: their
-    tensors are not shown."""
+    """Layer files of tensor-parallel ranks other than 0 (and, in ``DeepSpeedReader``, the MoE files of
+    a save it does not assemble): their tensors are not shown."""
+    experts: dict[tuple[int, int], str] = field(default_factory=dict)
+    """MoE expert files of model-parallel rank ``mp``: (MoE layer, global expert id) -> file name (``moe``)."""
+    expert_optim: dict[int, str] = field(default_factory=dict)
+    """``expp_rank_{R}_mp_rank_{mp}_optim_states.pt``: expert-parallel rank -> file name."""
     universal: list[str] = field(default_factory=list)
     """``zero/<param>/`` dirs of a universal checkpoint (``ds_to_universal``), each with ``fp32.pt``."""
 
@@ -230,8 +234,15 @@ def ds_layout(tag_dir: Path, mp: int = 0) -> DsLayout | None:
         m = MODEL_STATES.match(name)
         o = OPTIM_STATES.match(name)
         layer = LAYER_FILE.match(name)
-        if UNASSEMBLED.match(name):
-            layout.unassembled.append(name)
+        expert = moe.expert_file(name)
+        expp = moe.expert_optim_rank(name)
+        if expert is not None or expp is not None:
+            if (expert.mp if expert is not None else expp[1]) != mp:
+                layout.other_mp.append(name)
+            elif expert is not None:
+                layout.experts[(expert.layer, expert.expert)] = name
+            else:
+                layout.expert_optim[expp[0]] = name
         elif layer:
             if layer.group(2) is not None and int(layer.group(2)) != 0:
                 layout.unassembled.append(name)
@@ -485,6 +496,11 @@ class DeepSpeedReader(CheckpointReader):
         if step:
             index.metadata["iteration"] = int(step.group(1))
         stages = pipeline_stages(layout)
+        if (layout.experts or layout.expert_optim) and (stages or layout.optim):
+            # ZeRO-1/2 keeps the experts' fp32 masters in partitions of their own expert groups, named by each
+            # rank's local ids: not assembled (the expert files' bf16 copies alone are not the model trained).
+            layout.unassembled += sorted(layout.experts.values()) + sorted(layout.expert_optim.values())
+            layout.experts, layout.expert_optim = {}, {}
         why_not = ""
         declared = 1 if stages or layout.layers or layout.unassembled else self._declared_tp(tag_dir, layout)
         if declared > 1 or (not stages and not layout.layers and not layout.unassembled and layout.other_mp):
@@ -514,9 +530,13 @@ class DeepSpeedReader(CheckpointReader):
                             + (f" ({why_not})" if why_not else "") + "; its tensors are not shown",
                             file=prefix + name, warning=summary)
         for name in sorted(layer_files + layout.unassembled):
-            what = "an MoE expert file" if "exp" in name else "a PipelineModule layer file of a tensor-parallel save"
-            index.add_issue("unassembled-file", f"{what}: ckptscope does not assemble DeepSpeed tensor-parallel or "
-                            "MoE saves; its tensors are not shown", file=prefix + name, warning=summary)
+            if "exp" in name:
+                problem = ("an MoE file of a save with ZeRO partitions or pipeline stages: ckptscope assembles "
+                           "DeepSpeed MoE saves at ZeRO stage 0 only; its tensors are not shown")
+            else:
+                problem = ("a PipelineModule layer file of a tensor-parallel save: ckptscope does not assemble "
+                           "DeepSpeed tensor-parallel saves; its tensors are not shown")
+            index.add_issue("unassembled-file", problem, file=prefix + name, warning=summary)
         if stages:
             self._index_pipeline(index, tag_dir, prefix, layout, stages, info)
         else:
@@ -716,6 +736,8 @@ class DeepSpeedReader(CheckpointReader):
             if layout.optim:
                 index.warnings.append("the *_optim_states.pt files hold no optimizer_state_dict")
             self._index_module_only(index, model_obj, prefix + main_model, model_zip, stage)
+            if layout.experts or layout.expert_optim:
+                self._index_experts(index, tag_dir, prefix, layout, model_obj)
             return
 
         first_dp = min(osds)
@@ -1392,6 +1414,53 @@ class DeepSpeedReader(CheckpointReader):
         rest = {k: v for k, v in obj.items() if k not in ("module", "ds_config")}
         self._add_tree(index, built, rest, "", file, zip_)
         self._finish(index, built, obj)
+
+    def _index_experts(self, index: CheckpointIndex, tag_dir: Path, prefix: str, layout: DsLayout,
+                       model_obj: dict) -> None:
+        """An MoE save at ZeRO stage 0 (``formats.deepspeed.moe``): every expert file's tensors join the module's
+        under their global names; each other expert-parallel rank's optimizer state is listed under
+        ``optimizer.expp_rank_{R}.`` (rank 0's is the model states' ``optimizer``, the same object)."""
+        built = _Built()
+        for (layer, expert), name in sorted(layout.experts.items()):
+            zip_ = self._rank_file(tag_dir / name)
+            index.files.append(FileInfo(prefix + name, (tag_dir / name).stat().st_size, "data"))
+            state = _ordered(zip_.obj)
+            if not state:
+                raise CkptError(f"{name}: not a DeepSpeed expert file (no state dict of expert {expert})", tag_dir)
+            for key, ref in state.items():
+                ids = moe.EXPERT_KEY.findall(key)
+                if ids and int(ids[-1]) != expert:
+                    raise CkptError(f"{name}: holds {key}, an entry of expert {ids[-1]}, not of expert {expert}: "
+                                    "the file was renamed or mixed with another save's", tag_dir)
+                if key in index.tensors or key in built.tensors:
+                    raise CkptError(f"{name}: {key} is stored twice (here and in another file of the save)", tag_dir)
+                if isinstance(ref, TensorRef) and ref.storage is not None:
+                    built.tensors[key] = tensor_meta(key, ref, prefix + name, zip_.storages.get(ref.storage.key),
+                                                     big_endian=zip_.big_endian, path=self.path)
+        for layer, expert in moe.missing_experts(set(layout.experts), to_plain(model_obj.get("num_experts"))):
+            index.add_issue("missing-file", f"missing: the model states record {expert + 1} or more experts in MoE "
+                            f"layer {layer}; expert {expert}'s weights cannot be read",
+                            file=prefix + moe.file_name(layer, expert, layout.mp))
+        for name, meta in built.tensors.items():
+            index.tensors[name] = meta
+        optimizer = model_obj.get("optimizer")
+        rank0_in_model_states = isinstance(optimizer, dict)
+        if rank0_in_model_states and "fp32_groups" in optimizer:  # bf16/fp16 at ZeRO-0: FP16_Optimizer's masters
+            index.warnings.append("the model shown is the module's own low-precision weights (as DeepSpeed's "
+                                  "load_module_only restores them); their fp32 masters are in the optimizer state "
+                                  "by position (optimizer.fp32_groups), not by name")
+        for rank, name in sorted(layout.expert_optim.items()):
+            index.files.append(FileInfo(prefix + name, (tag_dir / name).stat().st_size, "optimizer"))
+            if rank == 0 and rank0_in_model_states:
+                continue
+            zip_ = self._rank_file(tag_dir / name)
+            optimizer = zip_.obj.get("optimizer") if isinstance(zip_.obj, dict) else None
+            if not isinstance(optimizer, dict):
+                continue
+            rank_state = _Built()
+            self._add_tree(index, rank_state, optimizer, f"optimizer.expp_rank_{rank}", prefix + name, zip_)
+            for key, meta in rank_state.tensors.items():
+                index.tensors[key] = replace(meta, attrs=meta.attrs + (("rank", str(rank)),))
 
     def _add_tree(self, index: CheckpointIndex, built: _Built, tree: dict, prefix: str, file: str,
                   zip_: TorchZip) -> None:
