@@ -328,23 +328,41 @@ def _run_pipeline_rank(rank: int, world_size: int, out: str, init_file: str,
 MOE_VARIANTS = {MOE_DIR: {"zero_optimization": {"stage": 0}},
                 "moe_bf16_zero0": {"bf16": {"enabled": True}, "zero_optimization": {"stage": 0}},
                 "moe_bf16_zero1": {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}}
-"""The MoE saves: fp32 and bf16 at ZeRO-0 (assembled: the module plus every expert file), and bf16 ZeRO-1
-(not assembled: the experts' fp32 masters are partitions of their own expert groups)."""
+"""The MoE saves on 2 ranks (ep_size 2: one expert-parallel group, each expert group unpartitioned): fp32 and
+bf16 at ZeRO-0 (the module plus every expert file) and bf16 ZeRO-1 (the experts' fp32 masters in param
+groups of their own)."""
+MOE_DP2_VARIANTS = {"moe_bf16_zero1_dp2": {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}}
+MOE_DE_VARIANTS = {"moe_bf16_zero2_dp2_de": {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2},
+                                             "use_data_before_expert_parallelism": True}}
+"""On 4 ranks (ep_size 2 x expert data parallel 2): each expert group is partitioned over 2 ranks, in
+DeepSpeed's default E + D topology (expert-parallel groups [0, 1], [2, 3]) and in its D + E one
+([0, 2], [1, 3]). Each topology needs a spawn of its own: DeepSpeed makes the ``ep_size_2`` groups once
+per process and keeps them, so a second engine with the other flag would run on the first's groups."""
 
 
 def moe_oracle_path(save_dir: Path) -> Path:
-    """What DeepSpeed's engine holds after the save of an MoE sample: ``{name: module weight}`` with every
-    expert under its global id (rank ``r``'s local expert ``e`` is expert ``r * num_local + e``: the expert-
-    parallel group is the whole world here), gathered from both ranks."""
+    """What DeepSpeed's engine holds after the save of an MoE sample, every expert under its global id
+    (local expert ``e`` of expert-parallel rank ``k``, by DeepSpeed's own ``groups``, is ``k * num_local +
+    e``), gathered from every rank: at ZeRO-0 ``engine.module.state_dict()``; under ZeRO-1/2 the fp32
+    masters, by DeepSpeed's ``safe_get_full_fp32_param``."""
     return save_dir.parent / f"{save_dir.name}.oracle.pt"
 
 
-def _run_moe_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
-    """``MOE_VARIANTS``, each saved by DeepSpeed's engine on 2 ranks after one step:
-    ``deepspeed.moe.layer.MoE`` with 4 experts at ep_size=2:
-    ``layer_0_expert_{0..3}_mp_rank_00_model_states.pt`` beside ``mp_rank_00_model_states.pt`` (and, at
-    ZeRO-0, ``expp_rank_{0,1}_mp_rank_00_optim_states.pt``). Its own spawn: DeepSpeed keeps the pipeline's
-    groups."""
+def _run_moe_dp2_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    """``MOE_DP2_VARIANTS`` (see ``_run_moe_rank``)."""
+    _run_moe_rank(rank, world_size, out, init_file, variants=MOE_DP2_VARIANTS)
+
+
+def _run_moe_de_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    """``MOE_DE_VARIANTS`` (see ``_run_moe_rank``)."""
+    _run_moe_rank(rank, world_size, out, init_file, variants=MOE_DE_VARIANTS)
+
+
+def _run_moe_rank(rank: int, world_size: int, out: str, init_file: str, variants: dict[str, dict] | None = None) -> None:
+    """``MOE_VARIANTS``, each saved by DeepSpeed's engine after one step: ``deepspeed.moe.layer.MoE`` with 4
+    experts at ep_size=2: ``layer_0_expert_{0..3}_mp_rank_00_model_states.pt`` beside
+    ``mp_rank_00_model_states.pt`` (and, at ZeRO-0, ``expp_rank_{0,1}_mp_rank_00_optim_states.pt``). Its own
+    spawn: DeepSpeed keeps the pipeline's groups."""
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -357,6 +375,7 @@ def _run_moe_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
     from torch import nn
     from deepspeed.moe.layer import MoE
     from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+    from deepspeed.utils import groups as ds_groups, safe_get_full_fp32_param
 
     deepspeed.init_distributed(dist_backend="gloo")
     base = {"steps_per_print": 10**6, "zero_allow_untested_optimizer": True}
@@ -373,7 +392,7 @@ def _run_moe_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
             hidden, aux, _ = self.moe(self.inp(x))
             return self.out(hidden), aux
 
-    for name, extra in MOE_VARIANTS.items():
+    for name, extra in (variants or MOE_VARIANTS).items():
         torch.manual_seed(5)
         net = WithExperts()
         groups = split_params_into_different_moe_groups_for_optimizer({"params": list(net.parameters()), "name": "p"})
@@ -386,15 +405,18 @@ def _run_moe_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
         engine.step()
         engine.save_checkpoint(str(Path(out) / name))
         dist.barrier()
-        if extra["zero_optimization"]["stage"]:
-            continue  # not assembled: no oracle
         local = net.moe.deepspeed_moe.num_local_experts
+        ep_rank = ds_groups._get_expert_parallel_rank(net.moe.deepspeed_moe.ep_group_name)
         prefix = "moe.deepspeed_moe.experts.deepspeed_experts."
+        if extra["zero_optimization"]["stage"]:  # collectives: every rank, the same order
+            held = {key: safe_get_full_fp32_param(param) for key, param in engine.module.named_parameters()}
+        else:
+            held = engine.module.state_dict()
         mine = {}
-        for key, value in engine.module.state_dict().items():
+        for key, value in held.items():
             if key.startswith(prefix):
                 e, rest = key[len(prefix):].split(".", 1)
-                key = f"{prefix}{rank * local + int(e)}.{rest}"
+                key = f"{prefix}{ep_rank * local + int(e)}.{rest}"
             mine[key] = value.detach().clone()
         gathered = [None] * world_size
         dist.all_gather_object(gathered, mine)
@@ -410,14 +432,16 @@ def _run_moe_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
 
 def write_pipeline_and_moe_samples(out: Path) -> tuple[Path, ...]:
     """The pipeline samples (``PIPELINE_VARIANTS``, ``PIPELINE_DP2_VARIANTS``) and the MoE ones
-    (``MOE_VARIANTS``), with their oracles."""
+    (``MOE_VARIANTS``, ``MOE_DP2_VARIANTS``, ``MOE_DE_VARIANTS``), with their oracles."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     _spawn(_run_pipeline_rank, out, world_size=2)
     _spawn(_run_pipeline_dp2_rank, out, world_size=4)
     _spawn(_run_moe_rank, out, world_size=2)
-    names = (*PIPELINE_VARIANTS, *PIPELINE_DP2_VARIANTS, *MOE_VARIANTS)
+    _spawn(_run_moe_dp2_rank, out, world_size=4)
+    _spawn(_run_moe_de_rank, out, world_size=4)
+    names = (*PIPELINE_VARIANTS, *PIPELINE_DP2_VARIANTS, *MOE_VARIANTS, *MOE_DP2_VARIANTS, *MOE_DE_VARIANTS)
     for name in names:  # DeepSpeed's helper script is its code, not data
         for script in (out / name).glob("zero_to_*.py"):
             script.unlink()

@@ -470,17 +470,14 @@ def test_generator_writes_the_shipped_universal_layout(tmp_path):
 @pytest.mark.parametrize("name, tag, files", [
     ("pipeline_tp2", "global_step2", ["layer_03-model_01-model_states.pt", "layer_03-model_00-model_states.pt",
                                       "mp_rank_01_model_states.pt"]),
-    ("moe_bf16_zero1", "global_step1", ["layer_0_expert_2_mp_rank_00_model_states.pt",
-                                        "layer_0_expert_3_mp_rank_00_model_states.pt"]),
 ])
 def test_tensor_parallel_and_moe_saves_are_flagged_and_not_exported(name, tag, files, tmp_path):
     """A PipelineModule on a topology with a model axis (pp=1 x tp=2, Megatron-DeepSpeed's naming
-    ``layer_NN-model_TT-model_states.pt``) and an MoE save under bf16 ZeRO-1 (4 experts, ep=2, the
-    experts' fp32 masters in partitions of their own expert groups), written by DeepSpeed's engine
-    (``make_deepspeed_samples.write_pipeline_and_moe_samples``, shipped). Their tensor-parallel ranks and
-    expert files are not assembled: check fails naming each file, inspect warns, exports refuse.
-    (Before, ``-model_00-`` layer files matched no pattern and were ignored without a word. ZeRO-0 MoE
-    saves are assembled: tests/test_deepspeed_moe.py.)"""
+    ``layer_NN-model_TT-model_states.pt``), written by DeepSpeed's engine
+    (``make_deepspeed_samples.write_pipeline_and_moe_samples``, shipped). Its tensor-parallel ranks are
+    not assembled: check fails naming each file, inspect warns, exports refuse. (Before, ``-model_00-``
+    layer files matched no pattern and were ignored without a word. MoE saves are assembled:
+    tests/test_deepspeed_moe.py, which also has an expert file of another TP rank, flagged.)"""
     save = SHIPPED / name
     result = run_cli("check", str(save))
     assert result.code == 1, result.out + result.err

@@ -1,10 +1,14 @@
-"""DeepSpeed MoE saves at ZeRO-0: the module plus every expert file, read as one model.
+"""DeepSpeed MoE saves: the module plus every expert file (ZeRO-0), or the fp32 masters of the expert
+param groups, partitioned over expert-data-parallel ranks (ZeRO-1/2), read as one model.
 
-The saves are written by DeepSpeed 0.19.8's own engine (``make_deepspeed_samples.MOE_VARIANTS``,
-shipped in ``sample_ckpts/deepspeed_zero``): ``deepspeed.moe.layer.MoE`` with 4 experts at ep_size=2 on
-2 gloo CPU ranks, one step, ``engine.save_checkpoint``. The oracle beside each save is what DeepSpeed's
-engine held after it (``engine.module.state_dict()`` of both ranks, each rank's local experts under their
-global ids), gathered by the generator: never read back through ckptscope.
+The saves are written by DeepSpeed 0.19.8's own engine (``make_deepspeed_samples.MOE_VARIANTS`` and
+``MOE_DP2_VARIANTS``/``MOE_DE_VARIANTS``, shipped in ``sample_ckpts/deepspeed_zero``):
+``deepspeed.moe.layer.MoE`` with 4 experts at ep_size=2 on 2 gloo CPU ranks (each expert group whole on
+its rank) or on 4 (ep 2 x expert data parallel 2, DeepSpeed's E + D topology and its D + E one), one step,
+``engine.save_checkpoint``. The oracle beside each save is what DeepSpeed's engine held after it, gathered
+by the generator from every rank with each local expert under its global id (DeepSpeed's own
+``groups._get_expert_parallel_rank``): ``engine.module.state_dict()`` at ZeRO-0, DeepSpeed's
+``safe_get_full_fp32_param`` under ZeRO-1/2. Never read back through ckptscope.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from ckptscope.formats.deepspeed import moe
 from ckptscope.ops.opening import open_checkpoint
 
 SHIPPED = SAMPLES / "deepspeed_zero"
-ASSEMBLED = ("moe_zero0", "moe_bf16_zero0")
+ASSEMBLED = ("moe_zero0", "moe_bf16_zero0", "moe_bf16_zero1", "moe_bf16_zero1_dp2", "moe_bf16_zero2_dp2_de")
 TAG = "global_step1"
 EXPERT = "moe.deepspeed_moe.experts.deepspeed_experts.{}.0.weight"
 
@@ -45,8 +49,9 @@ def _numpy(tensor) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", ASSEMBLED)
-def test_every_expert_joins_the_module_bit_for_bit(name):
-    """Before, the expert files were "not assembled": check failed and the model lacked every expert."""
+def test_every_expert_is_in_the_model_bit_for_bit(name):
+    """Before, the expert files were "not assembled": check failed and the model lacked every expert. Under
+    ZeRO-1/2 the reader had even cut rank 0's expert partition as if it were the whole world's."""
     want = _oracle(name)
     assert {EXPERT.format(e) for e in range(4)} <= set(want)
     result = run_cli("check", str(SHIPPED / name))
@@ -62,6 +67,34 @@ def test_every_expert_joins_the_module_bit_for_bit(name):
             got = reader.read(tensor)
             assert got.dtype == value.dtype and got.shape == value.shape, tensor
             assert got.tobytes() == value.tobytes(), tensor
+
+
+@pytest.mark.parametrize("name", ["moe_bf16_zero1", "moe_bf16_zero1_dp2", "moe_bf16_zero2_dp2_de"])
+def test_under_zero_the_expert_files_are_the_masters_low_precision_copies(name):
+    """Each expert's bf16 weights (its own file) are its fp32 master rounded, as DeepSpeed writes them after
+    the step: listed as ``lp_params.`` training state, each master piece checked against them by ``check``."""
+    import ml_dtypes
+
+    with open_checkpoint(SHIPPED / name) as reader:
+        index = reader.index()
+        for e in range(4):
+            master, copy = EXPERT.format(e), "lp_params." + EXPERT.format(e)
+            assert index.tensors[copy].files == (f"{TAG}/{moe.file_name(0, e, 0)}",)
+            assert index.tensors[master].attr("zero") is not None
+            want = reader.read(master).astype(ml_dtypes.bfloat16)
+            assert reader.read(copy).tobytes() == want.tobytes(), e
+
+
+def test_optimizer_files_of_two_ranks_swapped_are_caught(tmp_path):
+    """What reading a save in the wrong topology (E + D for D + E) looks like: the partitions of one
+    expert-parallel rank read as another's. check's copy comparison fails on it, and exports refuse."""
+    save = _copy(tmp_path, "moe_bf16_zero2_dp2_de")
+    a, b = (save / TAG / f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (1, 2))
+    a.rename(tmp_path / "x")
+    b.rename(a)
+    (tmp_path / "x").rename(b)
+    result = run_cli("check", str(save))
+    assert result.code == 1 and "copy-mismatch" in result.out, result.out
 
 
 def test_each_expert_comes_from_its_own_file():
@@ -174,3 +207,17 @@ def test_missing_experts_follow_num_experts(found, counts, missing):
 ])
 def test_expert_file_names(name, parsed):
     assert moe.expert_file(name) == parsed
+
+
+def test_zero_saves_without_their_expert_files_still_place_the_masters(tmp_path):
+    """Every expert file gone from a ZeRO-1 save: the fp32 masters are still cut per expert-parallel rank
+    (they never came from those files), and each missing file is a problem."""
+    save = _copy(tmp_path, "moe_bf16_zero1_dp2")
+    for e in range(4):
+        (save / TAG / moe.file_name(0, e, 0)).unlink()
+    want = _oracle("moe_bf16_zero1_dp2")
+    with open_checkpoint(save) as reader:
+        for tensor, value in want.items():
+            assert reader.read(tensor).tobytes() == value.tobytes(), tensor
+    result = run_cli("check", str(save))
+    assert result.code == 1 and result.out.count("missing-file") == 4, result.out

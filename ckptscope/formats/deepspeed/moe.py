@@ -14,19 +14,24 @@ all expert-parallel ranks together hold each expert once, under its own name. (F
 DeepSpeed numbered layers are ``expert_{E}_mp_rank_{tp:02d}_model_states.pt``.) The model-states file
 records ``num_experts``, one count per MoE layer, which says which files must be there.
 
-Under ZeRO-1/2 the fp32 masters of the experts are partitions of their own expert groups in the
-``zero_pp_rank_*`` optim files (named by local ids of each rank); that layout is not assembled here.
+Under ZeRO-1/2 the experts' fp32 masters are partitions of param groups of their own (the optimizer's
+expert groups, ``split_params_into_different_moe_groups_for_optimizer``): such a group is partitioned
+over an *expert-data-parallel* group of ranks (``partition_count``), not over the world, and each
+expert-parallel rank's partitions hold its own local experts, which the model states' ``param_shapes``
+name by rank 0's local ids (``expert_groups``).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 EXPERT_FILE = re.compile(r"^(?:layer_(?P<layer>\d+)_)?expert_(?P<expert>\d+)_mp_rank_(?P<mp>\d+)_model_states\.pt$")
 EXPERT_OPTIM = re.compile(r"^expp_rank_(?P<expp>\d+)_mp_rank_(?P<mp>\d+)_optim_states\.pt$")
 EXPERT_KEY = re.compile(r"\.deepspeed_experts\.(\d+)\.")
 """The expert id inside a key of an expert file (the global one, as the file name's)."""
+_EXPERT_PARAM = re.compile(r"^(?P<module>.*\.deepspeed_experts\.)(?P<expert>\d+)(?P<param>\..*)$")
 
 NO_LAYER = -1
 """The layer of an ``expert_{E}_...`` file (DeepSpeed before it numbered MoE layers)."""
@@ -53,6 +58,12 @@ def expert_optim_rank(name: str) -> tuple[int, int] | None:
     return (int(m["expp"]), int(m["mp"])) if m else None
 
 
+def is_moe_save(model_states: object) -> bool:
+    """Written by DeepSpeed's MoE save path: its model states record ``num_experts`` (one count per MoE layer);
+    other saves have no such key."""
+    return isinstance(model_states, dict) and isinstance(model_states.get("num_experts"), list)
+
+
 def missing_experts(found: set[tuple[int, int]], num_experts: object) -> list[tuple[int, int]]:
     """``(layer, expert)`` pairs the model-states ``num_experts`` (one count per MoE layer) says were saved
     and no file holds. Legacy files without a layer stand for the first MoE layer. [] when the counts are
@@ -67,3 +78,43 @@ def missing_experts(found: set[tuple[int, int]], num_experts: object) -> list[tu
 def file_name(layer: int, expert: int, mp: int) -> str:
     """The name DeepSpeed gives the file of ``expert`` of MoE layer ``layer`` (model-parallel rank ``mp``)."""
     return f"layer_{layer}_expert_{expert}_mp_rank_{mp:02d}_model_states.pt"
+
+
+def expert_groups(names: list[str], world: int, count: object, *, data_before_expert: bool = False,
+                  ) -> list[tuple[list[int], Callable[[str], str]]] | None:
+    """How a ZeRO-1/2 param group of expert params (every name ``...deepspeed_experts.{e}...``) is laid out:
+    per expert-parallel rank ``k``, the ranks whose partitions of the group, in that order, make its flat
+    group, and the renaming of rank 0's local expert ids (``param_shapes`` is rank 0's) to ``k``'s global
+    ones (``k * num_local + e``, as the expert files are named). None for a group that is not one of experts.
+
+    ``count`` is the group's ``partition_count`` (the expert-data-parallel size), so there are
+    ``world // count`` expert-parallel ranks. DeepSpeed's default topology (E + D,
+    ``groups._create_expert_and_data_parallel``) makes expert-parallel groups of consecutive ranks: rank
+    ``r`` is expert-parallel rank ``r % ep`` and holds partition ``r // ep``; with the DeepSpeed config's
+    ``use_data_before_expert_parallelism`` (D + E) it is the other way round. ``ValueError`` when the
+    counts do not fit together."""
+    if not names or not all(EXPERT_KEY.search(n) for n in names):
+        return None
+    if type(count) is not int or count < 1 or world % count:
+        raise ValueError(f"partition_count {count!r} of an expert param group does not divide the {world} ranks")
+    ep = world // count
+    local: dict[str, set[int]] = {}
+    for name in names:
+        m = _EXPERT_PARAM.match(name)
+        if m is None:
+            raise ValueError(f"{name}: not an expert param name")
+        local.setdefault(m["module"], set()).add(int(m["expert"]))
+    for module, ids in local.items():
+        if ids != set(range(len(ids))):
+            raise ValueError(f"{module}: the local expert ids {sorted(ids)} are not 0..{len(ids) - 1}")
+
+    def renamer(k: int) -> Callable[[str], str]:
+        def rename(name: str) -> str:
+            m = _EXPERT_PARAM.match(name)
+            assert m is not None  # every name matched above
+            return f"{m['module']}{k * len(local[m['module']]) + int(m['expert'])}{m['param']}"
+        return rename
+
+    if data_before_expert:
+        return [(list(range(k * count, (k + 1) * count)), renamer(k)) for k in range(ep)]
+    return [([k + ep * j for j in range(count)], renamer(k)) for k in range(ep)]

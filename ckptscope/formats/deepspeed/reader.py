@@ -47,9 +47,10 @@ names (layer ids are global), then the layer files add the module weights (``lp_
 the model without). AutoTP saves (``mp_rank_01`` ... without layer files, with an affine map) read each TP
 rank as above and place its shards in the whole tensors (``formats.deepspeed.autotp``). Other tensor-parallel
 saves (layer files of TP rank > 0, no affine map, a placement that is no box) are not assembled: rank 00
-only, each other file an ``unassembled-file`` issue. MoE saves at ZeRO stage 0 add every expert file to the
-module (``formats.deepspeed.moe``); under ZeRO partitions or pipeline stages their expert files are not
-assembled either.
+only, each other file an ``unassembled-file`` issue. MoE saves (``formats.deepspeed.moe``): at ZeRO-0 every
+expert file joins the module; under ZeRO-1/2 the expert param groups' masters come from their own
+expert-data-parallel partitions, and the expert files are their ``lp_params.`` copies. The MoE files of a
+pipeline save are not assembled.
 """
 
 from __future__ import annotations
@@ -496,9 +497,7 @@ class DeepSpeedReader(CheckpointReader):
         if step:
             index.metadata["iteration"] = int(step.group(1))
         stages = pipeline_stages(layout)
-        if (layout.experts or layout.expert_optim) and (stages or layout.optim):
-            # ZeRO-1/2 keeps the experts' fp32 masters in partitions of their own expert groups, named by each
-            # rank's local ids: not assembled (the expert files' bf16 copies alone are not the model trained).
+        if (layout.experts or layout.expert_optim) and stages:  # an MoE pipeline save: its expert files not placed
             layout.unassembled += sorted(layout.experts.values()) + sorted(layout.expert_optim.values())
             layout.experts, layout.expert_optim = {}, {}
         why_not = ""
@@ -736,7 +735,7 @@ class DeepSpeedReader(CheckpointReader):
             if layout.optim:
                 index.warnings.append("the *_optim_states.pt files hold no optimizer_state_dict")
             self._index_module_only(index, model_obj, prefix + main_model, model_zip, stage)
-            if layout.experts or layout.expert_optim:
+            if layout.experts or layout.expert_optim or moe.is_moe_save(model_obj):
                 self._index_experts(index, tag_dir, prefix, layout, model_obj)
             return
 
@@ -781,12 +780,16 @@ class DeepSpeedReader(CheckpointReader):
         built = _Built()
         files = {dp: prefix + layout.optim[dp] for dp in osds}
         if stage in (1, 2):
-            self._zero12(index, built, shapes, osds, parsed_optim, files, world, optim_name, prefix)
+            self._zero12(index, built, shapes, osds, parsed_optim, files, world, optim_name, prefix,
+                         data_before_expert=isinstance(ds_config, dict)
+                         and bool(ds_config.get("use_data_before_expert_parallelism")))
         else:
             self._zero3(index, built, shapes, osds, parsed_optim, files, world, optim_name, prefix)
         self._model_extras(index, built, model_obj, model_zip, prefix + main_model, stage, world, parsed_models,
                            layout, prefix, shapes)
         self._finish(index, built, model_obj)
+        if layout.experts or layout.expert_optim or moe.is_moe_save(model_obj):
+            self._index_experts(index, tag_dir, prefix, layout, model_obj, copies=True)
         self._optimizer_objects(index, first, parsed_optim[first_dp], files[first_dp], stage)
 
     def _slice_mapping_shapes(self, osds: dict[int, dict], model_obj: dict,
@@ -1184,69 +1187,90 @@ class DeepSpeedReader(CheckpointReader):
 
     def _zero12(self, index: CheckpointIndex, built: _Built, shapes: list[dict[str, tuple[int, ...]]],
                 osds: dict[int, dict], zips: dict[int, TorchZip], files: dict[int, str], world: int,
-                optim_name: str, prefix: str) -> None:
+                optim_name: str, prefix: str, data_before_expert: bool = False) -> None:
+        """Every param group's fp32 masters (and Adam moments) from the ranks' flat partitions; a group of MoE
+        experts from the partitions of each expert-data-parallel group (``moe.expert_groups``;
+        ``data_before_expert``: the save's D + E topology)."""
+        counts = osds[min(osds)].get("partition_count")
+        for g, group in enumerate(shapes):
+            count = counts[g] if isinstance(counts, list) and g < len(counts) else None
+            try:
+                plans = moe.expert_groups(list(group), world, count, data_before_expert=data_before_expert)
+            except ValueError as exc:
+                raise CkptError(f"param group {g} of this MoE save: {exc}", self.path) from None
+            for ranks, rename in plans or [(list(range(world)), None)]:
+                self._zero12_group(index, built, g, group, osds, zips, files, ranks, rename, optim_name)
+
+    def _zero12_group(self, index: CheckpointIndex, built: _Built, g: int, group: dict[str, tuple[int, ...]],
+                      osds: dict[int, dict], zips: dict[int, TorchZip], files: dict[int, str], ranks: list[int],
+                      rename: Callable[[str], str] | None, optim_name: str) -> None:
+        """Param group ``g`` from the partitions of ``ranks``, in that order (every rank, or one expert-parallel
+        rank's expert-data-parallel group), each param under ``rename(name)`` when given."""
         key = "single_partition_of_fp32_groups"
         first = osds[min(osds)]
         paddings = first.get("param_alignment_paddings")
-        for g, group in enumerate(shapes):
-            # every rank but the last holds P elements: a present rank's lean length plus its padding
-            full = None
-            for dp, osd in osds.items():
-                refs, pads = osd.get(key), osd.get("group_paddings")
-                if isinstance(refs, list) and g < len(refs) and isinstance(refs[g], TensorRef):
-                    pad = pads[g] if isinstance(pads, list) and g < len(pads) and isinstance(pads[g], int) else 0
-                    full = refs[g].numel + pad
-                    break
-            if full is None:
-                index.warnings.append(f"param group {g}: no rank holds its fp32 partition")
+        # every rank but the last holds P elements: a present rank's lean length plus its padding
+        full = None
+        for dp in ranks:
+            osd = osds.get(dp)
+            if osd is None:
                 continue
-            streams: dict[str, list[Segment]] = {}
-            moment_keys: list[str] | None = None
-            for r in range(world):
-                osd = osds.get(r)
-                missing_seg = Segment(None if r == world - 1 else full, None, missing=optim_name.format(r))
-                if osd is None:
-                    for name in ["fp32", *(moment_keys or [])]:
-                        streams.setdefault(name, []).append(missing_seg)
-                    continue
-                refs = osd.get(key)
-                ref = refs[g] if isinstance(refs, list) and g < len(refs) else None
-                seg = self._segment(ref, zips[r], files[r])
-                if seg is None:
-                    raise CkptError(f"{key}[{g}] of rank {r} is not a flat stored tensor", self.path)
-                streams.setdefault("fp32", []).append(seg)
-                moments = self._moment_refs(osd, 2, g)
-                keys = [k for k, v in moments.items() if isinstance(v, TensorRef) and len(v.shape) == 1
-                        and v.numel >= seg.length]
-                if moment_keys is None:
-                    moment_keys = keys
-                    for k in keys:  # earlier missing ranks
-                        streams[k] = [s for s in streams["fp32"][:-1]]
-                for k in moment_keys:
-                    mseg = self._segment(moments.get(k), zips[r], files[r], seg.length)
-                    streams.setdefault(k, []).append(mseg or Segment(seg.length, None, missing=f"{files[r]} ({k})"))
-            group_pads = paddings[g] if isinstance(paddings, list) and g < len(paddings) \
-                and isinstance(paddings[g], list) and len(paddings[g]) == len(group) else None
-            offset = 0
-            dtype = self._flat_dtype(osds, key, g)
-            for i, (name, shape) in enumerate(group.items()):
-                numel = math.prod(shape)
-                for stream, segments in streams.items():
-                    pieces = [_Piece(a - offset, b - offset, seg, off)
-                              for a, b, seg, off in _split(segments, offset, offset + numel)]
-                    if stream == "fp32":
-                        self._add_param(built, name, shape, dtype, pieces, (("zero", f"ZeRO-1/2 group {g}"),))
-                    else:
-                        self._add_param(built, f"{MOMENT_PREFIX}{stream}.{name}", shape, "float32", pieces,
-                                        (("group", "optimizer"),))
-                offset += numel + (group_pads[i] if group_pads else 0)
-            if not any(s.length is None for s in streams["fp32"]):
-                available = sum(s.length or 0 for s in streams["fp32"])
-                align = 2 * world
-                if math.ceil(offset / align) != math.ceil(available / align):
-                    index.warnings.append(f"param group {g}: the params take {offset} elements but the ranks hold "
-                                          f"{available} (padding to {align} does not explain it); values may be "
-                                          "misplaced")
+            refs, pads = osd.get(key), osd.get("group_paddings")
+            if isinstance(refs, list) and g < len(refs) and isinstance(refs[g], TensorRef):
+                pad = pads[g] if isinstance(pads, list) and g < len(pads) and isinstance(pads[g], int) else 0
+                full = refs[g].numel + pad
+                break
+        if full is None:
+            index.warnings.append(f"param group {g}: no rank holds its fp32 partition")
+            return
+        streams: dict[str, list[Segment]] = {}
+        moment_keys: list[str] | None = None
+        for i, r in enumerate(ranks):
+            osd = osds.get(r)
+            missing_seg = Segment(None if i == len(ranks) - 1 else full, None, missing=optim_name.format(r))
+            if osd is None:
+                for name in ["fp32", *(moment_keys or [])]:
+                    streams.setdefault(name, []).append(missing_seg)
+                continue
+            refs = osd.get(key)
+            ref = refs[g] if isinstance(refs, list) and g < len(refs) else None
+            seg = self._segment(ref, zips[r], files[r])
+            if seg is None:
+                raise CkptError(f"{key}[{g}] of rank {r} is not a flat stored tensor", self.path)
+            streams.setdefault("fp32", []).append(seg)
+            moments = self._moment_refs(osd, 2, g)
+            keys = [k for k, v in moments.items() if isinstance(v, TensorRef) and len(v.shape) == 1
+                    and v.numel >= seg.length]
+            if moment_keys is None:
+                moment_keys = keys
+                for k in keys:  # earlier missing ranks
+                    streams[k] = [s for s in streams["fp32"][:-1]]
+            for k in moment_keys:
+                mseg = self._segment(moments.get(k), zips[r], files[r], seg.length)
+                streams.setdefault(k, []).append(mseg or Segment(seg.length, None, missing=f"{files[r]} ({k})"))
+        group_pads = paddings[g] if isinstance(paddings, list) and g < len(paddings) \
+            and isinstance(paddings[g], list) and len(paddings[g]) == len(group) else None
+        offset = 0
+        dtype = self._flat_dtype(osds, key, g)
+        for i, (name, shape) in enumerate(group.items()):
+            numel = math.prod(shape)
+            name = rename(name) if rename else name
+            for stream, segments in streams.items():
+                pieces = [_Piece(a - offset, b - offset, seg, off)
+                          for a, b, seg, off in _split(segments, offset, offset + numel)]
+                if stream == "fp32":
+                    self._add_param(built, name, shape, dtype, pieces, (("zero", f"ZeRO-1/2 group {g}"),))
+                else:
+                    self._add_param(built, f"{MOMENT_PREFIX}{stream}.{name}", shape, "float32", pieces,
+                                    (("group", "optimizer"),))
+            offset += numel + (group_pads[i] if group_pads else 0)
+        if not any(s.length is None for s in streams["fp32"]):
+            available = sum(s.length or 0 for s in streams["fp32"])
+            align = 2 * len(ranks)
+            if math.ceil(offset / align) != math.ceil(available / align):
+                index.warnings.append(f"param group {g}: the params take {offset} elements but the ranks hold "
+                                      f"{available} (padding to {align} does not explain it); values may be "
+                                      "misplaced")
 
     def _zero3(self, index: CheckpointIndex, built: _Built, shapes: list[dict[str, tuple[int, ...]]],
                osds: dict[int, dict], zips: dict[int, TorchZip], files: dict[int, str], world: int,
@@ -1416,10 +1440,12 @@ class DeepSpeedReader(CheckpointReader):
         self._finish(index, built, obj)
 
     def _index_experts(self, index: CheckpointIndex, tag_dir: Path, prefix: str, layout: DsLayout,
-                       model_obj: dict) -> None:
-        """An MoE save at ZeRO stage 0 (``formats.deepspeed.moe``): every expert file's tensors join the module's
-        under their global names; each other expert-parallel rank's optimizer state is listed under
-        ``optimizer.expp_rank_{R}.`` (rank 0's is the model states' ``optimizer``, the same object)."""
+                       model_obj: dict, *, copies: bool = False) -> None:
+        """An MoE save (``formats.deepspeed.moe``): every expert file's tensors join the module's under their
+        global names; each other expert-parallel rank's optimizer state is listed under
+        ``optimizer.expp_rank_{R}.`` (rank 0's is the model states' ``optimizer``, the same object).
+        ``copies``: under ZeRO-1/2 the fp32 masters came from the partitions, and an expert file's tensor
+        of a param with a master is its low-precision copy (``lp_params.``), as the module's are."""
         built = _Built()
         for (layer, expert), name in sorted(layout.experts.items()):
             zip_ = self._rank_file(tag_dir / name)
@@ -1432,11 +1458,18 @@ class DeepSpeedReader(CheckpointReader):
                 if ids and int(ids[-1]) != expert:
                     raise CkptError(f"{name}: holds {key}, an entry of expert {ids[-1]}, not of expert {expert}: "
                                     "the file was renamed or mixed with another save's", tag_dir)
+                master = index.tensors.get(key) if copies else None
+                if master is not None and master.attr("zero") is not None:
+                    attrs: tuple[tuple[str, str], ...] = (("group", "optimizer"), ("lp_copy_of", key))
+                    key = LP_PREFIX + key
+                else:
+                    attrs = ()
                 if key in index.tensors or key in built.tensors:
                     raise CkptError(f"{name}: {key} is stored twice (here and in another file of the save)", tag_dir)
                 if isinstance(ref, TensorRef) and ref.storage is not None:
-                    built.tensors[key] = tensor_meta(key, ref, prefix + name, zip_.storages.get(ref.storage.key),
-                                                     big_endian=zip_.big_endian, path=self.path)
+                    meta = tensor_meta(key, ref, prefix + name, zip_.storages.get(ref.storage.key),
+                                       big_endian=zip_.big_endian, path=self.path)
+                    built.tensors[key] = replace(meta, attrs=meta.attrs + attrs) if attrs else meta
         for layer, expert in moe.missing_experts(set(layout.experts), to_plain(model_obj.get("num_experts"))):
             index.add_issue("missing-file", f"missing: the model states record {expert + 1} or more experts in MoE "
                             f"layer {layer}; expert {expert}'s weights cannot be read",
