@@ -338,6 +338,12 @@ MOE_DE_VARIANTS = {"moe_bf16_zero2_dp2_de": {"bf16": {"enabled": True}, "zero_op
 DeepSpeed's default E + D topology (expert-parallel groups [0, 1], [2, 3]) and in its D + E one
 ([0, 2], [1, 3]). Each topology needs a spawn of its own: DeepSpeed makes the ``ep_size_2`` groups once
 per process and keeps them, so a second engine with the other flag would run on the first's groups."""
+MOE_TWO_SIZES_VARIANTS = {"moe_bf16_zero2_two_sizes": {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2},
+                                                       "net": "two_sizes"}}
+"""On 4 ranks, two MoE layers of different expert-parallel sizes (4 experts at ep_size 2, 8 single-Linear
+experts at ep_size 4 with PR-MoE's residual MLP, top-2), so the optimizer has two expert param groups,
+partitioned over 2 ranks and 1. ``split_params_into_different_moe_groups_for_optimizer`` orders them per
+process (by string hashes): in the shipped save ranks 1 and 2 have them the other way round from 0 and 3."""
 
 
 def moe_oracle_path(save_dir: Path) -> Path:
@@ -356,6 +362,11 @@ def _run_moe_dp2_rank(rank: int, world_size: int, out: str, init_file: str) -> N
 def _run_moe_de_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
     """``MOE_DE_VARIANTS`` (see ``_run_moe_rank``)."""
     _run_moe_rank(rank, world_size, out, init_file, variants=MOE_DE_VARIANTS)
+
+
+def _run_moe_two_sizes_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
+    """``MOE_TWO_SIZES_VARIANTS`` (see ``_run_moe_rank``)."""
+    _run_moe_rank(rank, world_size, out, init_file, variants=MOE_TWO_SIZES_VARIANTS)
 
 
 def _run_moe_rank(rank: int, world_size: int, out: str, init_file: str, variants: dict[str, dict] | None = None) -> None:
@@ -392,9 +403,25 @@ def _run_moe_rank(rank: int, world_size: int, out: str, init_file: str, variants
             hidden, aux, _ = self.moe(self.inp(x))
             return self.out(hidden), aux
 
+    class WithTwoSizes(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = nn.Linear(6, 8)
+            self.moe = MoE(hidden_size=8, expert=nn.Sequential(nn.Linear(8, 5), nn.ReLU(), nn.Linear(5, 8)),
+                           num_experts=4, ep_size=2, k=1, use_residual=False, min_capacity=0)
+            self.moe2 = MoE(hidden_size=8, expert=nn.Linear(8, 8), num_experts=8, ep_size=4, k=2, min_capacity=0,
+                            use_residual=True)
+            self.out = nn.Linear(8, 3)
+
+        def forward(self, x):
+            hidden, aux, _ = self.moe(self.inp(x))
+            hidden, aux2, _ = self.moe2(hidden)
+            return self.out(hidden), aux + aux2
+
     for name, extra in (variants or MOE_VARIANTS).items():
+        extra = dict(extra)
         torch.manual_seed(5)
-        net = WithExperts()
+        net = WithTwoSizes() if extra.pop("net", None) == "two_sizes" else WithExperts()
         groups = split_params_into_different_moe_groups_for_optimizer({"params": list(net.parameters()), "name": "p"})
         config = {**base, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, **extra}
         engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.AdamW(groups, lr=1e-2), config=config,
@@ -405,18 +432,19 @@ def _run_moe_rank(rank: int, world_size: int, out: str, init_file: str, variants
         engine.step()
         engine.save_checkpoint(str(Path(out) / name))
         dist.barrier()
-        local = net.moe.deepspeed_moe.num_local_experts
-        ep_rank = ds_groups._get_expert_parallel_rank(net.moe.deepspeed_moe.ep_group_name)
-        prefix = "moe.deepspeed_moe.experts.deepspeed_experts."
         if extra["zero_optimization"]["stage"]:  # collectives: every rank, the same order
             held = {key: safe_get_full_fp32_param(param) for key, param in engine.module.named_parameters()}
         else:
             held = engine.module.state_dict()
+        layers = {f"{n}.deepspeed_moe.experts.deepspeed_experts.": m.deepspeed_moe for n, m in net.named_modules()
+                  if isinstance(m, MoE)}
         mine = {}
         for key, value in held.items():
-            if key.startswith(prefix):
-                e, rest = key[len(prefix):].split(".", 1)
-                key = f"{prefix}{ep_rank * local + int(e)}.{rest}"
+            for prefix, layer in layers.items():
+                if key.startswith(prefix):
+                    ep_rank = ds_groups._get_expert_parallel_rank(layer.ep_group_name)
+                    e, rest = key[len(prefix):].split(".", 1)
+                    key = f"{prefix}{ep_rank * layer.num_local_experts + int(e)}.{rest}"
             mine[key] = value.detach().clone()
         gathered = [None] * world_size
         dist.all_gather_object(gathered, mine)
@@ -432,7 +460,8 @@ def _run_moe_rank(rank: int, world_size: int, out: str, init_file: str, variants
 
 def write_pipeline_and_moe_samples(out: Path) -> tuple[Path, ...]:
     """The pipeline samples (``PIPELINE_VARIANTS``, ``PIPELINE_DP2_VARIANTS``) and the MoE ones
-    (``MOE_VARIANTS``, ``MOE_DP2_VARIANTS``, ``MOE_DE_VARIANTS``), with their oracles."""
+    (``MOE_VARIANTS``, ``MOE_DP2_VARIANTS``, ``MOE_DE_VARIANTS``, ``MOE_TWO_SIZES_VARIANTS``), with their
+    oracles."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -441,7 +470,9 @@ def write_pipeline_and_moe_samples(out: Path) -> tuple[Path, ...]:
     _spawn(_run_moe_rank, out, world_size=2)
     _spawn(_run_moe_dp2_rank, out, world_size=4)
     _spawn(_run_moe_de_rank, out, world_size=4)
-    names = (*PIPELINE_VARIANTS, *PIPELINE_DP2_VARIANTS, *MOE_VARIANTS, *MOE_DP2_VARIANTS, *MOE_DE_VARIANTS)
+    _spawn(_run_moe_two_sizes_rank, out, world_size=4)
+    names = (*PIPELINE_VARIANTS, *PIPELINE_DP2_VARIANTS, *MOE_VARIANTS, *MOE_DP2_VARIANTS, *MOE_DE_VARIANTS,
+             *MOE_TWO_SIZES_VARIANTS)
     for name in names:  # DeepSpeed's helper script is its code, not data
         for script in (out / name).glob("zero_to_*.py"):
             script.unlink()

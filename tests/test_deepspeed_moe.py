@@ -26,7 +26,8 @@ from ckptscope.formats.deepspeed import moe
 from ckptscope.ops.opening import open_checkpoint
 
 SHIPPED = SAMPLES / "deepspeed_zero"
-ASSEMBLED = ("moe_zero0", "moe_bf16_zero0", "moe_bf16_zero1", "moe_bf16_zero1_dp2", "moe_bf16_zero2_dp2_de")
+ASSEMBLED = ("moe_zero0", "moe_bf16_zero0", "moe_bf16_zero1", "moe_bf16_zero1_dp2", "moe_bf16_zero2_dp2_de",
+             "moe_bf16_zero2_two_sizes")
 TAG = "global_step1"
 EXPERT = "moe.deepspeed_moe.experts.deepspeed_experts.{}.0.weight"
 
@@ -83,6 +84,32 @@ def test_under_zero_the_expert_files_are_the_masters_low_precision_copies(name):
             assert index.tensors[master].attr("zero") is not None
             want = reader.read(master).astype(ml_dtypes.bfloat16)
             assert reader.read(copy).tobytes() == want.tobytes(), e
+
+
+def test_ranks_with_their_expert_groups_in_another_order_are_read_by_each_ranks_own(tmp_path):
+    """Two MoE layers of different expert-parallel sizes: DeepSpeed orders the two expert param groups per
+    process, and in this save (written by it) some ranks have them the other way round from rank 0, whose
+    order ``param_shapes`` records. Each rank's partitions are found by the params they hold; read by index,
+    every expert of those ranks was another group's bytes (a probe)."""
+    import torch
+
+    orders = set()
+    for r in range(4):
+        path = SHIPPED / "moe_bf16_zero2_two_sizes" / TAG / f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
+        groups = torch.load(str(path), weights_only=False)["optimizer_state_dict"]["base_optimizer_state"]["param_groups"]
+        orders.add(tuple(g["name"] for g in groups))
+    assert len(orders) == 2, orders
+    want = _oracle("moe_bf16_zero2_two_sizes")
+    assert sum(".deepspeed_experts." in n for n in want) == 4 * 4 + 8 * 2
+    result = run_cli("check", str(SHIPPED / "moe_bf16_zero2_two_sizes"))
+    assert result.code == 0, result.out
+
+
+def test_group_orders_by_the_params_held_then_by_name():
+    shapes = [["a", "b"], ["x.deepspeed_experts.0.w"], ["y.deepspeed_experts.0.w", "y.deepspeed_experts.1.w"]]
+    ranks = {0: ([["a"], ["x.deepspeed_experts.0.w"], ["y.deepspeed_experts.0.w"]], ["p", "e2", "e4"]),
+             1: ([["b"], ["y.deepspeed_experts.1.w"], []], ["p", "e4", "e2"])}
+    assert moe.group_orders(shapes, ranks) == {0: {0: 0, 1: 1, 2: 2}, 1: {0: 0, 2: 1, 1: 2}}
 
 
 def test_optimizer_files_of_two_ranks_swapped_are_caught(tmp_path):

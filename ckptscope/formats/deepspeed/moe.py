@@ -118,3 +118,34 @@ def expert_groups(names: list[str], world: int, count: object, *, data_before_ex
     if data_before_expert:
         return [(list(range(k * count, (k + 1) * count)), renamer(k)) for k in range(ep)]
     return [([k + ep * j for j in range(count)], renamer(k)) for k in range(ep)]
+
+
+def group_orders(shapes: list[list[str]], ranks: dict[int, tuple[list[list[str]] | None, list[object] | None]],
+                 ) -> dict[int, dict[int, int]]:
+    """Per rank, ``param_shapes`` group ``g`` -> the index of the same group in that rank's optimizer state.
+
+    DeepSpeed's MoE param groups (``split_params_into_different_moe_groups_for_optimizer``, one per expert-
+    parallel size) come in an order of each process's own: in a probe with experts at ep_size 2 and 4 on 4
+    ranks, ranks 1 and 2 had the two expert groups the other way round from ranks 0 and 3. ``param_shapes``
+    follows rank 0's. ``ranks``: per rank, its ``param_slice_mappings`` keys per group (the names of the params
+    its partition holds, local expert ids as in ``param_shapes``) and its base optimizer's group names. A
+    group is found by the params its partition holds, else by the name the group has where it was found.
+    Groups found nowhere are left out (the caller keeps the index)."""
+    owners = [set(names) for names in shapes]
+    found: dict[int, dict[int, int]] = {}
+    group_names: dict[int, object] = {}
+    for rank, (slices, names) in ranks.items():
+        order = found.setdefault(rank, {})
+        for j, keys in enumerate(slices or []):
+            held = set(keys)
+            hits = [g for g, owner in enumerate(owners) if held and held <= owner]
+            if len(hits) == 1 and hits[0] not in order:
+                order[hits[0]] = j
+                if names and j < len(names) and names[j] is not None:
+                    group_names.setdefault(hits[0], names[j])
+    for rank, (_, names) in ranks.items():
+        order = found[rank]
+        for g, name in group_names.items():
+            if g not in order and names and names.count(name) == 1 and names.index(name) not in order.values():
+                order[g] = names.index(name)
+    return found

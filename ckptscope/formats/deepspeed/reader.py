@@ -369,6 +369,23 @@ def _ordered(value: Any) -> dict[str, Any]:
     return {}
 
 
+def _slice_names(osd: dict) -> list[list[str]] | None:
+    """Per param group, the names of the params this rank's partition holds (``param_slice_mappings``)."""
+    mappings = osd.get("param_slice_mappings")
+    if not isinstance(mappings, list):
+        return None
+    return [list(_ordered(m)) for m in mappings]
+
+
+def _group_names(osd: dict) -> list[object] | None:
+    """Per param group, its ``name`` in the base optimizer's ``param_groups`` (DeepSpeed's MoE groups have one)."""
+    base = osd.get("base_optimizer_state")
+    groups = base.get("param_groups") if isinstance(base, dict) else None
+    if not isinstance(groups, list):
+        return None
+    return [g.get("name") if isinstance(g, dict) else None for g in groups]
+
+
 # --- the reader -------------------------------------------------------------------------------------
 
 
@@ -781,7 +798,7 @@ class DeepSpeedReader(CheckpointReader):
         files = {dp: prefix + layout.optim[dp] for dp in osds}
         if stage in (1, 2):
             self._zero12(index, built, shapes, osds, parsed_optim, files, world, optim_name, prefix,
-                         data_before_expert=isinstance(ds_config, dict)
+                         experts=moe.is_moe_save(model_obj), data_before_expert=isinstance(ds_config, dict)
                          and bool(ds_config.get("use_data_before_expert_parallelism")))
         else:
             self._zero3(index, built, shapes, osds, parsed_optim, files, world, optim_name, prefix)
@@ -1159,11 +1176,11 @@ class DeepSpeedReader(CheckpointReader):
             state = None
         return state if isinstance(state, dict) else {}
 
-    def _flat_dtype(self, osds: dict[int, dict], key: str, group: int) -> str:
-        for osd in osds.values():
-            groups = osd.get(key)
-            if isinstance(groups, list) and group < len(groups) and isinstance(groups[group], TensorRef):
-                return groups[group].dtype.name
+    def _flat_dtype(self, osds: dict[int, dict], key: str, group: int, at: dict[int, int] | None = None) -> str:
+        for rank, osd in osds.items():
+            groups, j = osd.get(key), (at or {}).get(rank, group)
+            if isinstance(groups, list) and j < len(groups) and isinstance(groups[j], TensorRef):
+                return groups[j].dtype.name
         return "float32"
 
     def _add_param(self, built: _Built, name: str, shape: tuple[int, ...], dtype: str, pieces: list[_Piece],
@@ -1187,38 +1204,47 @@ class DeepSpeedReader(CheckpointReader):
 
     def _zero12(self, index: CheckpointIndex, built: _Built, shapes: list[dict[str, tuple[int, ...]]],
                 osds: dict[int, dict], zips: dict[int, TorchZip], files: dict[int, str], world: int,
-                optim_name: str, prefix: str, data_before_expert: bool = False) -> None:
-        """Every param group's fp32 masters (and Adam moments) from the ranks' flat partitions; a group of MoE
-        experts from the partitions of each expert-data-parallel group (``moe.expert_groups``;
-        ``data_before_expert``: the save's D + E topology)."""
-        counts = osds[min(osds)].get("partition_count")
+                optim_name: str, prefix: str, experts: bool = False, data_before_expert: bool = False) -> None:
+        """Every param group's fp32 masters (and Adam moments) from the ranks' flat partitions; in an MoE save
+        (``experts``) a group of experts from the partitions of each expert-data-parallel group
+        (``moe.expert_groups``; ``data_before_expert``: the save's D + E topology), each rank's groups in its
+        own order (``moe.group_orders``)."""
+        first = min(osds)
+        orders = moe.group_orders([list(group) for group in shapes],
+                                  {r: (_slice_names(osd), _group_names(osd)) for r, osd in osds.items()}) \
+            if experts else {}
+        counts = osds[first].get("partition_count")
         for g, group in enumerate(shapes):
-            count = counts[g] if isinstance(counts, list) and g < len(counts) else None
+            at = {r: order[g] for r, order in orders.items() if g in order}
+            count = counts[at.get(first, g)] if isinstance(counts, list) and at.get(first, g) < len(counts) else None
             try:
                 plans = moe.expert_groups(list(group), world, count, data_before_expert=data_before_expert)
             except ValueError as exc:
                 raise CkptError(f"param group {g} of this MoE save: {exc}", self.path) from None
             for ranks, rename in plans or [(list(range(world)), None)]:
-                self._zero12_group(index, built, g, group, osds, zips, files, ranks, rename, optim_name)
+                self._zero12_group(index, built, g, group, osds, zips, files, ranks, rename, optim_name, at)
 
     def _zero12_group(self, index: CheckpointIndex, built: _Built, g: int, group: dict[str, tuple[int, ...]],
                       osds: dict[int, dict], zips: dict[int, TorchZip], files: dict[int, str], ranks: list[int],
-                      rename: Callable[[str], str] | None, optim_name: str) -> None:
+                      rename: Callable[[str], str] | None, optim_name: str, at: dict[int, int] | None = None) -> None:
         """Param group ``g`` from the partitions of ``ranks``, in that order (every rank, or one expert-parallel
-        rank's expert-data-parallel group), each param under ``rename(name)`` when given."""
+        rank's expert-data-parallel group), each param under ``rename(name)`` when given. ``at``: rank -> the
+        group's index in that rank's optimizer state, where it is not ``g``."""
         key = "single_partition_of_fp32_groups"
+        at = at or {}
         first = osds[min(osds)]
         paddings = first.get("param_alignment_paddings")
+        padding_at = at.get(min(osds), g)
         # every rank but the last holds P elements: a present rank's lean length plus its padding
         full = None
         for dp in ranks:
             osd = osds.get(dp)
             if osd is None:
                 continue
-            refs, pads = osd.get(key), osd.get("group_paddings")
-            if isinstance(refs, list) and g < len(refs) and isinstance(refs[g], TensorRef):
-                pad = pads[g] if isinstance(pads, list) and g < len(pads) and isinstance(pads[g], int) else 0
-                full = refs[g].numel + pad
+            refs, pads, j = osd.get(key), osd.get("group_paddings"), at.get(dp, g)
+            if isinstance(refs, list) and j < len(refs) and isinstance(refs[j], TensorRef):
+                pad = pads[j] if isinstance(pads, list) and j < len(pads) and isinstance(pads[j], int) else 0
+                full = refs[j].numel + pad
                 break
         if full is None:
             index.warnings.append(f"param group {g}: no rank holds its fp32 partition")
@@ -1232,13 +1258,13 @@ class DeepSpeedReader(CheckpointReader):
                 for name in ["fp32", *(moment_keys or [])]:
                     streams.setdefault(name, []).append(missing_seg)
                 continue
-            refs = osd.get(key)
-            ref = refs[g] if isinstance(refs, list) and g < len(refs) else None
+            refs, j = osd.get(key), at.get(r, g)
+            ref = refs[j] if isinstance(refs, list) and j < len(refs) else None
             seg = self._segment(ref, zips[r], files[r])
             if seg is None:
-                raise CkptError(f"{key}[{g}] of rank {r} is not a flat stored tensor", self.path)
+                raise CkptError(f"{key}[{j}] of rank {r} is not a flat stored tensor", self.path)
             streams.setdefault("fp32", []).append(seg)
-            moments = self._moment_refs(osd, 2, g)
+            moments = self._moment_refs(osd, 2, j)
             keys = [k for k, v in moments.items() if isinstance(v, TensorRef) and len(v.shape) == 1
                     and v.numel >= seg.length]
             if moment_keys is None:
@@ -1248,10 +1274,10 @@ class DeepSpeedReader(CheckpointReader):
             for k in moment_keys:
                 mseg = self._segment(moments.get(k), zips[r], files[r], seg.length)
                 streams.setdefault(k, []).append(mseg or Segment(seg.length, None, missing=f"{files[r]} ({k})"))
-        group_pads = paddings[g] if isinstance(paddings, list) and g < len(paddings) \
-            and isinstance(paddings[g], list) and len(paddings[g]) == len(group) else None
+        group_pads = paddings[padding_at] if isinstance(paddings, list) and padding_at < len(paddings) \
+            and isinstance(paddings[padding_at], list) and len(paddings[padding_at]) == len(group) else None
         offset = 0
-        dtype = self._flat_dtype(osds, key, g)
+        dtype = self._flat_dtype({r: osds[r] for r in ranks if r in osds}, key, g, at)
         for i, (name, shape) in enumerate(group.items()):
             numel = math.prod(shape)
             name = rename(name) if rename else name
