@@ -81,7 +81,7 @@ def open_checkpoint(path: str | Path, *, trust_pickle: bool = False) -> Checkpoi
 BUILTIN_MODULES: tuple[tuple[int, str], ...] = (
     (10, "gguf.reader"),
     (15, "peft.reader"),
-    (20, "safetensors.reader"), (30, "torch_save.zip_reader"), (40, "torch_save.legacy_reader"),
+    (20, "safetensors.reader"), (30, "torch_save.zip_reader"), (35, "nemo.reader"), (40, "torch_save.legacy_reader"),
     (55, "dcp.hf_shards"), (60, "hf.reader"), (68, "verl.accelerate_ranks"),
     (69, "verl.reader"), (71, "verl.v2_reader"), (80, "megatron.dist_reader"), (85, "megatron.dcp_reader"),
     (90, "dcp.reader"), (100, "megatron.legacy_reader"),

@@ -605,6 +605,7 @@ _FORMAT_LAYOUTS = {
     "verl_fsdp": "verl FSDP checkpoint dir", "verl_megatron": "verl Megatron checkpoint dir",
     "accelerate_fsdp_ranks": "accelerate FSDP per-rank save",
     "verl_hf": "verl FSDP checkpoint dir (HF model only)",
+    "nemo": "NeMo .nemo archive (model_weights.ckpt, read in place)",
 }
 
 _MEGATRON_SUBFORMATS = {"megatron_dist": "torch_dist", "megatron_legacy": "torch", "megatron_dcp": None,
