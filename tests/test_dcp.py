@@ -30,7 +30,8 @@ from ckptscope.cli import main as cli_main
 from ckptscope.core.errors import CkptError
 from ckptscope.core.tensor import Encoding
 from ckptscope.formats import open_checkpoint
-from ckptscope.formats.dcp.reader import DcpReader, RangeIO, tensor_group
+from ckptscope.formats.dcp.reader import DcpReader, tensor_group
+from ckptscope.formats.rangeio import RangeIO
 from ckptscope.formats.registry import detect_format
 
 FSDP2 = SAMPLES / "dcp_fsdp2"

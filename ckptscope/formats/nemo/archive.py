@@ -4,17 +4,20 @@
 writes the archive with ``tarfile.open(path, "w:")`` and ``tar.add(folder, arcname=".")``: an
 uncompressed tar (NeMo 1.7 and later; before, ``"w:gz"``) whose member names start with ``./``. An
 uncompressed member's bytes lie whole at ``TarInfo.offset_data``, so a ``torch.save`` zip inside it is read
-where it is: ``MemberFile`` shows that byte range to ``zipfile`` as if it were the file.
+where it is: ``member_file`` shows that byte range to ``zipfile`` as if it were the file.
 """
 
 from __future__ import annotations
 
-import io
+import mmap
 import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from ckptscope.core.errors import CkptError
+from ckptscope.formats.rangeio import RangeIO
 
 GZIP_MAGIC = b"\x1f\x8b"
 USTAR_OFFSET, USTAR_MAGIC = 257, b"ustar"
@@ -67,39 +70,21 @@ def members(path: Path) -> list[Member]:
         raise CkptError(f"cannot read: {exc.strerror or exc}", path) from None
 
 
-class MemberFile(io.RawIOBase):
-    """Bytes ``[start, start + size)`` of ``path`` as a read-only, seekable file of ``size`` bytes."""
-
-    def __init__(self, path: Path, start: int, size: int) -> None:
-        super().__init__()
-        self._handle = open(path, "rb")
-        self._start, self._size, self._pos = start, size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
-        view = memoryview(buffer).cast("B")
-        want = min(len(view), self._size - self._pos)
-        if want <= 0:
-            return 0
-        self._handle.seek(self._start + self._pos)
-        got = self._handle.readinto(view[:want]) or 0
-        self._pos += got
-        return got
-
-    def close(self) -> None:
-        if not self.closed:
-            self._handle.close()
-        super().close()
+@contextmanager
+def member_file(path: Path, member: Member) -> Iterator[RangeIO]:
+    """``member``'s bytes as a read-only, seekable file of their own, over a map of the archive (no copy)."""
+    with open(path, "rb") as handle:
+        if member.size == 0:
+            yield RangeIO(b"", 0, 0)
+            return
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            if member.offset + member.size > len(mapped):
+                raise CkptError(f"member {member.name} runs past the end of the archive (truncated?)", path)
+            view = RangeIO(mapped, member.offset, member.size)
+            try:
+                yield view
+            finally:
+                view.close()
+        finally:
+            mapped.close()

@@ -24,7 +24,7 @@ from pathlib import Path
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
 from ckptscope.formats.base import CheckpointReader
-from ckptscope.formats.nemo.archive import Member, MemberFile, is_gzip, looks_like_tar, members
+from ckptscope.formats.nemo.archive import Member, is_gzip, looks_like_tar, member_file, members
 from ckptscope.formats.pickles.torch_file import StoragePlacement, build_torch_index, read_torch_zip
 from ckptscope.formats.registry import register_reader
 
@@ -82,7 +82,7 @@ class NemoArchiveReader(CheckpointReader):
         return index
 
     def _index_weights(self, index: CheckpointIndex, member: Member) -> None:
-        with MemberFile(self.path, member.offset, member.size) as window:
+        with member_file(self.path, member) as window:
             try:
                 parsed = read_torch_zip(self.path, window)
             except CkptError as exc:
@@ -104,7 +104,7 @@ class NemoArchiveReader(CheckpointReader):
         try:
             import yaml
 
-            with MemberFile(self.path, member.offset, member.size) as window:
+            with member_file(self.path, member) as window:
                 data = yaml.safe_load(window.read().decode("utf-8"))
         except (ImportError, UnicodeDecodeError, OSError) as exc:
             index.warnings.append(f"{CONFIG} inside the archive cannot be read ({exc}); the model's config is unknown")
