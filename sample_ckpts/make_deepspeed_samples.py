@@ -354,21 +354,6 @@ def moe_oracle_path(save_dir: Path) -> Path:
     return save_dir.parent / f"{save_dir.name}.oracle.pt"
 
 
-def _run_moe_dp2_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
-    """``MOE_DP2_VARIANTS`` (see ``_run_moe_rank``)."""
-    _run_moe_rank(rank, world_size, out, init_file, variants=MOE_DP2_VARIANTS)
-
-
-def _run_moe_de_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
-    """``MOE_DE_VARIANTS`` (see ``_run_moe_rank``)."""
-    _run_moe_rank(rank, world_size, out, init_file, variants=MOE_DE_VARIANTS)
-
-
-def _run_moe_two_sizes_rank(rank: int, world_size: int, out: str, init_file: str) -> None:
-    """``MOE_TWO_SIZES_VARIANTS`` (see ``_run_moe_rank``)."""
-    _run_moe_rank(rank, world_size, out, init_file, variants=MOE_TWO_SIZES_VARIANTS)
-
-
 def _run_moe_rank(rank: int, world_size: int, out: str, init_file: str, variants: dict[str, dict] | None = None) -> None:
     """``MOE_VARIANTS``, each saved by DeepSpeed's engine after one step: ``deepspeed.moe.layer.MoE`` with 4
     experts at ep_size=2: ``layer_0_expert_{0..3}_mp_rank_00_model_states.pt`` beside
@@ -468,9 +453,9 @@ def write_pipeline_and_moe_samples(out: Path) -> tuple[Path, ...]:
     _spawn(_run_pipeline_rank, out, world_size=2)
     _spawn(_run_pipeline_dp2_rank, out, world_size=4)
     _spawn(_run_moe_rank, out, world_size=2)
-    _spawn(_run_moe_dp2_rank, out, world_size=4)
-    _spawn(_run_moe_de_rank, out, world_size=4)
-    _spawn(_run_moe_two_sizes_rank, out, world_size=4)
+    _spawn(functools.partial(_run_moe_rank, variants=MOE_DP2_VARIANTS), out, world_size=4)
+    _spawn(functools.partial(_run_moe_rank, variants=MOE_DE_VARIANTS), out, world_size=4)
+    _spawn(functools.partial(_run_moe_rank, variants=MOE_TWO_SIZES_VARIANTS), out, world_size=4)
     names = (*PIPELINE_VARIANTS, *PIPELINE_DP2_VARIANTS, *MOE_VARIANTS, *MOE_DP2_VARIANTS, *MOE_DE_VARIANTS,
              *MOE_TWO_SIZES_VARIANTS)
     for name in names:  # DeepSpeed's helper script is its code, not data
