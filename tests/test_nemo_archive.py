@@ -85,10 +85,59 @@ def test_convert_to_hf_gives_the_model_transformers_loads(nemo, tmp_path):
         assert np.array_equal(got[name], value), name
 
 
-def test_without_an_hf_config_convert_says_what_to_pass(nemo, tmp_path):
-    result = run_cli("convert", str(nemo["llama"]), str(tmp_path / "hf"), "--to", "hf")
-    assert result.code == 2 and "--hf-config" in result.err and "Traceback" not in result.err
+def test_without_an_hf_config_the_nemo_config_is_the_model_config(nemo, tmp_path):
+    """model_config.yaml read as Megatron args (``mappings.nemo1_config``): the export needs no HF config,
+    keeps the padded vocabulary rows (NeMo keeps the true size in the tokenizer) and says so; transformers
+    computes hf_llama_gqa's logits over the real vocabulary."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "hf"
+    result = run_cli("convert", str(nemo["llama"]), str(out), "--to", "hf")
+    assert result.code == 0, result.err
+    assert "true vocabulary size is unknown" in result.err
+    model, info = AutoModelForCausalLM.from_pretrained(str(out), output_loading_info=True, dtype=torch.float32)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    reference = AutoModelForCausalLM.from_pretrained(str(SAMPLES / "hf_llama_gqa"), dtype=torch.float32)
+    vocab = reference.config.vocab_size
+    tokens = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got, want = model(tokens).logits[..., :vocab], reference(tokens).logits
+    assert torch.equal(got, want)
+
+
+def test_an_hf_config_that_says_another_model_is_refused(nemo, tmp_path):
+    config = json.loads((SAMPLES / "hf_llama_gqa" / "config.json").read_text())
+    config["rope_parameters"]["rope_theta"] = 500000.0
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "config.json").write_text(json.dumps(config))
+    result = run_cli("convert", str(nemo["llama"]), str(tmp_path / "hf"), "--to", "hf", "--hf-config", str(tmp_path / "cfg"))
+    assert result.code == 2 and "rope_theta 500000.0" in result.err and "rotary_base 10000" in result.err, result.err
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_nemo_config_setting_with_no_translation_asks_for_the_hf_config(nemo, tmp_path):
+    """Llama 3.1's RoPE scaling (``scale_positional_embedding``) is not read: the config as a whole is not
+    used, so the export needs an HF config instead of writing one without the scaling."""
+    import make_nemo_samples
+    import yaml
+
+    folder = tmp_path / "folder"
+    with tarfile.open(nemo["llama"], "r:") as tar:
+        tar.extractall(folder, filter="data")
+    config = yaml.safe_load((folder / "model_config.yaml").read_text())
+    config["scale_positional_embedding"] = True
+    (folder / "model_config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    scaled = make_nemo_samples._archive(folder, tmp_path / "scaled.nemo")
+    result = run_cli("convert", str(scaled), str(tmp_path / "hf"), "--to", "hf")
+    assert result.code == 2 and "--hf-config" in result.err and "Traceback" not in result.err, result.err
+
+
+def test_the_reader_and_the_mapping_name_the_config_object_alike():
+    from ckptscope.formats.nemo.reader import CONFIG_OBJECT
+    from ckptscope.mappings.nemo1_config import NEMO1_CONFIG
+
+    assert CONFIG_OBJECT == NEMO1_CONFIG
 
 
 @pytest.mark.parametrize("name, words", [

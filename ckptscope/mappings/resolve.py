@@ -20,6 +20,7 @@ from ckptscope.mappings import deepseek
 from ckptscope.mappings.bridge_config import from_run_config, from_transformer_config, is_run_config
 from ckptscope.mappings.config import ARCH_BY_MODEL_TYPE, MTP_ARCHS, ModelConfig, from_hf_config, from_megatron_args
 from ckptscope.mappings.links import Link, Recipe, box_shape, recipes_from_links, uncovered
+from ckptscope.mappings.nemo1_config import NEMO1_CONFIG, from_nemo1_config, is_nemo1_config
 from ckptscope.mappings.schemas import SCHEMAS, Rule, is_ignored
 from ckptscope.mappings.transforms import TRANSFORMS, hf_stacked, stacked
 
@@ -82,6 +83,8 @@ def megatron_config_from_index(index: CheckpointIndex) -> ModelConfig | None:
             found = from_run_config(value)  # Megatron-Bridge: the model section of run_config.yaml
         elif obj.name == "nemo_model" and is_run_config({"model": value.get("config")}):
             found = from_run_config({"model": value["config"]})  # NeMo 2.0: context/model.yaml's GPTConfig
+        elif obj.name == NEMO1_CONFIG and is_nemo1_config(value):
+            found = from_nemo1_config(value)  # NeMo 1.x: a .nemo's model_config.yaml (None: a setting not read)
         elif obj.name == "transformer_config" and "num_layers" in value and "hidden_size" in value:
             # verl's Megatron saves: its TransformerConfig as JSON (transformer_config.json), the fields a
             # Bridge model section has; a wrong --hf-config was exported with exit 0 (a probe with verl 0.9.1)
