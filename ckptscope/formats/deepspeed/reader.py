@@ -1473,7 +1473,7 @@ class DeepSpeedReader(CheckpointReader):
         ``copies``: under ZeRO-1/2 the fp32 masters came from the partitions, and an expert file's tensor
         of a param with a master is its low-precision copy (``lp_params.``), as the module's are."""
         built = _Built()
-        for (layer, expert), name in sorted(layout.experts.items()):
+        for (_, expert), name in sorted(layout.experts.items()):
             zip_ = self._rank_file(tag_dir / name)
             index.files.append(FileInfo(prefix + name, (tag_dir / name).stat().st_size, "data"))
             state = _ordered(zip_.obj)
@@ -1496,9 +1496,10 @@ class DeepSpeedReader(CheckpointReader):
                     meta = tensor_meta(key, ref, prefix + name, zip_.storages.get(ref.storage.key),
                                        big_endian=zip_.big_endian, path=self.path)
                     built.tensors[key] = replace(meta, attrs=meta.attrs + attrs) if attrs else meta
-        for layer, expert in moe.missing_experts(set(layout.experts), to_plain(model_obj.get("num_experts"))):
-            index.add_issue("missing-file", f"missing: the model states record {expert + 1} or more experts in MoE "
-                            f"layer {layer}; expert {expert}'s weights cannot be read",
+        counts = to_plain(model_obj.get("num_experts"))
+        for layer, expert in moe.missing_experts(set(layout.experts), counts):
+            index.add_issue("missing-file", f"missing: the model states record {counts[layer]} experts in MoE layer "
+                            f"{layer}; expert {expert}'s weights cannot be read",
                             file=prefix + moe.file_name(layer, expert, layout.mp))
         for name, meta in built.tensors.items():
             index.tensors[name] = meta
