@@ -388,15 +388,11 @@ def _run_moe_rank(rank: int, world_size: int, out: str, init_file: str, variants
             hidden, aux, _ = self.moe(self.inp(x))
             return self.out(hidden), aux
 
-    class WithTwoSizes(nn.Module):
+    class WithTwoSizes(WithExperts):
         def __init__(self) -> None:
             super().__init__()
-            self.inp = nn.Linear(6, 8)
-            self.moe = MoE(hidden_size=8, expert=nn.Sequential(nn.Linear(8, 5), nn.ReLU(), nn.Linear(5, 8)),
-                           num_experts=4, ep_size=2, k=1, use_residual=False, min_capacity=0)
             self.moe2 = MoE(hidden_size=8, expert=nn.Linear(8, 8), num_experts=8, ep_size=4, k=2, min_capacity=0,
                             use_residual=True)
-            self.out = nn.Linear(8, 3)
 
         def forward(self, x):
             hidden, aux, _ = self.moe(self.inp(x))
