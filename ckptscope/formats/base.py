@@ -28,6 +28,16 @@ Region = Sequence[slice]
 """A box inside a tensor: one ``slice(start, stop)`` per leading axis (step 1); missing axes are whole."""
 
 
+def starts_with(path: Path, magic: bytes, at: int = 0) -> bool:
+    """Whether ``path``'s bytes at ``at`` are ``magic`` (a format's sniff). Never raises: unreadable is no."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(at)
+            return handle.read(len(magic)) == magic
+    except OSError:
+        return False
+
+
 def normalize_region(shape: tuple[int, ...], region: Region | None) -> tuple[tuple[int, int], ...]:
     """Turn a region into explicit ``(start, stop)`` bounds for every axis, validating it."""
     region = tuple(region or ())

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
 from ckptscope.core.tensor import Chunk, Encoding, TensorMeta
-from ckptscope.formats.base import CheckpointReader
+from ckptscope.formats.base import CheckpointReader, starts_with
 from ckptscope.formats.gguf.types import BY_ID, READABLE, REMOVED_IDS, GGMLType, readable_note
 from ckptscope.formats.registry import register_reader
 
@@ -59,13 +59,7 @@ def sniff_gguf(path: Path) -> bool:
     that a cut or garbled file gets GGUF's error instead of "unknown format")."""
     if not path.is_file():
         return False
-    if path.suffix == ".gguf":
-        return True
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(4) == MAGIC
-    except OSError:
-        return False
+    return path.suffix == ".gguf" or starts_with(path, MAGIC)
 
 
 class _Truncated(Exception):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptscope.core.errors import CkptError
+from ckptscope.formats.base import starts_with
 from ckptscope.formats.rangeio import RangeIO
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -35,20 +36,11 @@ class Member:
 
 def looks_like_tar(path: Path) -> bool:
     """A POSIX/GNU tar header at the start of ``path`` (``ustar`` at byte 257). Never raises."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(USTAR_OFFSET + len(USTAR_MAGIC))
-    except OSError:
-        return False
-    return head[USTAR_OFFSET:USTAR_OFFSET + len(USTAR_MAGIC)] == USTAR_MAGIC
+    return starts_with(path, USTAR_MAGIC, USTAR_OFFSET)
 
 
 def is_gzip(path: Path) -> bool:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(2) == GZIP_MAGIC
-    except OSError:
-        return False
+    return starts_with(path, GZIP_MAGIC)
 
 
 def members(path: Path) -> list[Member]:

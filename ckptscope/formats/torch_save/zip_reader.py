@@ -15,7 +15,7 @@ from pathlib import Path
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
 from ckptscope.core.tensor import TensorMeta
-from ckptscope.formats.base import CheckpointReader
+from ckptscope.formats.base import CheckpointReader, starts_with
 from ckptscope.formats.pickles.safe import to_plain, type_name
 from ckptscope.formats.pickles.torch_file import (
     ZIP_MAGIC,
@@ -35,14 +35,6 @@ _SHARDED_KINDS = ("DTensor", "ShardedTensor")
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 
-def _starts_with_zip_magic(path: Path) -> bool:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(4) == ZIP_MAGIC
-    except OSError:
-        return False
-
-
 @register_reader
 class TorchZipReader(TrustedReadMixin, CheckpointReader):
     format_name = "torch"
@@ -54,7 +46,7 @@ class TorchZipReader(TrustedReadMixin, CheckpointReader):
         the user hears "corrupt torch zip" rather than "unknown format"."""
         if not path.is_file():
             return False
-        if path.suffix in TORCH_SUFFIXES and _starts_with_zip_magic(path):
+        if path.suffix in TORCH_SUFFIXES and starts_with(path, ZIP_MAGIC):
             return True
         return is_torch_zip(path)
 
