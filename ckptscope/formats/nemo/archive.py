@@ -10,11 +10,10 @@ where it is: ``member_file`` shows that byte range to ``zipfile`` as if it were 
 from __future__ import annotations
 
 import mmap
-import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from ckptscope.core.errors import CkptError
 from ckptscope.formats.base import starts_with
@@ -24,8 +23,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 USTAR_OFFSET, USTAR_MAGIC = 257, b"ustar"
 
 
-@dataclass(frozen=True, slots=True)
-class Member:
+class Member(NamedTuple):  # (not a dataclass: detection imports this module, and making one costs ~1 ms)
     name: str
     """The path inside the archive without NeMo's leading ``./``."""
     offset: int
@@ -45,6 +43,8 @@ def is_gzip(path: Path) -> bool:
 
 def members(path: Path) -> list[Member]:
     """Every member of the uncompressed tar at ``path`` (headers only; no member's bytes are read)."""
+    import tarfile  # here: detection imports this module for every checkpoint past the torch readers
+
     try:
         with tarfile.open(path, "r:") as archive:
             found = []

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
 from ckptscope.formats.base import CheckpointReader
-from ckptscope.formats.nemo.archive import Member, is_gzip, looks_like_tar, member_file, members
 from ckptscope.formats.pickles.torch_file import StoragePlacement, build_torch_index, read_torch_zip
 from ckptscope.formats.registry import register_reader
+
+if TYPE_CHECKING:
+    from ckptscope.formats.nemo.archive import Member
 
 SUFFIX = ".nemo"
 WEIGHTS, CONFIG, DIST_WEIGHTS = "model_weights.ckpt", "model_config.yaml", "model_weights/"
@@ -46,6 +49,9 @@ class NemoArchiveReader(CheckpointReader):
         return path.suffix == SUFFIX and path.is_file()
 
     def _build_index(self) -> CheckpointIndex:
+        # Here, not at the top: detection imports this module for every checkpoint past the torch readers.
+        from ckptscope.formats.nemo.archive import is_gzip, looks_like_tar, members
+
         extract = f"extract it (mkdir DIR && tar -x{'z' if is_gzip(self.path) else ''}f {self.path.name} -C DIR)"
         if is_gzip(self.path):
             raise CkptError(f"a gzip-compressed .nemo (written by NeMo before 1.7): its members cannot be read in "
@@ -82,6 +88,8 @@ class NemoArchiveReader(CheckpointReader):
         return index
 
     def _index_weights(self, index: CheckpointIndex, member: Member) -> None:
+        from ckptscope.formats.nemo.archive import member_file
+
         with member_file(self.path, member) as window:
             try:
                 parsed = read_torch_zip(self.path, window)
@@ -101,6 +109,8 @@ class NemoArchiveReader(CheckpointReader):
     def _add_config(self, index: CheckpointIndex, member: Member) -> None:
         """``model_config.yaml`` (``OmegaConf.save``: plain YAML) as the ``nemo_model_config`` object, parsed with
         ``yaml.safe_load`` only; a file that is not YAML is a warning."""
+        from ckptscope.formats.nemo.archive import member_file
+
         try:
             import yaml
 
