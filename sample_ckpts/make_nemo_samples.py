@@ -36,8 +36,8 @@ TOKENIZER_ARTIFACT = "2b6d5e0f8c1a4f3e9d7b6a5c4d3e2f10_tokenizer.json"
 """An artifact as ``_handle_artifacts`` names it: ``uuid.uuid4().hex`` + ``_`` + the file's name."""
 
 
-def gpt_state_dict() -> dict:
-    """``hf_llama_gqa`` loaded into a megatron-core GPTModel; its ``state_dict()`` under ``model.``."""
+def gpt_state_dict() -> tuple[dict, object]:
+    """``hf_llama_gqa`` loaded into a megatron-core GPTModel: its ``state_dict()`` under ``model.``, and its args."""
     import make_mcore_pair_samples as mp
 
     hf = mp.load_hf_model(SAMPLES / "hf_llama_gqa")

@@ -38,7 +38,7 @@ def _stored(archive: Path) -> dict:
 
     with tarfile.open(archive, "r:") as tar:
         data = tar.extractfile("./model_weights.ckpt").read()
-    return torch.load(io.BytesIO(data), weights_only=False)
+    return torch.load(io.BytesIO(data), weights_only=True)
 
 
 def test_every_tensor_is_read_from_inside_the_archive_bit_for_bit(nemo):
@@ -174,3 +174,19 @@ def test_a_truncated_or_foreign_nemo_is_one_line(nemo, tmp_path):
         assert result.code == 2, result.out
         lines = result.err.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in result.err and str(path.name) in lines[0], result.err
+
+
+def test_a_model_config_that_is_not_plain_yaml_is_a_warning(nemo, tmp_path):
+    """A Python tag in model_config.yaml is never followed: the config is unknown (said), the weights still read."""
+    import make_nemo_samples
+
+    folder = tmp_path / "folder"
+    with tarfile.open(nemo["llama"], "r:") as tar:
+        tar.extractall(folder, filter="data")
+    (folder / "model_config.yaml").write_text("num_layers: !!python/object/apply:os.system ['true']\n")
+    tagged = make_nemo_samples._archive(folder, tmp_path / "tagged.nemo")
+    result = run_cli("inspect", "--json", str(tagged))
+    assert result.code == 0, result.err
+    doc = json.loads(result.out)
+    assert any("model_config.yaml inside the archive: not plain YAML" in w for w in doc["metadata"]["warnings"])
+    assert not any(o["name"] == "nemo_model_config" for o in doc["objects"]) and len(doc["tensors"]) > 10

@@ -1216,7 +1216,8 @@ class DeepSpeedReader(CheckpointReader):
         counts = osds[first].get("partition_count")
         for g, group in enumerate(shapes):
             at = {r: order[g] for r, order in orders.items() if g in order}
-            count = counts[at.get(first, g)] if isinstance(counts, list) and at.get(first, g) < len(counts) else None
+            j = at.get(first, g)  # the group's index in the first rank's optimizer state
+            count = counts[j] if isinstance(counts, list) and j < len(counts) else None
             try:
                 plans = moe.expert_groups(list(group), world, count, data_before_expert=data_before_expert)
             except ValueError as exc:

@@ -11,9 +11,8 @@ configuration, zero-centred norms included, is only in ``run_config.yaml``.
 The YAML is ``ConfigContainer.to_dict()`` through ``yaml.safe_dump`` (``_ConfigContainerBase.to_yaml`` in
 ``training/utils/config_utils.py``; Megatron-LM's ``ConfigContainerBase`` in newer releases): each
 dataclass is a mapping with a ``_target_`` class path, functions and dtypes are ``{_target_, _call_}``
-mappings (``utils/yaml_utils.py``), the model provider is the ``model`` section. It is read here with
-``yaml.safe_load`` only: ``_target_`` stays a string, nothing is imported or called, and a YAML tag that
-asks for a Python object is an error, not an instruction.
+mappings (``utils/yaml_utils.py``), the model provider is the ``model`` section. It is read as data only
+(``formats.config_yaml``).
 """
 
 from __future__ import annotations
@@ -22,33 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
+from ckptscope.formats.config_yaml import load_config_yaml
 
 RUN_CONFIG_FILE = "run_config.yaml"
 OBJECT_NAME = "run_config"
 """The index object holding the parsed file (``core.roles`` files ``run_config`` under args)."""
-MAX_BYTES = 16 << 20
-"""A run config is a few hundred KiB at most; anything far larger is not one and is not parsed."""
 
 
 def read_run_config(path: Path, what: str = "Megatron-Bridge run config") -> dict[str, Any]:
     """The parsed ``run_config.yaml`` (or another config YAML of the same kind, ``what``) at ``path``;
-    ValueError (with the reason) when it cannot be used."""
-    try:
-        import yaml
-    except ImportError as exc:  # PyYAML is not a ckptscope dependency; transformers and Megatron-Bridge bring it
-        raise ValueError("PyYAML is not installed (pip install pyyaml), so the run config cannot be read") from exc
-    size = path.stat().st_size
-    if size > MAX_BYTES:
-        raise ValueError(f"{size} bytes: too large for a {what}")
-    try:
-        with path.open("r", encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"not plain YAML ({first})") from exc
-    if not isinstance(data, dict):
-        raise ValueError("not a mapping of config sections")
-    return data
+    ValueError (with the reason) when it cannot be used (``formats.config_yaml``)."""
+    with path.open("r", encoding="utf-8") as handle:
+        return load_config_yaml(handle, path.stat().st_size, what)
 
 
 def add_run_config(index: CheckpointIndex, iter_dir: Path) -> None:
@@ -63,4 +47,3 @@ def add_run_config(index: CheckpointIndex, iter_dir: Path) -> None:
         index.add_issue("unreadable-file", f"{exc}; the model config it holds is unknown", file=RUN_CONFIG_FILE)
         return
     index.objects.append(ObjectEntry(OBJECT_NAME, "dict", data))
-

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from ckptscope.core.errors import CkptError
 from ckptscope.core.index import CheckpointIndex, FileInfo, ObjectEntry
 from ckptscope.formats.base import CheckpointReader
+from ckptscope.formats.config_yaml import load_config_yaml
 from ckptscope.formats.pickles.torch_file import StoragePlacement, build_torch_index, read_torch_zip
 from ckptscope.formats.registry import register_reader
 
@@ -107,23 +108,17 @@ class NemoArchiveReader(CheckpointReader):
             index.metadata["byteorder"] = "big"
 
     def _add_config(self, index: CheckpointIndex, member: Member) -> None:
-        """``model_config.yaml`` (``OmegaConf.save``: plain YAML) as the ``nemo_model_config`` object, parsed with
-        ``yaml.safe_load`` only; a file that is not YAML is a warning."""
+        """``model_config.yaml`` (``OmegaConf.save``: plain YAML) as the ``nemo_model_config`` object, read as data
+        only (``formats.config_yaml``); a file that cannot be used is a warning."""
         from ckptscope.formats.nemo.archive import member_file
 
         try:
-            import yaml
-
             with member_file(self.path, member) as window:
-                data = yaml.safe_load(window.read().decode("utf-8"))
-        except (ImportError, UnicodeDecodeError, OSError) as exc:
-            index.warnings.append(f"{CONFIG} inside the archive cannot be read ({exc}); the model's config is unknown")
+                data = load_config_yaml(window, member.size, "NeMo model_config.yaml")
+        except (OSError, ValueError) as exc:
+            index.warnings.append(f"{CONFIG} inside the archive: {exc}; the model's config is unknown")
             return
-        except Exception as exc:  # noqa: BLE001 - yaml.YAMLError and its kin: the file is not plain YAML
-            index.warnings.append(f"{CONFIG} inside the archive is not plain YAML ({type(exc).__name__}); "
-                                  "the model's config is unknown")
-            return
-        index.objects.append(ObjectEntry(CONFIG_OBJECT, type(data).__name__, data))
+        index.objects.append(ObjectEntry(CONFIG_OBJECT, "dict", data))
 
 
 def _natural(name: str) -> list[object]:
